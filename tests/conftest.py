@@ -1,0 +1,8 @@
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+os.environ.setdefault("GLOG_minloglevel", "2")
