@@ -57,6 +57,19 @@ class SampleDataset(paddle.io.Dataset):
         """A human name for sample `index` (file, video id) for logs and inference output."""
         return str(index)
 
+    # names of the classes, when the dataset knows them (inference output)
+    label_names = None
+
+    @classmethod
+    def for_inputs(cls, inputs, **kwargs):
+        """A dataset over raw user inputs (files, folders) for `tools/infer.py`, built from the
+        recipe's test/val reader arguments `kwargs`."""
+        raise ConfigError(f"reader '{cls.__name__}' cannot run inference on raw inputs")
+
+    def write_predictions(self, output_dir, ids, probs):
+        """Extra, format-specific prediction files (e.g. a competition CSV); returns their paths."""
+        return []
+
 
 def stack(samples):
     """Stack equal-shape numpy values key by key; drop `_` keys; count skipped (None) samples."""

@@ -1,0 +1,35 @@
+# `make demo` and `make test` each set up .venv themselves on a fresh machine.
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+DEMO ?= configs/video/attention_lstm/attention_lstm_demo.yaml
+export MKL_DEBUG_CPU_TYPE := 5
+export GLOG_minloglevel := 2
+
+.PHONY: demo test bench venv clean
+
+$(VENV)/.installed: requirements.txt
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+	$(VPY) -m pip install -q -r requirements-test.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(VPY) data/make_demo.py youtube8m
+	$(VPY) tools/train.py -c $(DEMO) --output output/demo
+	$(VPY) tools/eval.py -c $(DEMO) --weights output/demo/final/model.pdparams --output output/demo/eval
+
+test: $(VENV)/.installed-test
+	$(VPY) -m pytest -q tests
+
+bench: $(VENV)/.installed
+	$(VPY) tools/benchmark.py --table
+
+clean:
+	rm -rf output log

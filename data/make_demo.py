@@ -1,0 +1,38 @@
+"""Generate the small demo datasets (real formats) that the demo recipes and the tests train on.
+
+python data/make_demo.py [youtube8m] [kinetics] [--root data]   (default: all)
+Each dataset is written once; a `DONE` marker makes later calls no-ops.
+"""
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def _youtube8m(root):
+    from data import demo_youtube8m
+    return demo_youtube8m.make(os.path.join(root, "youtube8m_demo"))
+
+
+def _kinetics(root):
+    from data import demo_kinetics
+    return demo_kinetics.make(os.path.join(root, "kinetics_demo"))
+
+
+GENERATORS = {"youtube8m": _youtube8m, "kinetics": _kinetics}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("names", nargs="*", choices=[[]] + list(GENERATORS), default=[])
+    p.add_argument("--root", default=HERE)
+    args = p.parse_args(argv)
+    for name in args.names or list(GENERATORS):
+        GENERATORS[name](args.root)
+        print(f"demo data '{name}' ready under {args.root}")
+
+
+if __name__ == "__main__":
+    main()

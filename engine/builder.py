@@ -1,0 +1,75 @@
+"""From a validated config to objects: model, readers (DataLoader), metric."""
+import paddle
+
+from engine.config import LOADER_KEYS
+from engine.data import EpochBatchSampler
+from engine.registry import COLLATES, DATASETS, METRICS, MODELS, ConfigError
+
+
+def build_model(model_cfg):
+    return MODELS.build(model_cfg)
+
+
+def count_params(model):
+    """Trainable parameters, tied tensors counted once."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if not p.stop_gradient and id(p) not in seen:
+            seen.add(id(p))
+            total += int(paddle.numel(p).item()) if p._is_initialized() else _numel(p.shape)
+    return total
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def split_loader_cfg(reader_cfg):
+    """Separate the DataLoader keys from the dataset's own keyword arguments."""
+    loader = {k: default for k, (_, default) in LOADER_KEYS.items()}
+    dataset = {}
+    for key, value in reader_cfg.items():
+        (loader if key in LOADER_KEYS else dataset)[key] = value
+    return dataset, loader
+
+
+def build_dataset(cfg, split, seed=0, **overrides):
+    reader = (cfg.get("reader") or {}).get(split)
+    if reader is None:
+        raise ConfigError(f"the config has no reader.{split} section")
+    dataset_cfg, _ = split_loader_cfg(reader)
+    dataset_cfg.update(overrides)
+    dataset_cfg.setdefault("seed", seed)
+    return DATASETS.build(dataset_cfg)
+
+
+def build_loader(cfg, split, seed=0, world_size=1, rank=0, dataset=None, batch_size=None):
+    """A DataLoader whose order and augmentation derive from (seed, epoch, index) only.
+
+    Returns (loader, dataset, sampler); call `sampler.set_epoch` and `dataset.set_epoch` each epoch.
+    """
+    reader = (cfg.get("reader") or {}).get(split)
+    if reader is None:
+        raise ConfigError(f"the config has no reader.{split} section")
+    _, loader_cfg = split_loader_cfg(reader)
+    dataset = dataset if dataset is not None else build_dataset(cfg, split, seed)
+    if len(dataset) == 0:
+        raise ConfigError(f"reader.{split}: the dataset is empty")
+    shuffle = loader_cfg["shuffle"] if loader_cfg["shuffle"] is not None else split == "train"
+    sampler = EpochBatchSampler(len(dataset), batch_size or loader_cfg["batch_size"], shuffle=shuffle,
+                                drop_last=loader_cfg["drop_last"] and split == "train", seed=seed,
+                                num_replicas=world_size, rank=rank)
+    collate = COLLATES.build(loader_cfg["collate"] or {"name": "Stack"})
+    loader = paddle.io.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
+                                  num_workers=loader_cfg["num_workers"], return_list=True,
+                                  use_shared_memory=loader_cfg["num_workers"] > 0)
+    return loader, dataset, sampler
+
+
+def build_metric(cfg):
+    if not cfg.get("metric"):
+        raise ConfigError("the config has no metric section")
+    return METRICS.build(cfg["metric"])

@@ -1,0 +1,38 @@
+"""Shared command-line plumbing: common flags and one-line errors with a non-zero exit."""
+import argparse
+import os
+import sys
+import traceback
+
+from engine.registry import ConfigError
+
+
+def parser(description):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("-c", "--config", required=True, help="YAML recipe under configs/")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. -o train.epochs=2 -o reader.train.batch_size=8")
+    return p
+
+
+def default_output(config_path):
+    return os.path.join("output", os.path.splitext(os.path.basename(config_path))[0])
+
+
+def run(main):
+    """Call `main()`; a user error becomes one line on stderr and exit code 2 (no traceback)."""
+    from engine.data import SampleError
+    try:
+        main()
+    except (ConfigError, SampleError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # an unexpected failure: keep the traceback, it is a bug to report
+        if os.environ.get("ZOO_TRACEBACK"):
+            raise
+        traceback.print_exc()
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)

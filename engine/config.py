@@ -1,0 +1,303 @@
+"""YAML recipes: `_base_` inheritance, dotted overrides, validation against the components' signatures.
+
+A config is plain data. Component sections (`model`, `optimizer`, `lr`, `metric`, readers,
+transforms, collates, backbones) select a class with `name:`; their other keys are the class's
+keyword arguments, so the class signature is the schema: an unknown key or a value of the wrong type
+is rejected with the file it came from, the dotted key and a did-you-mean.
+"""
+import copy
+import inspect
+import os
+
+import yaml
+
+from engine.registry import (COLLATES, DATASETS, LR_SCHEDULES, METRICS, MODELS, OPTIMIZERS,
+                             TRANSFORMS, ConfigError, did_you_mean)
+
+# The engine's own sections: key -> (type or tuple of types, default). `None` allowed where default is None.
+TRAIN_KEYS = {
+    "epochs": (int, 1),
+    "log_interval": (int, 10),          # steps between log lines
+    "eval_interval": (int, 1),          # epochs between evaluations (0: only at the end)
+    "save_interval": (int, 1),          # epochs between checkpoints
+    "keep_last": (int, 3),              # checkpoints kept besides best/ and final/
+    "accum_steps": (int, 1),            # gradient accumulation
+    "clip_grad_norm": (float, None),    # global-norm clipping, after unscaling
+    "best_metric": (str, None),         # metrics.json name used for best/ (None: no best/)
+    "best_mode": (str, "max"),
+    "pretrained": (str, None),          # entry name, URL or path loaded before training
+    "amp": (dict, None),
+}
+AMP_KEYS = {
+    "enable": (bool, False),
+    "dtype": (str, "float16"),          # float16 | bfloat16
+    "level": (str, "O1"),               # O1 | O2
+    "init_loss_scaling": (float, 32768.0),
+}
+RUNTIME_KEYS = {
+    "seed": (int, 0),
+    "num_threads": (int, 0),            # CPU math threads; 0 = the cores available
+    "device": (str, "auto"),            # auto | cpu | gpu
+    "sync_bn": (bool, False),
+    "world_size": (int, 1),             # recorded by the trainer; not an input
+}
+LOADER_KEYS = {
+    "batch_size": (int, 1),             # per card
+    "num_workers": (int, 0),
+    "shuffle": (bool, None),            # default: True for train, False otherwise
+    "drop_last": (bool, False),
+    "collate": (dict, None),            # {name: Stack} by default
+}
+SPLITS = ("train", "val", "test")
+TOP_KEYS = ("model", "reader", "optimizer", "lr", "metric", "train", "runtime", "labels")
+# component keys nested inside components, and the registry that validates them
+NESTED = {"transforms": TRANSFORMS, "backbone": MODELS, "collate": COLLATES}
+
+
+def _read_yaml(path):
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config must be a mapping at the top level")
+    return data
+
+
+def _merge(base, over, origins, file, prefix=""):
+    """Dicts merge, lists and scalars replace; `_delete_: true` replaces a dict."""
+    for key, value in over.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and isinstance(base.get(key), dict) and not value.get("_delete_"):
+            _merge(base[key], value, origins, file, dotted + ".")
+        else:
+            if isinstance(value, dict):
+                value = {k: v for k, v in value.items() if k != "_delete_"}
+            base[key] = copy.deepcopy(value)
+            _mark(value, origins, file, dotted)
+
+
+def _mark(value, origins, file, dotted):
+    origins[dotted] = file
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _mark(v, origins, file, f"{dotted}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _mark(v, origins, file, f"{dotted}.{i}")
+
+
+def _load_tree(path, origins, depth=0):
+    if depth > 4:
+        raise ConfigError(f"{path}: _base_ chain deeper than 4 levels (keep it shallow)")
+    data = _read_yaml(path)
+    bases = data.pop("_base_", [])
+    bases = [bases] if isinstance(bases, str) else bases
+    merged = {}
+    for base in bases:
+        base_path = os.path.normpath(os.path.join(os.path.dirname(path), base))
+        _merge(merged, _load_tree(base_path, origins, depth + 1), origins, base_path)
+    _merge(merged, data, origins, path)
+    return merged
+
+
+def parse_override(text):
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like a.b.c=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def apply_override(cfg, key, value, origins):
+    parts = key.split(".")
+    node = cfg
+    for i, part in enumerate(parts[:-1]):
+        nxt = parts[i + 1]
+        if isinstance(node, list):
+            node = _list_item(node, part, key)
+            continue
+        if part not in node or node[part] is None:
+            node[part] = [] if nxt.isdigit() else {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        idx = int(last) if last.isdigit() else None
+        if idx is None or idx > len(node):
+            raise ConfigError(f"-o {key}: index '{last}' out of range for a list of {len(node)}")
+        node.append(value) if idx == len(node) else node.__setitem__(idx, value)
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ConfigError(f"-o {key}: '{'.'.join(parts[:-1])}' is not a mapping or list")
+    _mark(value, origins, "-o", key)
+
+
+def _list_item(node, part, key):
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"-o {key}: index '{part}' out of range for a list of {len(node)}")
+    return node[int(part)]
+
+
+def load(path, overrides=(), validate_config=True):
+    """Read a recipe, merge its bases, apply `-o` overrides and validate. Returns a plain dict."""
+    origins = {}
+    cfg = _load_tree(path, origins)
+    for text in overrides:
+        apply_override(cfg, *parse_override(text), origins)
+    cfg.setdefault("train", {})
+    cfg.setdefault("runtime", {})
+    if validate_config:
+        validate(cfg, origins, path)
+    return cfg
+
+
+# ---------------------------------------------------------------- validation
+def _type_ok(value, expected):
+    if value is None:
+        return True
+    if expected in (inspect.Parameter.empty, object, None):
+        return True
+    if isinstance(expected, str):
+        expected = {"int": int, "float": float, "str": str, "bool": bool, "list": list,
+                    "dict": dict, "tuple": tuple}.get(expected.split("|")[0].strip(), object)
+    origin = getattr(expected, "__origin__", None)
+    if origin is not None and origin not in (list, dict, tuple):
+        return True  # Optional/Union/...: accept, the component checks itself
+    expected = origin or expected
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if isinstance(expected, type):
+        return isinstance(value, expected)
+    return True
+
+
+def _type_name(t):
+    return getattr(t, "__name__", str(t))
+
+
+class _Checker:
+    def __init__(self, origins, root_file):
+        self.origins, self.root = origins, root_file
+
+    def fail(self, dotted, msg):
+        file = self.origins.get(dotted)
+        parent = dotted
+        while file is None and "." in parent:
+            parent = parent.rsplit(".", 1)[0]
+            file = self.origins.get(parent)
+        raise ConfigError(f"{file or self.root}: {dotted}: {msg}")
+
+    def section(self, node, schema, prefix):
+        if node is None:
+            return
+        if not isinstance(node, dict):
+            self.fail(prefix, f"expected a mapping, got {type(node).__name__}")
+        for key, value in node.items():
+            dotted = f"{prefix}.{key}"
+            if key not in schema:
+                self.fail(dotted, f"unknown key{did_you_mean(key, schema)}; known: {', '.join(schema)}")
+            expected, _ = schema[key]
+            if not _type_ok(value, expected):
+                self.fail(dotted, f"expected {_type_name(expected)}, got {type(value).__name__} {value!r}")
+
+    def component(self, node, registry, prefix, extra_keys=None):
+        if not isinstance(node, dict):
+            self.fail(prefix, f"expected a mapping with 'name:', got {type(node).__name__}")
+        if "name" not in node:
+            self.fail(prefix, f"missing 'name:' (known {registry.kind}s: {', '.join(registry.names())})")
+        try:
+            cls = registry.get(node["name"])
+        except ConfigError as e:
+            self.fail(prefix + ".name", str(e))
+        params = {k: p for k, p in inspect.signature(cls).parameters.items()
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in inspect.signature(cls).parameters.values())
+        extra_keys = extra_keys or {}
+        for key, value in node.items():
+            dotted = f"{prefix}.{key}"
+            if key == "name":
+                continue
+            if key in extra_keys:
+                expected = extra_keys[key][0]
+            elif key in params:
+                p = params[key]
+                expected = p.annotation
+                if expected is inspect.Parameter.empty and p.default not in (inspect.Parameter.empty, None):
+                    expected = type(p.default)
+            elif takes_kwargs:
+                continue
+            else:
+                known = list(params) + list(extra_keys)
+                self.fail(dotted, f"unknown key for {registry.kind} '{node['name']}'"
+                                  f"{did_you_mean(key, known)}; known: {', '.join(known)}")
+            if not _type_ok(value, expected):
+                self.fail(dotted, f"expected {_type_name(expected)}, got {type(value).__name__} {value!r}")
+            if key in NESTED and value is not None:
+                items = value if isinstance(value, list) else [value]
+                for i, item in enumerate(items):
+                    where = f"{dotted}.{i}" if isinstance(value, list) else dotted
+                    self.component(item, NESTED[key], where)
+        missing = [k for k, p in params.items() if p.default is inspect.Parameter.empty
+                   and k not in node and p.kind != p.VAR_KEYWORD]
+        if missing:
+            self.fail(prefix, f"{registry.kind} '{node['name']}' needs: {', '.join(missing)}")
+
+
+def validate(cfg, origins=None, root_file="<config>"):
+    check = _Checker(origins or {}, root_file)
+    for key in cfg:
+        if key not in TOP_KEYS:
+            check.fail(key, f"unknown top-level key{did_you_mean(key, TOP_KEYS)}; known: {', '.join(TOP_KEYS)}")
+    if "model" not in cfg:
+        check.fail("model", "missing (every recipe builds a model)")
+    check.component(cfg["model"], MODELS, "model")
+    for key, reg in (("optimizer", OPTIMIZERS), ("lr", LR_SCHEDULES), ("metric", METRICS)):
+        if cfg.get(key) is not None:
+            check.component(cfg[key], reg, key)
+    check.section(cfg.get("train"), TRAIN_KEYS, "train")
+    check.section((cfg.get("train") or {}).get("amp"), AMP_KEYS, "train.amp")
+    amp = (cfg.get("train") or {}).get("amp") or {}
+    if amp.get("dtype", "float16") not in ("float16", "bfloat16"):
+        check.fail("train.amp.dtype", f"must be float16 or bfloat16, got {amp['dtype']!r}")
+    if amp.get("level", "O1") not in ("O1", "O2"):
+        check.fail("train.amp.level", f"must be O1 or O2, got {amp['level']!r}")
+    check.section(cfg.get("runtime"), RUNTIME_KEYS, "runtime")
+    reader = cfg.get("reader") or {}
+    if not isinstance(reader, dict):
+        check.fail("reader", "expected a mapping of splits (train/val/test)")
+    for split, node in reader.items():
+        if split not in SPLITS:
+            check.fail(f"reader.{split}", f"unknown split{did_you_mean(split, SPLITS)}; known: {', '.join(SPLITS)}")
+        check.component(node, DATASETS, f"reader.{split}", extra_keys=LOADER_KEYS)
+    labels = cfg.get("labels")
+    if labels is not None and not isinstance(labels, str):
+        check.fail("labels", "expected a path to a class-name file")
+    return cfg
+
+
+def section(cfg, key, schema):
+    """A validated engine section with its defaults filled in."""
+    out = {k: default for k, (_, default) in schema.items()}
+    out.update(cfg.get(key) or {})
+    return out
+
+
+def dump(cfg, path):
+    """Write the resolved config (atomically) so the run can be reproduced from this file alone."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False, default_flow_style=None)
+    os.replace(tmp, path)

@@ -1,0 +1,71 @@
+"""Process set-up: threads, device, seeds, the data-parallel environment, logging."""
+import logging
+import os
+import random
+import resource
+import sys
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from engine.registry import ConfigError
+
+log = logging.getLogger("zoo")
+
+
+def world():
+    """(world_size, rank) of this process; 1, 0 outside `paddle.distributed.launch`."""
+    return int(os.environ.get("PADDLE_TRAINERS_NUM", "1")), int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+
+
+def setup(runtime_cfg):
+    """Threads, device and (when launched on several processes) the parallel environment."""
+    threads = runtime_cfg.get("num_threads") or len(os.sched_getaffinity(0))
+    paddle.base.core.set_num_threads(threads)
+    device = runtime_cfg.get("device", "auto")
+    if device == "auto":
+        device = "gpu" if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() else "cpu"
+    if device == "gpu" and not paddle.device.is_compiled_with_cuda():
+        raise ConfigError("runtime.device: gpu asked for, but this paddle build has no CUDA "
+                          "(install paddlepaddle-gpu, see README)")
+    world_size, rank = world()
+    if world_size > 1:
+        paddle.set_device(f"gpu:{int(os.environ.get('FLAGS_selected_gpus', '0'))}" if device == "gpu" else "cpu")
+        dist.init_parallel_env()
+    else:
+        paddle.set_device(device)
+    if runtime_cfg.get("sync_bn") and device != "gpu":
+        raise ConfigError("runtime.sync_bn: SyncBatchNorm has no CPU kernel in Paddle; set it false on CPU")
+    return {"device": device, "threads": threads, "world_size": world_size, "rank": rank}
+
+
+def seed_all(seed):
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    paddle.seed(seed)
+
+
+def peak_memory_mb():
+    """Peak memory: ru_maxrss on CPU, the allocator's peak on GPU."""
+    if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count():
+        return paddle.device.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def setup_logging(output_dir=None, rank=0):
+    """Console (and train.log on rank 0); called by the tools, never at import."""
+    logger = logging.getLogger("zoo")
+    logger.handlers.clear()
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(fmt)
+    logger.addHandler(console)
+    if output_dir and rank == 0:
+        os.makedirs(output_dir, exist_ok=True)
+        fh = logging.FileHandler(os.path.join(output_dir, "train.log"))
+        fh.setFormatter(fmt)
+        logger.addHandler(fh)
+    logger.propagate = False
+    return logger
