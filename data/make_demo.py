@@ -26,9 +26,12 @@ GENERATORS = {"youtube8m": _youtube8m, "kinetics": _kinetics}
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("names", nargs="*", choices=[[]] + list(GENERATORS), default=[])
+    p.add_argument("names", nargs="*", help=f"datasets among: {', '.join(GENERATORS)}")
     p.add_argument("--root", default=HERE)
     args = p.parse_args(argv)
+    unknown = [n for n in args.names if n not in GENERATORS]
+    if unknown:
+        p.error(f"unknown demo dataset {unknown[0]!r}; known: {', '.join(GENERATORS)}")
     for name in args.names or list(GENERATORS):
         GENERATORS[name](args.root)
         print(f"demo data '{name}' ready under {args.root}")
