@@ -5,12 +5,14 @@ how to turn a source state dict into ours and load it. Download, cache and hash 
 `engine.download`.
 """
 import dataclasses
+import os
 import re
 import warnings
 
 import numpy as np
 
-from engine.registry import ConfigError, Registry
+from engine.download import archive_stem, cache_dir, download, extract, url_filename
+from engine.registry import MODELS, ConfigError, Registry, did_you_mean
 
 
 @dataclasses.dataclass
@@ -122,4 +124,112 @@ def load_entry_state(model, state, entry, strict=False, log=print):
     mapped, ignored = map_keys(state, entry)
     report = load_state(model, mapped, entry.head_keys, strict=strict, log=log, what=entry.name)
     report["ignored"] = ignored
+    return report
+
+
+# ---------------------------------------------------------------- resolve, read and load a weights spec
+
+def _entry_file(entry, root, progress):
+    """Download an entry's file (and take `archive_member` out of its archive) into `root/<name>/`."""
+    if not entry.urls:
+        why = f": {entry.notes}" if entry.notes else ""
+        raise ConfigError(f"pretrained weights '{entry.name}' have no released file{why}")
+    folder = os.path.join(root, entry.name)
+    fname = url_filename(entry.urls[0])
+    target = os.path.join(folder, fname)
+    if not entry.archive_member:
+        return download(entry.urls, target, sha256=entry.sha256, md5=entry.md5, progress=progress)
+    out_dir = os.path.join(folder, archive_stem(fname))
+    member = os.path.join(out_dir, entry.archive_member)
+    if os.path.exists(member):
+        return member
+    download(entry.urls, target, sha256=entry.sha256, md5=entry.md5, progress=progress)
+    extract(target, out_dir)
+    if not os.path.exists(member):
+        raise ConfigError(f"archive {target} has no member '{entry.archive_member}' "
+                          f"(archive_member of '{entry.name}')")
+    return member
+
+
+def resolve_weights(spec, progress=True, root=None):
+    """Turn an entry name, an http(s) URL or a local path into (local_path, entry_or_None).
+
+    Downloads go under `root` (default: `engine.download.cache_dir()`): an entry's files in
+    `<root>/<entry name>/`, a bare URL's as `<root>/<file name>`. A URL listed by an entry is
+    treated as that entry, so its hash and key map apply.
+    """
+    root = os.path.abspath(os.path.expanduser(os.fspath(root))) if root else cache_dir()
+    if isinstance(spec, PretrainedEntry):
+        return _entry_file(spec, root, progress), spec
+    spec = os.fspath(spec)
+    if spec in WEIGHTS:
+        entry = WEIGHTS.get(spec)
+        return _entry_file(entry, root, progress), entry
+    if re.match(r"^https?://", spec, flags=re.I):
+        for name in WEIGHTS.names():
+            entry = WEIGHTS.get(name)
+            if spec in entry.urls:
+                return _entry_file(entry, root, progress), entry
+        return download([spec], os.path.join(root, url_filename(spec)), progress=progress), None
+    path = os.path.abspath(os.path.expanduser(spec))
+    if os.path.exists(path):
+        return path, None
+    raise ConfigError(f"weights '{spec}': no such file, nor a pretrained entry name"
+                      f"{did_you_mean(spec, WEIGHTS.names())} (list them: tools/download.py --list)")
+
+
+def load_weights_file(path):
+    """Read a `.pdparams` (paddle.load; it unpickles, so load only files you trust) or `.npz` file
+    into a dict of numpy arrays."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ConfigError(f"weights {path} is a folder; expected a .pdparams file "
+                          "(Paddle 1.x per-variable folders are not supported)")
+    if not os.path.isfile(path):
+        raise ConfigError(f"weights file not found: {path}")
+    low = path.lower()
+    try:
+        if low.endswith(".npz"):
+            with np.load(path, allow_pickle=False) as z:
+                state = {k: z[k] for k in z.files}
+        elif low.endswith(".pdparams"):
+            import paddle
+
+            state = paddle.load(path, return_numpy=True)
+        elif re.search(r"\.(zip|tar|tgz|tar\.gz|tar\.bz2|tar\.xz)$", low):
+            raise ConfigError(f"weights {path} is an archive: extract it and give the .pdparams file "
+                              "inside (an entry does this with archive_member)")
+        else:
+            raise ConfigError(f"unsupported weights file {path}: expected .pdparams or .npz")
+    except ConfigError:
+        raise
+    except Exception as e:  # paddle.load raises ValueError, EOFError, UnpicklingError ... on bad files
+        msg = " ".join(str(e).split())
+        raise ConfigError(f"cannot read weights file {path} (corrupt, truncated or not a state dict): "
+                          f"{type(e).__name__}{': ' + msg if msg else ''}")
+    if not isinstance(state, dict):
+        raise ConfigError(f"weights file {path} holds a {type(state).__name__}, not a state dict")
+    return state
+
+
+def load_pretrained(model, spec, strict=False, log=print, progress=True):
+    """Resolve `spec` (entry name, URL or path), read it and load it into `model`.
+
+    A known entry maps the source keys with its key map first; a bare file is loaded as is. Returns
+    the load report, with `path` and `entry` (name or None) added.
+    """
+    path, entry = resolve_weights(spec, progress=progress)
+    state = load_weights_file(path)
+    if entry is None:
+        log(f"loading weights from {path}")
+        report = load_state(model, state, strict=strict, log=log, what=os.path.basename(path))
+    else:
+        log(f"loading pretrained '{entry.name}' ({entry.source or 'source not recorded'}) from {path}")
+        inner = getattr(model, "_layers", model)  # paddle.DataParallel wraps the model
+        cls = MODELS.get(entry.model) if entry.model in MODELS else None
+        if isinstance(cls, type) and not isinstance(inner, cls):
+            log(f"warning: '{entry.name}' is for model {entry.model}, not {type(inner).__name__}")
+        report = load_entry_state(model, state, entry, strict=strict, log=log)
+    report["path"] = path
+    report["entry"] = entry.name if entry else None
     return report

@@ -1,0 +1,205 @@
+"""AttentionLSTM for YouTube-8M frame features, as PaddleVideo 2.x builds it
+(Recognizer1D + AttentionLstmHead).
+
+Per modality: fc -> tanh -> bidirectional LSTM over the real frames -> dropout -> attention fc(2H -> 1)
+-> softmax over the real frames -> weighted sum. The modalities are concatenated and classified by
+fc 8192 relu -> fc 4096 tanh -> fc num_classes (multi-label, sigmoid).
+
+The layers sit under a `head` sublayer with PaddleVideo's names, so the official
+`AttentionLSTM_yt8.pdparams` loads without a key map. `paddle.nn.LSTM` registers every tensor twice
+(`bi_lstm0.weight_ih_l0` and `bi_lstm0.0.cell_fw.weight_ih`); `engine.pretrained.load_state` loads the
+first spelling of a tied group and skips the alias.
+
+This file also holds the small helpers the three YouTube-8M models share (reading a modality with its
+lengths/mask from the batch, the sigmoid cross-entropy and the train/eval output dicts).
+"""
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+from engine.pretrained import WEIGHTS, PretrainedEntry
+from engine.registry import MODELS, ConfigError
+
+try:  # internal API; only used to let nn.LSTM be built under paddle.LazyGuard
+    from paddle.nn.initializer.lazy_init import lazy_init_helper
+except ImportError:  # pragma: no cover - other paddle versions
+    lazy_init_helper = None
+
+
+# ---------------------------------------------------------------- helpers shared by the YT8M models
+def check_features(model, feature_names, feature_dims):
+    """Constructor check: one dim per feature name."""
+    if len(feature_names) != len(feature_dims) or not feature_names:
+        raise ConfigError(f"{model}: feature_names {list(feature_names)} and feature_dims "
+                          f"{list(feature_dims)} must be non-empty lists of the same length")
+
+
+def _tensor(value):
+    return value if isinstance(value, paddle.Tensor) else paddle.to_tensor(value)
+
+
+def feature_input(batch, name, dim, model):
+    """(x [B,T,D] float, lengths [B] int64, mask [B,T] float) for one modality.
+
+    The mask may also come as [B,T,D] (PaddleVideo's FeatureDecoder layout); it is reduced to [B,T].
+    Missing lengths/mask mean every frame is real.
+    """
+    if name not in batch:
+        raise ConfigError(f"{model}: the batch has no '{name}' (feature_names); batch keys: "
+                          f"{', '.join(sorted(k for k in batch if not k.startswith('_')))}")
+    x = _tensor(batch[name])
+    if x.ndim != 3 or x.shape[-1] != dim:
+        raise ConfigError(f"{model}: batch '{name}' has shape {list(x.shape)}, expected "
+                          f"[batch, frames, {dim}] (feature_dims)")
+    if not paddle.is_floating_point(x):
+        x = x.astype("float32")
+    mask = batch.get(name + "_mask")
+    lengths = batch.get(name + "_len")
+    if mask is not None:
+        mask = _tensor(mask).astype(x.dtype)
+        if mask.ndim == 3:
+            mask = mask.mean(axis=2)
+    if lengths is not None:
+        lengths = _tensor(lengths).astype("int64").reshape([-1])
+    if mask is None and lengths is not None:
+        mask = (paddle.arange(x.shape[1], dtype="int64").unsqueeze(0) < lengths.unsqueeze(1)).astype(x.dtype)
+    if mask is None:
+        mask = paddle.ones(x.shape[:2], dtype=x.dtype)
+    if lengths is None:
+        lengths = mask.sum(axis=1).round().astype("int64")
+    return x, lengths, mask
+
+
+def sigmoid_ce(logits, labels, reduction="mean"):
+    """Sigmoid cross-entropy summed over classes; 'mean' averages over the batch, 'sum' adds it up."""
+    per_video = F.binary_cross_entropy_with_logits(
+        logits.astype("float32"), labels.astype("float32"), reduction="none").sum(axis=-1)
+    return per_video.sum() if reduction == "sum" else per_video.mean()
+
+
+def multilabel_outputs(layer, logits, batch, reduction="mean"):
+    """Train mode: {'loss'}; eval mode: {'logits', 'probs'} (+ 'loss' when the batch has labels)."""
+    labels = batch.get("labels")
+    if layer.training:
+        if labels is None:
+            raise ConfigError(f"{type(layer).__name__}: training needs 'labels' (multi-hot [B, C]) "
+                              f"in the batch")
+        return {"loss": sigmoid_ce(logits, _tensor(labels), reduction)}
+    out = {"logits": logits, "probs": F.sigmoid(logits)}
+    if labels is not None:
+        out["loss"] = sigmoid_ce(logits, _tensor(labels), reduction)
+    return out
+
+
+def check_reduction(model, reduction):
+    if reduction not in ("mean", "sum"):
+        raise ConfigError(f"{model}: loss_reduction must be 'mean' or 'sum', got '{reduction}'")
+
+
+# ---------------------------------------------------------------- model
+class _BiLSTM(nn.LSTM):
+    """paddle.nn.LSTM that can also be built under paddle.LazyGuard (to count parameters).
+
+    nn.LSTM coalesces its weights into one buffer at construction, which fails when the parameters
+    have no storage yet; a lazily built LSTM skips that and runs the (slower) per-cell loop instead.
+    """
+
+    def flatten_parameters(self):
+        if lazy_init_helper is not None and lazy_init_helper().state:
+            self.could_use_cudnn = False
+            return
+        super().flatten_parameters()
+
+
+class AttentionLstmHead(nn.Layer):
+    """The layers, named as in PaddleVideo's AttentionLstmHead (the released file's keys)."""
+
+    def __init__(self, feature_dims, embedding_size, lstm_size, drop_rate, fc_sizes, num_classes):
+        super().__init__()
+        self.num_features = len(feature_dims)
+        for i, dim in enumerate(feature_dims):
+            self.add_sublayer(f"fc_feature{i}", nn.Linear(dim, embedding_size))
+            self.add_sublayer(f"bi_lstm{i}", _BiLSTM(embedding_size, lstm_size, direction="bidirectional"))
+            self.add_sublayer(f"att_fc{i}", nn.Linear(2 * lstm_size, 1))
+        self.dropout = nn.Dropout(drop_rate)
+        self.fc_out1 = nn.Linear(2 * lstm_size * self.num_features, fc_sizes[0])
+        self.fc_out2 = nn.Linear(fc_sizes[0], fc_sizes[1])
+        self.fc_logit = nn.Linear(fc_sizes[1], num_classes)
+
+    def attend(self, i, x, lengths, mask, use_mask):
+        """Attention pooling of one modality; padded frames get zero weight when use_mask."""
+        emb = paddle.tanh(getattr(self, f"fc_feature{i}")(x))
+        lstm = getattr(self, f"bi_lstm{i}")
+        out, _ = lstm(emb, sequence_length=lengths.astype("int32") if use_mask else None)
+        out = self.dropout(out)  # PaddleVideo drops before the attention fc and uses the dropped output
+        score = getattr(self, f"att_fc{i}")(out).squeeze(-1)  # [B, T]
+        if use_mask:
+            # softmax over the real frames: exp(s)*m / sum(exp(s)*m), shifted by the max real score
+            real = mask > 0
+            shift = paddle.where(real, score, paddle.full_like(score, float("-inf")))
+            shift = shift.max(axis=1, keepdim=True)
+            shift = paddle.where(paddle.isfinite(shift), shift, paddle.zeros_like(shift)).detach()
+            e = paddle.exp(score - shift) * mask
+            weight = e / paddle.clip(e.sum(axis=1, keepdim=True), min=1e-30)
+        else:
+            weight = F.softmax(score, axis=1)
+        return (out * weight.unsqueeze(-1)).sum(axis=1)
+
+    def forward(self, feats, use_mask=True):
+        pooled = [self.attend(i, *f, use_mask) for i, f in enumerate(feats)]
+        h = F.relu(self.fc_out1(paddle.concat(pooled, axis=1)))
+        h = paddle.tanh(self.fc_out2(h))
+        return self.fc_logit(h)
+
+
+@MODELS.register("AttentionLSTM")
+class AttentionLSTM(nn.Layer):
+    """Attention-pooled bidirectional LSTM over YouTube-8M frame features (PaddleVideo 2.x).
+
+    Initialisation is paddle's default, as in PaddleVideo (its `init_weights` is a no-op): Linear
+    weights Xavier-uniform with zero bias, LSTM weights and biases U(-1/sqrt(H), 1/sqrt(H)).
+    `use_mask=False` ignores lengths and masks (LSTM and softmax over every padded frame); it exists
+    to show what the masking buys. `loss_reduction='sum'` is PaddleVideo's BCEWithLogitsLoss(sum):
+    summed over classes and over the batch (its learning rates assume it); 'mean' averages over
+    the batch instead.
+    """
+
+    def __init__(self, num_classes: int = 3862, feature_names: list = ["rgb", "audio"],
+                 feature_dims: list = [1024, 128], embedding_size: int = 512, lstm_size: int = 1024,
+                 drop_rate: float = 0.5, fc_sizes: list = [8192, 4096], use_mask: bool = True,
+                 loss_reduction: str = "sum"):
+        super().__init__()
+        check_features("AttentionLSTM", feature_names, feature_dims)
+        check_reduction("AttentionLSTM", loss_reduction)
+        if len(fc_sizes) != 2:
+            raise ConfigError(f"AttentionLSTM: fc_sizes must hold two sizes, got {list(fc_sizes)}")
+        self.feature_names, self.feature_dims = list(feature_names), [int(d) for d in feature_dims]
+        self.use_mask, self.loss_reduction = use_mask, loss_reduction
+        self.head = AttentionLstmHead(self.feature_dims, embedding_size, lstm_size, drop_rate,
+                                      [int(s) for s in fc_sizes], num_classes)
+
+    def forward(self, batch):
+        feats = [feature_input(batch, n, d, "AttentionLSTM")
+                 for n, d in zip(self.feature_names, self.feature_dims)]
+        logits = self.head(feats, self.use_mask)
+        return multilabel_outputs(self, logits, batch, self.loss_reduction)
+
+
+WEIGHTS.add(PretrainedEntry(
+    name="AttentionLSTM_yt8",
+    model="AttentionLSTM",
+    urls=["https://videotag.bj.bcebos.com/PaddleVideo-release2.2/AttentionLSTM_yt8.pdparams"],
+    sha256=None,  # not published
+    source="PaddleVideo 2.x dygraph .pdparams (Recognizer1D + AttentionLstmHead, keys 'head.*')",
+    head_keys=[r"head\.fc_logit\.(weight|bias)"],
+    model_args={"num_classes": 3862, "feature_names": ["rgb", "audio"], "feature_dims": [1024, 128],
+                "embedding_size": 512, "lstm_size": 1024, "fc_sizes": [8192, 4096]},
+    metrics={"hit_at_1": 0.8905, "perr": 0.8049, "gap": 0.8630},
+    metrics_source="PaddleVideo docs/en/model_zoo/recognition/attention_lstm.md (release 2.2+ model "
+                   "zoo table; GAP there is a per-batch average, not the global GAP)",
+    dataset="YouTube-8M (2018) validate",
+    num_params=108737304,
+    config="configs/video/attention_lstm/attention_lstm_bilstm_10e_youtube8m.yaml",
+    notes="The file stores each LSTM tensor under two keys (bi_lstmN.weight_ih_l0 and "
+          "bi_lstmN.0.cell_fw.weight_ih); the first one loads, the alias is skipped.",
+))
