@@ -6,10 +6,19 @@ never at import time of the engine itself.
 import importlib
 
 COMPONENT_MODULES = [
+    "engine.data",
     "engine.optim",
     "readers.youtube8m",
+    "readers.kinetics",
+    "readers.video_transforms",
     "metrics.youtube8m",
+    "metrics.classification",
+    "models.vision.resnet",
     "models.video.attention_lstm",
+    "models.video.nextvlad",
+    "models.video.attention_cluster",
+    "models.video.tsn",
+    "models.video.stnet",
 ]
 
 _loaded = False

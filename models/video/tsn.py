@@ -1,0 +1,148 @@
+"""TSN: a 2D ResNet on sparsely sampled frames, consensus by averaging the pooled features.
+
+Segments share the backbone; the consensus is the mean of the pooled features (Fluid 1.x and
+PaddleVideo 2.x alike), then dropout (2.x: 0.4; Fluid 1.x had none: `drop_rate: 0`) and fc.
+
+Views (test-time crops/clips): `imgs` may be [B, V, T, C, H, W]; or [B, V*T, C, H, W] with `num_views`
+set (eval only), grouped view-major (all T segments of view 0, then of view 1, ...).
+`view_average: prob` averages the softmax scores of the views (MMAction2's `average_clips='prob'`);
+`feature` averages the pooled features of all views and segments together, which is what
+PaddleVideo 2.x does for its TenCrop x 25-segment test (the 250 crops enter the consensus as segments).
+"""
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+from engine.pretrained import WEIGHTS, PretrainedEntry
+from engine.registry import MODELS, ConfigError
+from models.vision.resnet import build_backbone, resnet_key_map
+
+DEFAULT_BACKBONE = {"name": "ResNet", "depth": 50}
+
+
+def split_views(imgs, num_views, training, model):
+    """Return `imgs` as [B, V, T, ...] (see the module docstring for the conventions)."""
+    if imgs.ndim == 6:
+        out = imgs
+    elif imgs.ndim == 5:
+        views = 1 if training else num_views
+        b, n = imgs.shape[:2]
+        if n % views:
+            raise ConfigError(f"{model}: imgs has {n} frames per video, not a multiple of "
+                              f"num_views={views}")
+        out = imgs.reshape([b, views, n // views] + list(imgs.shape[2:]))
+    else:
+        raise ConfigError(f"{model}: imgs must be [B, T, C, H, W] or [B, V, T, C, H, W], "
+                          f"got shape {list(imgs.shape)}")
+    if training and out.shape[1] != 1:
+        raise ConfigError(f"{model}: {out.shape[1]} views per video in training; multi-view batches "
+                          f"are for evaluation")
+    return out
+
+
+def classify(view_logits, label, training):
+    """view_logits [B, V, C] -> the train losses or the eval predictions (softmax averaged over views)."""
+    if training:
+        if label is None:
+            raise ConfigError("the training batch has no 'label' (int64 [B]) for the cross-entropy loss")
+        return {"loss": F.cross_entropy(view_logits[:, 0], label.reshape([-1]).astype("int64"))}
+    return {"logits": view_logits.mean(axis=1), "probs": F.softmax(view_logits, axis=-1).mean(axis=1)}
+
+
+@MODELS.register("TSN")
+class TSN(nn.Layer):
+    """Args:
+        num_classes: classes of the fc.
+        backbone: backbone config, default {name: ResNet, depth: 50} (its last `out_indices` is used).
+        drop_rate: dropout before the fc (PaddleVideo 2.x TSNHead 0.4; 0 = Fluid 1.x).
+        fc_std: std of the normal fc weight init (TSNHead 0.01); bias starts at 0.
+        num_views: views per video in a 5-D eval batch (see module docstring).
+        view_average: "prob" or "feature" (see module docstring).
+    """
+
+    def __init__(self, num_classes: int = 400, backbone: dict = None, drop_rate: float = 0.4,
+                 fc_std: float = 0.01, num_views: int = 1, view_average: str = "prob"):
+        super().__init__()
+        if view_average not in ("prob", "feature"):
+            raise ConfigError(f"TSN: view_average '{view_average}' must be 'prob' or 'feature'")
+        if num_views < 1:
+            raise ConfigError(f"TSN: num_views must be >= 1, got {num_views}")
+        self.num_views, self.view_average = num_views, view_average
+        self.backbone = build_backbone(backbone or DEFAULT_BACKBONE)
+        self.dropout = nn.Dropout(drop_rate) if drop_rate > 0 else None
+        self.fc = nn.Linear(self.backbone.out_channels[-1], num_classes,
+                            weight_attr=paddle.ParamAttr(initializer=nn.initializer.Normal(0.0, fc_std)),
+                            bias_attr=paddle.ParamAttr(initializer=nn.initializer.Constant(0.0)))
+
+    def segment_features(self, imgs):
+        """[B, V, T, C, H, W] -> pooled features [B, V, T, D], one per segment."""
+        b, v, t = imgs.shape[:3]
+        feat = self.backbone(imgs.reshape([-1] + list(imgs.shape[3:])))[-1]
+        return F.adaptive_avg_pool2d(feat, 1).reshape([b, v, t, -1])
+
+    def head(self, feat):
+        return self.fc(self.dropout(feat) if self.dropout is not None else feat)
+
+    def forward(self, batch):
+        imgs = split_views(batch["imgs"], self.num_views, self.training, "TSN")
+        feat = self.segment_features(imgs)
+        if self.view_average == "feature":
+            view_logits = self.head(feat.mean(axis=[1, 2])).unsqueeze(1)
+        else:
+            view_logits = self.head(feat.mean(axis=2))
+        return classify(view_logits, batch.get("label"), self.training)
+
+
+# ---------------------------------------------------------------------------------- pretrained
+_PV_BACKBONE = resnet_key_map("paddlevideo", 50, "b", src_prefix=r"(?:backbone\.)?", dst_prefix="backbone.")
+_PV_TSN = _PV_BACKBONE + [(r"head\.fc\.(weight|bias)", r"fc.\g<1>")]
+_TSN_ARGS = {"num_classes": 400, "backbone": {"name": "ResNet", "depth": 50}, "drop_rate": 0.4}
+_TSN_NOTE = ("PaddleVideo tests with 25 segments x TenCrop and averages the features of all 250 crops "
+             "(our view_average: feature).")
+
+WEIGHTS.add(PretrainedEntry(
+    name="tsn_r50_k400_3seg",
+    model="TSN",
+    urls=["https://videotag.bj.bcebos.com/PaddleVideo-release2.2/TSN_k400.pdparams"],
+    source="PaddleVideo 2.x .pdparams (Recognizer2D: backbone.conv._conv, backbone.res2a.conv0, head.fc)",
+    key_map=_PV_TSN,
+    head_keys=[r"fc\.(weight|bias)"],
+    model_args=_TSN_ARGS,
+    metrics={"top1": 0.6981},
+    metrics_source="PaddleVideo docs/en/model_zoo/recognition/tsn.md (trained with 3 segments; "
+                   "test 25 segments x TenCrop, 224)",
+    dataset="Kinetics-400 val",
+    num_params=24327632,
+    notes=_TSN_NOTE,
+))
+
+WEIGHTS.add(PretrainedEntry(
+    name="tsn_r50_k400_8seg",
+    model="TSN",
+    urls=["https://videotag.bj.bcebos.com/PaddleVideo-release2.2/TSN_k400_8.pdparams"],
+    source="PaddleVideo 2.x .pdparams (Recognizer2D: backbone.conv._conv, backbone.res2a.conv0, head.fc)",
+    key_map=_PV_TSN,
+    head_keys=[r"fc\.(weight|bias)"],
+    model_args=_TSN_ARGS,
+    metrics={"top1": 0.7170},
+    metrics_source="PaddleVideo docs/en/model_zoo/recognition/tsn.md (trained with 8 segments; "
+                   "test 25 segments x TenCrop, 224)",
+    dataset="Kinetics-400 val",
+    num_params=24327632,
+    notes=_TSN_NOTE,
+))
+
+WEIGHTS.add(PretrainedEntry(
+    name="tsn_r50_imagenet_init",
+    model="TSN",
+    urls=["https://videotag.bj.bcebos.com/PaddleVideo/PretrainModel/ResNet50_pretrain.pdparams"],
+    source="PaddleVideo 2.x .pdparams (ImageNet ResNet-50 in PaddleVideo's backbone names)",
+    key_map=_PV_BACKBONE,
+    ignore_keys=[r"(?:head\.)?(?:fc|out)(?:_0)?\.(?:weight|bias|w_0|b_0)"],
+    head_keys=[r"fc\.(weight|bias)"],
+    model_args=_TSN_ARGS,
+    dataset="ImageNet-1k",
+    num_params=24327632,
+    notes="Starting point of the TSN recipe: the backbone only; fc.weight/fc.bias are reported "
+          "missing and keep their N(0, 0.01) init.",
+))
