@@ -1,0 +1,392 @@
+"""Optimizers and learning-rate schedules built from the `optimizer:` and `lr:` config blocks.
+
+The learning rate lives in ONE place, the `lr` block (`learning_rate`, or Piecewise `values`);
+the optimizer block holds only the update rule and the weight decay:
+
+    optimizer: {name: RMSProp, centered: true, weight_decay: 4.0e-4, no_decay: [bias, norm]}
+    lr: {name: Piecewise, boundaries: [5, 8], values: [2.5e-4, 2.5e-5, 2.5e-6], by: epoch}
+
+    lr: {name: StepDecay, learning_rate: 2.0e-4, step_size: 12500, gamma: 0.8, by: step}
+    lr: {name: Cosine, learning_rate: 0.1, eta_min: 0.0, warmup_epochs: 5}
+
+Schedules are pure functions of the optimizer step t (0 = the first update): the trainer calls
+`scheduler.step()` once per optimizer step, epoch-based settings (`by: epoch`, `warmup_epochs`)
+are converted with `steps_per_epoch`, and a resumed run only needs the step count (the LRScheduler
+state) to continue exactly. Warm-up (every schedule but Noam, whose formula has its own): for
+t < W the lr rises linearly from `warmup_start_lr` (at t=0) towards the base lr (reached at t=W),
+as paddle's LinearWarmup does. After it, milestone schedules (Piecewise, StepDecay) keep their
+absolute boundaries (epoch 5 stays epoch 5), while the continuous decays (LinearDecay, Polynomial,
+Cosine) start at the base lr at t=W and reach their end value `decay_steps` later (default: the
+end of training), as PaddleClas/PaddleSeg/PaddleNLP do with warm-up.
+
+Weight decay: `weight_decay` is L2 regularisation added to the gradient for SGD, Momentum, Adam
+and RMSProp, and decoupled decay for AdamW. `no_decay` (default [bias, norm]) exempts biases
+(1-D parameters named *bias or *.b_N), the parameters of normalisation layers (found by layer
+type), and parameters whose name contains any other listed string. A parameter with its own
+`regularizer` in its ParamAttr keeps it and gets nothing else (paddle's rule).
+Gradient clipping is not inside the optimizer: the trainer reads `train.clip_grad_norm` and calls
+`clip_grad_norm_` itself, after unscaling AMP gradients and before `step()`.
+"""
+import bisect
+import math
+
+import paddle
+from paddle.optimizer.lr import LRScheduler
+
+from engine.registry import LR_SCHEDULES, OPTIMIZERS, ConfigError
+
+
+# ----------------------------------------------------------------------------- learning rate
+
+class ScheduleLR(LRScheduler):
+    """A paddle LRScheduler whose lr is `fn(step)`; `last_epoch` counts optimizer steps."""
+
+    def __init__(self, fn, name):
+        self.lr_at = fn
+        self.schedule_name = name
+        super().__init__(learning_rate=float(fn(0)), last_epoch=-1)
+
+    def get_lr(self):
+        return float(self.lr_at(max(self.last_epoch, 0)))
+
+
+def _steps(key, value, by, steps_per_epoch):
+    if by == "epoch":
+        return int(round(value * steps_per_epoch))
+    if by == "step":
+        return int(value)
+    raise ConfigError(f"lr.{key}: 'by' must be 'epoch' or 'step', got {by!r}")
+
+
+class _Schedule:
+    """Common keys of every schedule except Noam; subclasses define `after_warmup(t)`."""
+
+    def __init__(self, learning_rate=None, warmup_steps=0, warmup_epochs=0.0, warmup_start_lr=0.0):
+        if warmup_steps and warmup_epochs:
+            raise ConfigError("lr: give warmup_steps or warmup_epochs, not both")
+        if warmup_steps < 0 or warmup_epochs < 0:
+            raise ConfigError("lr: warmup_steps / warmup_epochs must be >= 0")
+        self.learning_rate = learning_rate
+        self.warmup_steps, self.warmup_epochs = warmup_steps, warmup_epochs
+        self.warmup_start_lr = warmup_start_lr
+
+    def _base(self, base_lr):
+        base = self.learning_rate if base_lr is None else base_lr
+        if base is None:
+            raise ConfigError(f"lr.learning_rate is required for {type(self).__name__}")
+        if base < 0:
+            raise ConfigError(f"lr.learning_rate must be >= 0, got {base}")
+        return float(base)
+
+    def build(self, steps_per_epoch, epochs, base_lr=None):
+        self.base = self._base(base_lr)
+        self.spe, self.total = steps_per_epoch, steps_per_epoch * epochs
+        self.warmup = self.warmup_steps or int(round(self.warmup_epochs * steps_per_epoch))
+        self.prepare()
+        return ScheduleLR(self.lr_at, type(self).__name__)
+
+    def prepare(self):
+        pass
+
+    def lr_at(self, t):
+        if t < self.warmup:
+            return self.warmup_start_lr + (self.base - self.warmup_start_lr) * t / self.warmup
+        return self.after_warmup(t)
+
+    def progress(self, t, decay_steps):
+        """Fraction of the decay done at step t (0 at the end of warm-up, 1 at the end)."""
+        span = decay_steps or (self.total - self.warmup)
+        return min(max(t - self.warmup, 0) / span, 1.0) if span > 0 else 1.0
+
+
+@LR_SCHEDULES.register("Constant")
+class Constant(_Schedule):
+    def __init__(self, *, learning_rate: float = None, warmup_steps: int = 0,
+                 warmup_epochs: float = 0.0, warmup_start_lr: float = 0.0):
+        super().__init__(learning_rate, warmup_steps, warmup_epochs, warmup_start_lr)
+
+    def after_warmup(self, t):
+        return self.base
+
+
+@LR_SCHEDULES.register("Piecewise")
+class Piecewise(_Schedule):
+    """lr = values[i] (or learning_rate * gamma**i) after the i-th boundary; paddle's PiecewiseDecay."""
+
+    def __init__(self, *, boundaries: list, values: list = None, gamma: float = None, by: str = "epoch",
+                 learning_rate: float = None, warmup_steps: int = 0, warmup_epochs: float = 0.0,
+                 warmup_start_lr: float = 0.0):
+        super().__init__(learning_rate, warmup_steps, warmup_epochs, warmup_start_lr)
+        if list(boundaries) != sorted(boundaries) or len(set(boundaries)) != len(boundaries):
+            raise ConfigError(f"lr.boundaries must be strictly increasing, got {boundaries}")
+        if (values is None) == (gamma is None):
+            raise ConfigError("lr: Piecewise takes either 'values' (absolute lrs) or 'gamma' (a factor "
+                              "per boundary), not both or neither")
+        if values is not None:
+            if len(values) != len(boundaries) + 1:
+                raise ConfigError(f"lr.values: Piecewise needs {len(boundaries) + 1} values for "
+                                  f"{len(boundaries)} boundaries, got {len(values)}")
+            if learning_rate is not None and learning_rate != values[0]:
+                raise ConfigError(f"lr.learning_rate ({learning_rate}) differs from lr.values[0] "
+                                  f"({values[0]}); drop learning_rate, values[0] is the base lr")
+        _steps("by", 0, by, 1)
+        self.boundaries, self.values, self.gamma, self.by = list(boundaries), values, gamma, by
+
+    def _base(self, base_lr):
+        if self.values is None:
+            return super()._base(base_lr)
+        return float(self.values[0] if base_lr is None else base_lr)
+
+    def prepare(self):
+        self.bounds = [_steps("boundaries", b, self.by, self.spe) for b in self.boundaries]
+        if self.values is not None:   # a base_lr override scales every value alike
+            scale = self.base / self.values[0] if self.values[0] else 1.0
+            self.levels = [v * scale for v in self.values]
+        else:
+            self.levels = [self.base * self.gamma ** i for i in range(len(self.bounds) + 1)]
+
+    def after_warmup(self, t):
+        return self.levels[bisect.bisect_right(self.bounds, t)]
+
+
+@LR_SCHEDULES.register("StepDecay")
+class StepDecay(_Schedule):
+    """lr = learning_rate * gamma ** floor(t / step_size) (NeXtVLAD: 0.8 every 12,500 steps)."""
+
+    def __init__(self, *, step_size: float, gamma: float = 0.1, by: str = "epoch",
+                 learning_rate: float = None, warmup_steps: int = 0, warmup_epochs: float = 0.0,
+                 warmup_start_lr: float = 0.0):
+        super().__init__(learning_rate, warmup_steps, warmup_epochs, warmup_start_lr)
+        if step_size <= 0:
+            raise ConfigError(f"lr.step_size must be > 0, got {step_size}")
+        _steps("by", 0, by, 1)
+        self.step_size, self.gamma, self.by = step_size, gamma, by
+
+    def prepare(self):
+        self.size = max(1, _steps("step_size", self.step_size, self.by, self.spe))
+
+    def after_warmup(self, t):
+        return self.base * self.gamma ** (t // self.size)
+
+
+@LR_SCHEDULES.register("Polynomial")
+class Polynomial(_Schedule):
+    """lr = (base - end_lr) * (1 - p) ** power + end_lr, p the decay progress (paddle PolynomialDecay)."""
+
+    def __init__(self, *, power: float = 1.0, end_lr: float = 0.0, decay_steps: int = 0,
+                 learning_rate: float = None, warmup_steps: int = 0, warmup_epochs: float = 0.0,
+                 warmup_start_lr: float = 0.0):
+        super().__init__(learning_rate, warmup_steps, warmup_epochs, warmup_start_lr)
+        self.power, self.end_lr, self.decay_steps = power, end_lr, decay_steps
+
+    def after_warmup(self, t):
+        p = self.progress(t, self.decay_steps)
+        return (self.base - self.end_lr) * (1 - p) ** self.power + self.end_lr
+
+
+@LR_SCHEDULES.register("LinearDecay")
+class LinearDecay(Polynomial):
+    """Polynomial with power 1: from the base lr to end_lr (BERT fine-tuning)."""
+
+    def __init__(self, *, end_lr: float = 0.0, decay_steps: int = 0, learning_rate: float = None,
+                 warmup_steps: int = 0, warmup_epochs: float = 0.0, warmup_start_lr: float = 0.0):
+        super().__init__(power=1.0, end_lr=end_lr, decay_steps=decay_steps, learning_rate=learning_rate,
+                         warmup_steps=warmup_steps, warmup_epochs=warmup_epochs,
+                         warmup_start_lr=warmup_start_lr)
+
+
+@LR_SCHEDULES.register("Cosine")
+class Cosine(_Schedule):
+    """lr = eta_min + (base - eta_min) * (1 + cos(pi * p)) / 2, p the decay progress."""
+
+    def __init__(self, *, eta_min: float = 0.0, decay_steps: int = 0, learning_rate: float = None,
+                 warmup_steps: int = 0, warmup_epochs: float = 0.0, warmup_start_lr: float = 0.0):
+        super().__init__(learning_rate, warmup_steps, warmup_epochs, warmup_start_lr)
+        self.eta_min, self.decay_steps = eta_min, decay_steps
+
+    def after_warmup(self, t):
+        p = self.progress(t, self.decay_steps)
+        return self.eta_min + (self.base - self.eta_min) * (1 + math.cos(math.pi * p)) / 2
+
+
+@LR_SCHEDULES.register("Noam")
+class Noam(_Schedule):
+    """lr = learning_rate * d_model**-0.5 * min(n**-0.5, n * warmup_steps**-1.5), n = t + 1.
+
+    "Attention is all you need"; n counts from 1 as in Fluid's noam_decay, so the first update
+    does not get lr 0. The warm-up is the formula's own linear rise.
+    """
+
+    def __init__(self, *, d_model: int, warmup_steps: int, learning_rate: float = 1.0):
+        super().__init__(learning_rate)
+        if d_model <= 0 or warmup_steps <= 0:
+            raise ConfigError(f"lr: Noam needs d_model > 0 and warmup_steps > 0, got {d_model}, "
+                              f"{warmup_steps}")
+        self.d_model, self.noam_warmup = d_model, warmup_steps
+
+    def lr_at(self, t):
+        n = t + 1
+        return self.base * self.d_model ** -0.5 * min(n ** -0.5, n * self.noam_warmup ** -1.5)
+
+
+def build_lr(cfg, steps_per_epoch, epochs, base_lr=None):
+    """LRScheduler from the `lr` block; the trainer calls `.step()` after every optimizer step.
+
+    `base_lr`, if given, replaces `lr.learning_rate` (Piecewise `values` are scaled alike); leave
+    it None to use the config. `steps_per_epoch` converts epoch-based settings to steps.
+    """
+    if steps_per_epoch < 1:
+        raise ConfigError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+    return LR_SCHEDULES.build(cfg).build(steps_per_epoch, epochs, base_lr)
+
+
+# ----------------------------------------------------------------------------- parameter groups
+
+class _GroupL2Decay(paddle.regularizer.L2Decay):
+    """The L2 we attach through a parameter group; tells it apart from a ParamAttr regularizer."""
+
+
+def _norm_layer_types():
+    norm = paddle.nn.layer.norm
+    names = ["BatchNorm", "_BatchNormBase", "LayerNorm", "GroupNorm", "_InstanceNormBase", "RMSNorm"]
+    return tuple(getattr(norm, n) for n in names if hasattr(norm, n))
+
+
+def _own_regularizer(param):
+    # paddle's param groups overwrite `param.regularizer`; remember what the ParamAttr gave
+    if not hasattr(param, "_zoo_own_regularizer"):
+        reg = getattr(param, "regularizer", None)
+        param._zoo_own_regularizer = None if isinstance(reg, _GroupL2Decay) else reg
+    return param._zoo_own_regularizer
+
+
+def split_decay(model, no_decay=("bias", "norm")):
+    """(decay, no_decay, own): lists of (structured name, parameter) of the model's parameters.
+
+    `own` holds the parameters with their own ParamAttr regularizer. A custom normalisation
+    layer opts in to the "norm" rule with the class attribute `zoo_norm_layer = True`.
+    """
+    tokens = [str(t) for t in no_decay]
+    norm_params = set()
+    if "norm" in tokens:
+        types = _norm_layer_types()
+        for _, layer in model.named_sublayers(include_self=True):
+            if isinstance(layer, types) or getattr(layer, "zoo_norm_layer", False):
+                norm_params.update(id(p) for p in layer.parameters(include_sublayers=False))
+    substrings = [t for t in tokens if t not in ("bias", "norm")]
+    decay, exempt, own = [], [], []
+    for name, p in model.named_parameters():
+        is_bias = len(p.shape) == 1 and (name.endswith("bias") or ".b_" in p.name)
+        if _own_regularizer(p) is not None:
+            own.append((name, p))
+        elif (("bias" in tokens and is_bias) or id(p) in norm_params
+              or any(s in name for s in substrings)):
+            exempt.append((name, p))
+        else:
+            decay.append((name, p))
+    return decay, exempt, own
+
+
+def param_groups(model, weight_decay, no_decay, decoupled):
+    """paddle parameter groups carrying the per-group decay (float for AdamW, regularizer else)."""
+    decay, exempt, own = split_decay(model, no_decay)
+    for _, p in decay + exempt + own:
+        p.regularizer = _own_regularizer(p)   # undo what an earlier optimizer's groups set
+    if decoupled:
+        groups = [{"params": [p for _, p in decay], "weight_decay": float(weight_decay)},
+                  {"params": [p for _, p in exempt + own], "weight_decay": 0.0}]
+    else:
+        groups = [{"params": [p for _, p in decay],
+                   "weight_decay": _GroupL2Decay(weight_decay) if weight_decay else None},
+                  {"params": [p for _, p in exempt], "weight_decay": None}]
+        by_reg = {}
+        for _, p in own:
+            by_reg.setdefault(id(p.regularizer), (p.regularizer, []))[1].append(p)
+        groups += [{"params": ps, "weight_decay": reg} for reg, ps in by_reg.values()]
+    groups = [g for g in groups if g["params"]]
+    if not groups:
+        raise ConfigError(f"optimizer: model {type(model).__name__} has no parameters")
+    return groups
+
+
+# ----------------------------------------------------------------------------- optimizers
+
+class _Optimizer:
+    decoupled = False
+
+    def __init__(self, weight_decay=0.0, no_decay=("bias", "norm")):
+        if weight_decay < 0:
+            raise ConfigError(f"optimizer.weight_decay must be >= 0, got {weight_decay}")
+        self.weight_decay, self.no_decay = weight_decay, list(no_decay)
+
+    def create(self, model, lr):
+        groups = param_groups(model, self.weight_decay, self.no_decay, self.decoupled)
+        return self.make(lr, groups)
+
+
+@OPTIMIZERS.register("SGD")
+class SGD(_Optimizer):
+    def __init__(self, *, weight_decay: float = 0.0, no_decay: list = ["bias", "norm"]):  # noqa: B006
+        super().__init__(weight_decay, no_decay)
+
+    def make(self, lr, groups):
+        return paddle.optimizer.SGD(learning_rate=lr, parameters=groups)
+
+
+@OPTIMIZERS.register("Momentum")
+class Momentum(_Optimizer):
+    def __init__(self, *, momentum: float = 0.9, use_nesterov: bool = False, weight_decay: float = 0.0,
+                 no_decay: list = ["bias", "norm"]):  # noqa: B006
+        super().__init__(weight_decay, no_decay)
+        self.momentum, self.use_nesterov = momentum, use_nesterov
+
+    def make(self, lr, groups):
+        return paddle.optimizer.Momentum(learning_rate=lr, momentum=self.momentum, parameters=groups,
+                                         use_nesterov=self.use_nesterov)
+
+
+@OPTIMIZERS.register("Adam")
+class Adam(_Optimizer):
+    def __init__(self, *, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8,
+                 weight_decay: float = 0.0, no_decay: list = ["bias", "norm"]):  # noqa: B006
+        super().__init__(weight_decay, no_decay)
+        self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
+
+    def make(self, lr, groups):
+        return paddle.optimizer.Adam(learning_rate=lr, beta1=self.beta1, beta2=self.beta2,
+                                     epsilon=self.epsilon, parameters=groups)
+
+
+@OPTIMIZERS.register("AdamW")
+class AdamW(Adam):
+    decoupled = True
+
+    def make(self, lr, groups):
+        return paddle.optimizer.AdamW(learning_rate=lr, beta1=self.beta1, beta2=self.beta2,
+                                      epsilon=self.epsilon, parameters=groups, weight_decay=0.0)
+
+
+@OPTIMIZERS.register("RMSProp")
+class RMSProp(_Optimizer):
+    def __init__(self, *, rho: float = 0.95, epsilon: float = 1e-6, momentum: float = 0.0,
+                 centered: bool = False, weight_decay: float = 0.0,
+                 no_decay: list = ["bias", "norm"]):  # noqa: B006
+        super().__init__(weight_decay, no_decay)
+        self.rho, self.epsilon, self.momentum, self.centered = rho, epsilon, momentum, centered
+
+    def make(self, lr, groups):
+        return paddle.optimizer.RMSProp(learning_rate=lr, rho=self.rho, epsilon=self.epsilon,
+                                        momentum=self.momentum, centered=self.centered, parameters=groups)
+
+
+def build_optimizer(cfg, model, lr):
+    """paddle Optimizer from the `optimizer` block; `lr` is the LRScheduler from `build_lr` (or a float)."""
+    return OPTIMIZERS.build(cfg).create(model, lr)
+
+
+def clip_grad_norm_(parameters, max_norm):
+    """Scale all gradients so that their global L2 norm is at most max_norm; returns the norm (Tensor).
+
+    Call after `GradScaler.unscale_(optimizer)` and before `optimizer.step()`.
+    """
+    return paddle.nn.utils.clip_grad_norm_(list(parameters), max_norm)
