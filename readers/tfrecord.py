@@ -197,11 +197,12 @@ def _decode_feature(buf, start, end):
     value = None
     for field, wire, val in _fields(buf, start, end):
         if field == 1 and wire == 2:        # bytes_list
-            value = [bytes(buf[s:e]) for f, w, (s, e) in _fields(buf, *val) if f == 1 and w == 2]
+            value = [bytes(buf[v[0]:v[1]]) for f, w, v in _fields(buf, *val) if f == 1 and w == 2]
         elif field == 2 and wire == 2:      # float_list
             parts = []
-            for f, w, (s, e) in _fields(buf, *val):
+            for f, w, v in _fields(buf, *val):
                 if f == 1 and w in (2, 5):  # packed run or one unpacked fixed32
+                    s, e = v
                     if (e - s) % 4:
                         raise DecodeError("packed float run is not a multiple of 4 bytes")
                     parts.append(np.frombuffer(buf[s:e], dtype="<f4"))
@@ -227,11 +228,11 @@ def _decode_feature(buf, start, end):
 def _decode_map(buf, start, end, decode_value, wanted=None):
     """map<string, V> field 1 of a message: entries are {key = 1, value = 2} messages."""
     out = {}
-    for field, wire, (s, e) in _fields(buf, start, end):
+    for field, wire, span in _fields(buf, start, end):
         if field != 1 or wire != 2:
             continue
         key, value_span = "", None
-        for f, w, v in _fields(buf, s, e):
+        for f, w, v in _fields(buf, *span):
             if f == 1 and w == 2:
                 key = bytes(buf[v[0]:v[1]]).decode("utf-8")
             elif f == 2 and w == 2:
@@ -243,8 +244,7 @@ def _decode_map(buf, start, end, decode_value, wanted=None):
 
 
 def _decode_feature_list(buf, start, end):
-    return [_decode_feature(buf, s, e) for f, w, (s, e) in _fields(buf, start, end)
-            if f == 1 and w == 2]
+    return [_decode_feature(buf, *v) for f, w, v in _fields(buf, start, end) if f == 1 and w == 2]
 
 
 def decode_sequence_example(data, feature_lists=None, context_only=False):
@@ -257,13 +257,15 @@ def decode_sequence_example(data, feature_lists=None, context_only=False):
     wanted = None if feature_lists is None else set(feature_lists)
     context, lists = {}, {}
     try:
-        for field, wire, (s, e) in _fields(buf, 0, len(buf)):
+        for field, wire, span in _fields(buf, 0, len(buf)):
             if field == 1 and wire == 2:
-                context.update(_decode_map(buf, s, e, _decode_feature))
+                context.update(_decode_map(buf, *span, _decode_feature))
             elif field == 2 and wire == 2 and not context_only:
-                lists.update(_decode_map(buf, s, e, _decode_feature_list, wanted))
+                lists.update(_decode_map(buf, *span, _decode_feature_list, wanted))
     except IndexError:
         raise DecodeError("message ends inside a field") from None
+    except UnicodeDecodeError:
+        raise DecodeError("a feature name is not UTF-8") from None
     return context, lists
 
 
