@@ -15,6 +15,11 @@ also carry that class's direction (a fixed random vector per class and modality,
 the same frames). Lengths are log-uniform in [min_frames, max_frames], so a model that averages
 all frames (or the padding) sees the class evidence diluted by up to ~50x, while one that finds the
 few informative frames (attention, max-pooling, an LSTM with masks) does well.
+
+The last class ("FadeOut") has no direction: its evidence is that the video ends with blank
+frames (30-60% of its frames) (quantized 127 in both modalities, which dequantizes to 0.0, exactly the value the
+PadSequences collate pads with). With the mask that is easy to see; a model that ignores the mask
+cannot tell these videos from the padded ones, so it scores lower on that class.
 """
 import argparse
 import json
@@ -31,11 +36,14 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 from readers.tfrecord import encode_sequence_example, write_records  # noqa: E402
 
 CLASS_NAMES = ["Game", "Vehicle", "Concert", "Cooking", "Dance", "Animal", "Football", "Guitar",
-               "Cartoon", "Fishing", "Drum", "Aircraft"]
+               "Cartoon", "Fishing", "Drum", "Aircraft"]  # the last class used is renamed FadeOut
 DIMS = {"rgb": 1024, "audio": 128}
 NOISE = 24.0        # std of the per-frame noise, in quantization steps
 VIDEO_OFFSET = 0.5  # std of the per-video offset, in units of NOISE
 AMPLITUDE = 12.0    # length of a class direction, in units of NOISE
+BACKGROUND = 24.0   # std over dimensions of the dataset's mean frame, in quantization steps
+BLANK = 127         # dequantizes to 127*4/255 + 4/512 - 2 = -3e-5: the padding value
+FADE_FRACTION = (0.3, 0.6)  # share of a FadeOut video's frames that are blank, at its end
 
 
 def _shards(videos, n):
@@ -53,22 +61,26 @@ def _video_ids(rng, count):
     return ids
 
 
-def _make_videos(rng, ids, num_classes, min_frames, max_frames, directions):
+def _make_videos(rng, ids, num_classes, min_frames, max_frames, directions, background):
     videos = []
     log_lo, log_hi = np.log(min_frames), np.log(max_frames + 1)
     for vid in ids:
         k = int(rng.choice([1, 2, 3], p=[0.5, 0.3, 0.2]))
         labels = np.sort(rng.choice(num_classes, k, replace=False))
-        per_label = rng.integers(2, 5, size=k)
-        n = max(min(int(np.exp(rng.uniform(log_lo, log_hi))), max_frames), int(per_label.sum()))
-        positions = rng.choice(n, int(per_label.sum()), replace=False)
+        fade = num_classes - 1 in labels
+        per_label = rng.integers(2, 5, size=k) * (labels != num_classes - 1)
+        n = max(min(int(np.exp(rng.uniform(log_lo, log_hi))), max_frames), 2 * int(per_label.sum()) + 2)
+        n_fade = max(1, int(n * rng.uniform(*FADE_FRACTION))) if fade else 0
+        positions = rng.choice(n - n_fade, int(per_label.sum()), replace=False)
         owner = np.repeat(labels, per_label)
         video = {"video": vid, "label": labels.tolist(), "nframes": min(n, 300)}
         for name, dim in DIMS.items():
             x = rng.standard_normal((n, dim), dtype=np.float32)
             x += VIDEO_OFFSET * rng.standard_normal(dim, dtype=np.float32)
             x[positions] += directions[name][owner]
-            video[name] = np.clip(np.rint(128.0 + NOISE * x), 0, 255).astype(np.uint8)
+            video[name] = np.clip(np.rint(128.0 + background[name] + NOISE * x), 0, 255).astype(np.uint8)
+            if n_fade:
+                video[name][n - n_fade:] = BLANK
         videos.append(video)
     return videos
 
@@ -90,7 +102,7 @@ def make(root: str, seed: int = 0, num_train: int = 800, num_val: int = 200, num
     params = dict(seed=seed, num_train=num_train, num_val=num_val, num_classes=num_classes,
                   min_frames=min_frames, max_frames=max_frames, train_shards=train_shards,
                   val_shards=val_shards, noise=NOISE, video_offset=VIDEO_OFFSET,
-                  amplitude=AMPLITUDE, version=1)
+                  amplitude=AMPLITUDE, background=BACKGROUND, fade=FADE_FRACTION, version=2)
     done = os.path.join(root, "DONE")
     if os.path.isfile(done):
         try:
@@ -109,11 +121,13 @@ def make(root: str, seed: int = 0, num_train: int = 800, num_val: int = 200, num
     for name, dim in DIMS.items():
         d = rng.standard_normal((num_classes, dim)).astype(np.float32)
         directions[name] = AMPLITUDE * d / np.linalg.norm(d, axis=1, keepdims=True)
+    # real features are not centred on 0: frames share a mean away from the padding value
+    background = {name: BACKGROUND * rng.standard_normal(dim).astype(np.float32) for name, dim in DIMS.items()}
     ids = _video_ids(rng, num_train + num_val)
     splits = {"train": _make_videos(rng, ids[:num_train], num_classes, min_frames, max_frames,
-                                    directions),
+                                    directions, background),
               "validate": _make_videos(rng, ids[num_train:], num_classes, min_frames, max_frames,
-                                       directions)}
+                                       directions, background)}
 
     for sub in ("tfrecord", "pkl", "yt8m_pca"):
         os.makedirs(os.path.join(root, sub), exist_ok=True)
@@ -135,6 +149,7 @@ def make(root: str, seed: int = 0, num_train: int = 800, num_val: int = 200, num
         with open(os.path.join(root, list_name), "w") as f:
             f.write("".join(p + "\n" for p in lists[key]))
     names = CLASS_NAMES[:num_classes] + [f"class_{i}" for i in range(len(CLASS_NAMES), num_classes)]
+    names[num_classes - 1] = "FadeOut"
     with open(os.path.join(root, "label_names.txt"), "w") as f:
         f.write("".join(n + "\n" for n in names))
     eig = (4.0 / (1.0 + np.arange(DIMS["rgb"]) / 64.0)).astype(np.float32)[:, None]

@@ -6,3 +6,24 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 os.environ.setdefault("GLOG_minloglevel", "2")
+
+import pytest  # noqa: E402
+
+from tests.helpers import ROOT as _ROOT, tool  # noqa: E402
+
+ATTENTION_LSTM_DEMO = "configs/video/attention_lstm/attention_lstm_demo.yaml"
+
+
+@pytest.fixture(scope="session")
+def yt8m_demo():
+    """The generated YouTube-8M demo data (written once; later calls are no-ops)."""
+    from data import demo_youtube8m
+    return demo_youtube8m.make(os.path.join(_ROOT, "data", "youtube8m_demo"))
+
+
+@pytest.fixture(scope="session")
+def attention_lstm_run(yt8m_demo, tmp_path_factory):
+    """The AttentionLSTM demo recipe trained once, uninterrupted; eval, infer and resume tests reuse it."""
+    out = tmp_path_factory.mktemp("attention_lstm_demo")
+    tool("train", "-c", ATTENTION_LSTM_DEMO, "--output", out)
+    return out

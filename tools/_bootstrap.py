@@ -5,9 +5,14 @@ machines, see README); it is read once when paddle loads, so it cannot be set la
 """
 import os
 import sys
+import warnings
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 os.environ.setdefault("GLOG_minloglevel", "2")
+# noise that is not the user's business: paddle's build-tool hint at import, and a BatchNorm notice
+# printed on every training forward
+warnings.filterwarnings("ignore", message="No ccache found")
+warnings.filterwarnings("ignore", message="When training, we now always track global mean")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
