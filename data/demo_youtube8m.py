@@ -102,7 +102,7 @@ def make(root: str, seed: int = 0, num_train: int = 800, num_val: int = 200, num
     params = dict(seed=seed, num_train=num_train, num_val=num_val, num_classes=num_classes,
                   min_frames=min_frames, max_frames=max_frames, train_shards=train_shards,
                   val_shards=val_shards, noise=NOISE, video_offset=VIDEO_OFFSET,
-                  amplitude=AMPLITUDE, background=BACKGROUND, fade=FADE_FRACTION, version=2)
+                  amplitude=AMPLITUDE, background=BACKGROUND, fade=list(FADE_FRACTION), version=2)
     done = os.path.join(root, "DONE")
     if os.path.isfile(done):
         try:
