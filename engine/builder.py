@@ -1,8 +1,6 @@
 """From a validated config to objects: model, readers (DataLoader), metric."""
-import paddle
-
 from engine.config import LOADER_KEYS
-from engine.data import EpochBatchSampler
+from engine.data import EpochBatchSampler, SerialLoader, WorkerLoader
 from engine.registry import COLLATES, DATASETS, METRICS, MODELS, ConfigError
 
 
@@ -16,7 +14,7 @@ def count_params(model):
     for p in model.parameters():
         if not p.stop_gradient and id(p) not in seen:
             seen.add(id(p))
-            total += int(paddle.numel(p).item()) if p._is_initialized() else _numel(p.shape)
+            total += _numel(p.shape)
     return total
 
 
@@ -63,10 +61,9 @@ def build_loader(cfg, split, seed=0, world_size=1, rank=0, dataset=None, batch_s
                                 drop_last=loader_cfg["drop_last"] and split == "train", seed=seed,
                                 num_replicas=world_size, rank=rank)
     collate = COLLATES.build(loader_cfg["collate"] or {"name": "Stack"})
-    loader = paddle.io.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
-                                  num_workers=loader_cfg["num_workers"], return_list=True,
-                                  use_shared_memory=loader_cfg["num_workers"] > 0)
-    return loader, dataset, sampler
+    if loader_cfg["num_workers"] == 0:
+        return SerialLoader(dataset, sampler, collate), dataset, sampler
+    return WorkerLoader(dataset, sampler, collate, loader_cfg["num_workers"]), dataset, sampler
 
 
 def build_metric(cfg):

@@ -44,6 +44,8 @@ class SampleDataset(paddle.io.Dataset):
             sample = self.load(index)
         except SampleError as e:
             if not self.skip_bad:
+                if paddle.io.get_worker_info() is not None:
+                    return SampleFailure(str(e))  # a worker cannot raise it usefully: carry it to the loader
                 raise
             log.warning("skipped sample %d: %s", index, e)
             return None
@@ -69,6 +71,13 @@ class SampleDataset(paddle.io.Dataset):
     def write_predictions(self, output_dir, ids, probs):
         """Extra, format-specific prediction files (e.g. a competition CSV); returns their paths."""
         return []
+
+
+class SampleFailure:
+    """An unreadable sample inside a DataLoader worker, carried to the main process as data."""
+
+    def __init__(self, message):
+        self.message = message
 
 
 def stack(samples):
@@ -166,3 +175,50 @@ class EpochBatchSampler(paddle.io.BatchSampler):
     def __len__(self):
         n = len(self._indices())
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+class SerialLoader:
+    """Batches built in the calling thread (num_workers == 0).
+
+    paddle's DataLoader runs even zero workers in a helper thread, where a reader exception is printed
+    and the run then hangs; here an error surfaces as itself, with the file it names.
+    """
+
+    def __init__(self, dataset, batch_sampler, collate_fn):
+        self.dataset, self.batch_sampler, self.collate_fn = dataset, batch_sampler, collate_fn
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+    def __iter__(self):
+        for indices in self.batch_sampler:
+            batch = self.collate_fn([self.dataset[i] for i in indices])
+            yield {k: paddle.to_tensor(v) for k, v in batch.items()}
+
+
+class WorkerLoader:
+    """paddle's DataLoader with worker processes, re-raising a sample's error in the main process.
+
+    A worker exception would otherwise only reach the main process as "Blocking queue is killed",
+    without the file that caused it.
+    """
+
+    def __init__(self, dataset, batch_sampler, collate_fn, num_workers):
+        def guarded(samples):
+            failed = [s for s in samples if isinstance(s, SampleFailure)]
+            if failed:
+                return {"sample_error": np.frombuffer(failed[0].message.encode(), dtype=np.uint8).copy()}
+            return collate_fn(samples)
+
+        self.batch_sampler = batch_sampler
+        self.loader = paddle.io.DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=guarded,
+                                           num_workers=num_workers, return_list=True, use_shared_memory=True)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            if "sample_error" in batch:
+                raise SampleError(bytes(batch["sample_error"].numpy()).decode())
+            yield batch
