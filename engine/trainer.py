@@ -53,6 +53,8 @@ def fit(cfg, output_dir, resume=None, make_scaler=make_scaler):
         model, optimizer = paddle.amp.decorate(model, optimizer, level="O2", dtype=amp["dtype"])
     log.info("model %s: %s trainable parameters; %d steps/epoch, world size %d, %d threads",
              cfg["model"]["name"], f"{count_params(model):,}", steps_per_epoch, rt["world_size"], rt["threads"])
+    if rt_cfg["sync_bn"]:  # GPU only: runtime.setup refuses it on CPU, where it has no kernel
+        model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     net = paddle.DataParallel(model) if rt["world_size"] > 1 else model
 
     start_epoch, step, best = 0, 0, None
