@@ -1,0 +1,93 @@
+"""AMP control flow. On CPU Paddle's AMP computes in fp32, so the loss-scaling order is checked through a
+stand-in scaler that records what the trainer calls and pretends one step overflowed."""
+import os
+
+import numpy as np
+import paddle
+import pytest
+
+from engine import config, trainer
+from engine.components import load_all
+from tests.conftest import ATTENTION_LSTM_DEMO
+
+SMALL = ["train.epochs=1", "train.clip_grad_norm=1.0", "train.amp.enable=true",
+         "reader.train.files=[data/youtube8m_demo/tfrecord/validate0000.tfrecord]",
+         "reader.val.files=[data/youtube8m_demo/tfrecord/validate0001.tfrecord]"]
+
+
+class StandInScaler:
+    """Scales by 1024, and on `overflow_step` reports inf gradients, so `step` must not update."""
+
+    def __init__(self, events, overflow_step):
+        self.events, self.overflow_step, self.calls = events, overflow_step, 0
+        self.found_inf = False
+
+    def is_enable(self):
+        return True
+
+    def scale(self, loss):
+        self.events.append("scale")
+        scaled = loss * 1024.0
+        scaled.register_hook(lambda g: self.events.append("backward"))
+        return scaled
+
+    def unscale_(self, optimizer):
+        self.events.append("unscale")
+        for group in optimizer._param_groups:
+            for p in group["params"] if isinstance(group, dict) else [group]:
+                if p.grad is not None:
+                    p.grad.set_value(p.grad / 1024.0)
+        self.calls += 1
+        self.found_inf = self.calls == self.overflow_step
+
+    def step(self, optimizer):
+        self.events.append("step")
+        params = [p for g in optimizer._param_groups for p in (g["params"] if isinstance(g, dict) else [g])]
+        before = [p.numpy().copy() for p in params]
+        if not self.found_inf:
+            optimizer.step()
+        changed = any(not np.array_equal(b, p.numpy()) for b, p in zip(before, params))
+        self.events.append("updated" if changed else "skipped")
+
+    def update(self):
+        self.events.append("update")
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def test_scaler_order_and_overflow_skip(yt8m_demo, tmp_path, monkeypatch):
+    load_all()
+    events = []
+    clip = trainer.clip_grad_norm_
+
+    def recording_clip(params, max_norm):
+        events.append("clip")
+        return clip(params, max_norm)
+
+    monkeypatch.setattr(trainer, "clip_grad_norm_", recording_clip)
+    cfg = config.load(os.path.join(os.path.dirname(os.path.dirname(__file__)), ATTENTION_LSTM_DEMO),
+                      [f"{o}" for o in SMALL])
+    scaler = StandInScaler(events, overflow_step=2)
+    trainer.fit(cfg, str(tmp_path), make_scaler=lambda amp: scaler)
+    steps = [events[i:i + 7] for i in range(0, len(events), 7)]
+    assert len(steps) == 4  # 100 samples, batch 32
+    for i, step in enumerate(steps):
+        outcome = "skipped" if i == 1 else "updated"
+        assert step == ["scale", "backward", "unscale", "clip", "step", outcome, "update"], (i, step)
+
+
+@pytest.mark.parametrize("dtype,level", [("float16", "O1"), ("float16", "O2"), ("bfloat16", "O1"), ("bfloat16", "O2")])
+def test_amp_flags_train_on_cpu(yt8m_demo, tmp_path, dtype, level):
+    """Every AMP setting runs through the same loop (a no-op on CPU) and the loss stays finite."""
+    load_all()
+    root = os.path.dirname(os.path.dirname(__file__))
+    cfg = config.load(os.path.join(root, ATTENTION_LSTM_DEMO),
+                      SMALL + [f"train.amp.dtype={dtype}", f"train.amp.level={level}"])
+    model, metrics = trainer.fit(cfg, str(tmp_path))
+    assert np.isfinite(metrics["loss"])
+    scaler = trainer.make_scaler(config.section(cfg["train"], "amp", config.AMP_KEYS))
+    assert isinstance(scaler, paddle.amp.GradScaler)
