@@ -1,0 +1,130 @@
+"""Tests generated from the registries and the configs folder: nothing registered goes untested."""
+import glob
+import importlib
+import inspect
+import os
+import re
+
+import numpy as np
+import paddle
+import pytest
+
+from engine import builder, config
+from engine.components import COMPONENT_MODULES, load_all
+from engine.pretrained import WEIGHTS
+from engine.registry import DATASETS, METRICS, MODELS
+from tests.helpers import ROOT
+
+load_all()
+CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True)
+                 if "_base_" not in p)
+DEMOS = [p for p in CONFIGS if p.endswith("_demo.yaml")]
+
+
+def rel(path):
+    return os.path.relpath(path, ROOT)
+
+
+def test_every_component_file_is_listed():
+    files = []
+    for pkg in ("models", "readers", "metrics"):
+        for path in glob.glob(os.path.join(ROOT, pkg, "**", "*.py"), recursive=True):
+            name = os.path.basename(path)
+            registers = re.search(r"\.register\(|WEIGHTS\.add\(", open(path).read())
+            if registers:  # a file that registers components must be imported by load_all()
+                files.append(rel(path)[:-3].replace(os.sep, "."))
+    assert files
+    missing = sorted(set(files) - set(COMPONENT_MODULES))
+    assert not missing, f"not listed in engine/components.py: {missing}"
+
+
+def test_every_config_resolves_and_names_a_registered_model():
+    assert len(CONFIGS) >= 6
+    for path in CONFIGS:
+        cfg = config.load(path)
+        assert cfg["model"]["name"] in MODELS, path
+        assert cfg.get("metric", {}).get("name") in METRICS, path
+        for split, reader in cfg.get("reader", {}).items():
+            assert reader["name"] in DATASETS, (path, split)
+
+
+def test_every_model_has_a_demo_and_a_full_recipe():
+    models = {config.load(p)["model"]["name"] for p in DEMOS}
+    full = {config.load(p)["model"]["name"] for p in CONFIGS if p not in DEMOS}
+    task_models = {n for n in MODELS.names() if n != "ResNet"}  # backbones are parts, not recipes
+    assert task_models <= models, task_models - models
+    assert task_models <= full, task_models - full
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p not in DEMOS], ids=rel)
+def test_full_size_models_build_lazily(path):
+    cfg = config.load(path)
+    with paddle.LazyGuard():
+        model = builder.build_model(cfg["model"])
+    assert builder.count_params(model) > 1_000_000
+
+
+@pytest.fixture(scope="module")
+def demo_data():
+    from data import make_demo
+    make_demo.main([])
+
+
+@pytest.mark.parametrize("path", DEMOS, ids=rel)
+def test_demo_model_steps_and_round_trips(path, demo_data, tmp_path):
+    """One optimizer step lowers nothing to NaN, and a saved state dict reloads to identical outputs."""
+    cfg = config.load(path)
+    paddle.seed(0)
+    model = builder.build_model(cfg["model"])
+    loader, _, _ = builder.build_loader(cfg, "train", 0)
+    batch = next(iter(loader))
+    from engine.optim import build_lr, build_optimizer
+    opt = build_optimizer(cfg["optimizer"], model, build_lr(cfg["lr"], 10, 1))
+    model.train()
+    loss = model(batch)["loss"]
+    assert np.isfinite(loss.item())
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if not p.stop_gradient]
+    assert any(g is not None and float(g.abs().sum()) > 0 for g in grads)
+    opt.step()
+    model.eval()
+    with paddle.no_grad():
+        before = {k: v.numpy() for k, v in model(batch).items()}
+    paddle.save(model.state_dict(), str(tmp_path / "m.pdparams"))
+    fresh = builder.build_model(cfg["model"])
+    fresh.set_state_dict(paddle.load(str(tmp_path / "m.pdparams")))
+    fresh.eval()
+    with paddle.no_grad():
+        after = {k: v.numpy() for k, v in fresh(batch).items()}
+    assert before.keys() == after.keys()
+    for k in before:
+        np.testing.assert_allclose(before[k], after[k], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", WEIGHTS.names())
+def test_pretrained_entries_are_well_formed(name):
+    e = WEIGHTS.get(name)
+    assert e.name == name and e.model in MODELS
+    assert all(re.match(r"^https?://\S+$", u) for u in e.urls), e.urls
+    assert e.urls or e.notes, "an entry without a release says why"
+    assert e.sha256 is None or re.fullmatch(r"[0-9a-f]{64}", e.sha256)
+    assert e.md5 is None or re.fullmatch(r"[0-9a-f]{32}", e.md5)
+    assert all(0.0 <= v <= 1.0 for v in e.metrics.values()), e.metrics
+    if e.metrics:
+        assert e.metrics_source and e.dataset
+    if e.config:
+        assert os.path.isfile(os.path.join(ROOT, e.config)), e.config
+    for pattern, _ in e.key_map:
+        re.compile(pattern)
+    cls = MODELS.get(e.model)
+    known = set(inspect.signature(cls).parameters)
+    assert set(e.model_args) <= known, set(e.model_args) - known
+    if e.num_params:
+        with paddle.LazyGuard():
+            model = cls(**e.model_args)
+        assert builder.count_params(model) == e.num_params
+
+
+def test_component_modules_import_without_side_effects():
+    for name in COMPONENT_MODULES:
+        importlib.import_module(name)  # already imported: importing again must be harmless
