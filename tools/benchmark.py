@@ -21,9 +21,15 @@ import time
 from engine import cli
 
 # (name, config, overrides, batch size, note): what `make bench` measures for the README.
+YT8M_DEMO = ["reader.train.files=[data/youtube8m_demo/train.list]", "reader.train.num_workers=0"]
+PCA_DEMO = ["reader.train.transforms.0.eigenvalues_file=data/youtube8m_demo/yt8m_pca/eigenvals.npy"]
 BENCH_TABLE = [
     ("AttentionLSTM", "configs/video/attention_lstm/attention_lstm_bilstm_10e_youtube8m.yaml",
-     ["reader.train.files=data/youtube8m_demo/train.list"], 16, "demo TFRecords, 10-150 frames"),
+     YT8M_DEMO, 16, "full-size model on the demo TFRecords (10-150 frames, mean 50)"),
+    ("NeXtVLAD", "configs/video/nextvlad/nextvlad_k128_6e_youtube8m.yaml",
+     YT8M_DEMO + PCA_DEMO, 16, "full-size model on the demo TFRecords (10-150 frames, mean 50)"),
+    ("AttentionCluster", "configs/video/attention_cluster/attention_cluster_att32_5e_youtube8m.yaml",
+     YT8M_DEMO, 64, "full-size model on the demo TFRecords, 100 frames sampled"),
 ]
 
 
@@ -158,7 +164,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-c", "--config")
     p.add_argument("-o", "--override", action="append", default=[])
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=5)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--synthetic", action="store_true", help="random features of the real batch shapes")
