@@ -35,6 +35,7 @@ class PretrainedEntry:
     config: str = ""               # the recipe that trained it (configs/...)
     archive_member: str = None     # file to take out of a .tar/.tar.gz/.zip download
     notes: str = ""
+    reproduced: str = "not run"    # what was run on our machines (README "reproduced here" column)
 
 
 WEIGHTS = Registry("pretrained weight")

@@ -403,7 +403,7 @@ def test_tool_download_list_and_markdown(entry, tmp_path, monkeypatch, capsys):
     entry.metrics, entry.dataset, entry.num_params = {"top1": 0.717, "bleu": 27.3}, "K400 val", 8
     none = PretrainedEntry(name="test_none_tmp", model="X", urls=[], config="configs/x/x_demo.yaml")
     monkeypatch.setitem(WEIGHTS._items, none.name, none)
-    monkeypatch.setitem(tool.REPRODUCED, entry.name, "demo only")
+    monkeypatch.setattr(entry, "reproduced", "demo only")
     assert tool.main([entry.name, "--dir", str(tmp_path / "d")]) == 0
     assert os.path.isfile(tmp_path / "d" / entry.name / "fc.pdparams")
     assert tool.main(["--list"]) == 0

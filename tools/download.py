@@ -8,25 +8,18 @@
 The cache is `$PADDLE_ZOO_HOME/weights` (default `~/.cache/paddle_zoo/weights`). Offline, place a file
 by hand at the path the error names and it is used without network access.
 """
-import argparse
 import os
 import sys
-import warnings
 
-os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle is imported (fast MKL path on AMD)
-os.environ.setdefault("GLOG_minloglevel", "2")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bootstrap  # noqa: E402,F401  (environment before paddle)
+
+import argparse  # noqa: E402
 
 from engine import components  # noqa: E402
 from engine.download import cache_dir  # noqa: E402
 from engine.pretrained import WEIGHTS, resolve_weights  # noqa: E402
 from engine.registry import ConfigError  # noqa: E402
-
-# The README's "reproduced here" column: what was actually run on our machines, by entry name
-# (e.g. "demo only", "eval of the released weights: top1 0.7012"). Entries not listed say "not run".
-REPRODUCED = {}
 
 _NOT_RATIOS = {"bleu", "loss", "ppl", "num_samples"}
 
@@ -74,7 +67,7 @@ def markdown_table():
     for e in sorted(_entries(), key=lambda e: (e.model, e.name)):
         weights = f"`{e.name}`" + ("" if e.urls else " (no release)")
         config = f"[{os.path.basename(e.config)}]({e.config})" if e.config else "-"
-        reproduced = getattr(e, "reproduced", None) or REPRODUCED.get(e.name, "not run")
+        reproduced = e.reproduced
         lines.append("| " + " | ".join(_cell(c) for c in (
             e.model, weights, config, _params(e), _metrics(e), e.metrics_source or "-", reproduced)) + " |")
     return "\n".join(lines)
@@ -109,9 +102,7 @@ def main(argv=None):
     if not (args.list or args.markdown or args.all or args.names):
         parser.error("give entry names, --all, --list or --markdown")
     try:
-        with warnings.catch_warnings():  # paddle's import warns about ccache, which nobody here needs
-            warnings.filterwarnings("ignore", message=".*ccache.*")
-            components.load_all()
+        components.load_all()
         if args.list:
             print_list()
             return 0
