@@ -1,4 +1,5 @@
 """The one training loop every recipe uses. It never names a model: models return their losses."""
+import contextlib
 import json
 import logging
 import math
@@ -45,7 +46,7 @@ def fit(cfg, output_dir, resume=None, make_scaler=make_scaler):
     loader, dataset, sampler = build_loader(cfg, "train", seed, rt["world_size"], rt["rank"])
     val = build_loader(cfg, "val", seed, rt["world_size"], rt["rank"]) if "val" in cfg.get("reader", {}) else None
     metric = build_metric(cfg) if val else None
-    steps_per_epoch = max(1, len(loader) // accum)
+    steps_per_epoch = -(-len(loader) // accum)  # optimizer steps: a last partial accumulation steps too
     lr = build_lr(cfg["lr"], steps_per_epoch, train_cfg["epochs"])
     optimizer = build_optimizer(cfg["optimizer"], model, lr)
     scaler = make_scaler(amp)
@@ -79,14 +80,17 @@ def fit(cfg, output_dir, resume=None, make_scaler=make_scaler):
             if "index" not in batch:  # every sample of this batch was unreadable (and logged)
                 meter.skipped += int(batch["num_skipped"].item())
                 continue
-            with paddle.amp.auto_cast(enable=amp["enable"], dtype=amp["dtype"], level=amp["level"]):
-                losses = net(batch)
-            loss = losses["loss"]
-            if not scaler.is_enable() and not math.isfinite(loss.item()):
-                raise NonFiniteLoss(f"loss is {loss.item()} at epoch {epoch + 1}, step {step + 1} "
-                                    f"(batch {i + 1}); lower the lr or check the data")
-            scaler.scale(loss / accum).backward()
-            if (i + 1) % accum == 0 or i + 1 == len(loader):
+            update = (i + 1) % accum == 0 or i + 1 == len(loader)
+            # gradients of the micro-batches of one accumulation are all-reduced once, at the last
+            with net.no_sync() if rt["world_size"] > 1 and not update else contextlib.nullcontext():
+                with paddle.amp.auto_cast(enable=amp["enable"], dtype=amp["dtype"], level=amp["level"]):
+                    losses = net(batch)
+                loss = losses["loss"]
+                if not scaler.is_enable() and not math.isfinite(loss.item()):
+                    raise NonFiniteLoss(f"loss is {loss.item()} at epoch {epoch + 1}, step {step + 1} "
+                                        f"(batch {i + 1}); lower the lr or check the data")
+                scaler.scale(loss / accum).backward()
+            if update:
                 scaler.unscale_(optimizer)
                 if train_cfg["clip_grad_norm"]:
                     clip_grad_norm_(model.parameters(), train_cfg["clip_grad_norm"])
