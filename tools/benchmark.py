@@ -185,7 +185,7 @@ def main():
         print("\n| model | batch | data | params | train samples/s | eval samples/s | reader share (0 / 2 workers) | peak MB |")
         print("|---|---|---|---|---|---|---|---|")
         for name, note, r in rows:
-            share = " / ".join(f"{100 * v['share_of_train_step']:.0f}%" for v in r["reader"].values())
+            share = " / ".join(f"{100 * v['share_of_train_step']:.1f}%" for v in r["reader"].values())
             print(f"| {name} | {r['batch_size']} | {note} | {r['params']:,} | {r['train_samples_per_s']:.1f} | "
                   f"{r['eval_samples_per_s']:.1f} | {share} | {r['peak_memory_mb']:.0f} |")
         return
