@@ -27,3 +27,23 @@ def attention_lstm_run(yt8m_demo, tmp_path_factory):
     out = tmp_path_factory.mktemp("attention_lstm_demo")
     tool("train", "-c", ATTENTION_LSTM_DEMO, "--output", out)
     return out
+
+
+TSN_DEMO = "configs/video/tsn/tsn_demo.yaml"
+STNET_DEMO = "configs/video/stnet/stnet_demo.yaml"
+
+
+@pytest.fixture(scope="session")
+def kinetics_demo():
+    """The generated Kinetics-format demo videos, {'appearance': folder, 'motion': folder}
+    (written once, where `python data/make_demo.py kinetics` writes them)."""
+    from data import demo_kinetics
+    return demo_kinetics.make(os.path.join(_ROOT, "data", "kinetics_demo"))
+
+
+@pytest.fixture(scope="session")
+def tsn_demo_run(kinetics_demo, tmp_path_factory):
+    """The TSN demo recipe trained once; the eval and infer tests reuse its weights."""
+    out = tmp_path_factory.mktemp("tsn_demo")
+    tool("train", "-c", TSN_DEMO, "--output", out)
+    return out
