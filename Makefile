@@ -29,7 +29,7 @@ test: $(VENV)/.installed-test
 	$(VPY) -m pytest -q tests
 
 bench: $(VENV)/.installed
-	$(VPY) tools/benchmark.py --table
+	$(VPY) tools/benchmark.py --table --workers 0 1 2
 
 clean:
 	rm -rf output log

@@ -3,6 +3,7 @@
 python tools/benchmark.py -c CONFIG [-o k=v ...] [--steps N] [--batch-size B] [--workers 0 2]
                           [--synthetic] [--json PATH]
 python tools/benchmark.py --table     # the README's table (BENCH_TABLE below), JSON under benchmarks/results/
+python tools/benchmark.py --show      # the same table from the committed JSON
 
 The reader is timed alone (iterating the train DataLoader, for each worker count) and the model alone
 (train steps and eval forwards on batches already in memory), so the reader's share of a step is
@@ -180,24 +181,31 @@ def main():
     p.add_argument("--synthetic", action="store_true", help="random features of the real batch shapes")
     p.add_argument("--json", help="write the result here")
     p.add_argument("--table", action="store_true", help="run BENCH_TABLE, write benchmarks/results/*.json")
+    p.add_argument("--show", action="store_true", help="print the table from benchmarks/results/*.json")
+    p.add_argument("--only", nargs="+", help="with --table: rerun only these rows (names as in BENCH_TABLE)")
     args = p.parse_args()
-    if args.table:
+    if args.table or args.show:
         rows = []
         for name, cfg_path, overrides, bs, note in BENCH_TABLE:
             out = os.path.join(_bootstrap.ROOT, "benchmarks", "results", f"{name.lower()}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "-c", cfg_path, "--batch-size", str(bs),
-                   "--steps", str(args.steps), "--json", os.path.relpath(out, _bootstrap.ROOT)]
+                   "--steps", str(args.steps), "--json", os.path.relpath(out, _bootstrap.ROOT),
+                   "--workers", *map(str, args.workers)]
             for o in overrides:
                 cmd += ["-o", o]
-            subprocess.run(cmd, check=True, cwd=_bootstrap.ROOT)  # one process each: clean peak memory
-            with open(out) as f:
-                rows.append((name, note, json.load(f)))
-        print("\n| model | batch | data | params | train samples/s | eval samples/s | reader share (0 / 2 workers) | peak MB |")
-        print("|---|---|---|---|---|---|---|---|")
+            if args.table and (not args.only or name in args.only):
+                subprocess.run(cmd, check=True, cwd=_bootstrap.ROOT)  # one process each: clean peak memory
+            if os.path.isfile(out):
+                with open(out) as f:
+                    rows.append((name, note, json.load(f)))
+        print("\n| model | batch | input | params | train samples/s | eval samples/s | reader alone, samples/s "
+              "(workers) | reader share of a train step | peak MB |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for name, note, r in rows:
+            workers = " / ".join(f"{v['samples_per_s']:.0f} ({w.split('_')[1]})" for w, v in r["reader"].items())
             share = " / ".join(f"{100 * v['share_of_train_step']:.1f}%" for v in r["reader"].values())
-            print(f"| {name} | {r['batch_size']} | {note} | {r['params']:,} | {r['train_samples_per_s']:.1f} | "
-                  f"{r['eval_samples_per_s']:.1f} | {share} | {r['peak_memory_mb']:.0f} |")
+            print(f"| {name} | {r['batch_size']} | {note} | {r['params']:,} | {r['train_samples_per_s']:.2f} | "
+                  f"{r['eval_samples_per_s']:.2f} | {workers} | {share} | {r['peak_memory_mb']:.0f} |")
         return
     if not args.config:
         p.error("-c CONFIG is required (or --table)")
