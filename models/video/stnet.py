@@ -172,6 +172,8 @@ _STNET_ARGS = {"num_classes": 400, "seglen": 5, "backbone": {"name": "ResNet", "
 
 WEIGHTS.add(PretrainedEntry(
     name="stnet_r50_imagenet_init",
+    config="configs/video/stnet/stnet_r50_60e_k400.yaml",
+    reproduced="conv1 inflation tested; not downloaded here",
     model="StNet",
     urls=["https://videotag.bj.bcebos.com/PaddleVideo/PretrainModel/ResNet50_pretrain.pdparams"],
     source="PaddleVideo 2.x .pdparams (ImageNet ResNet-50 in PaddleVideo's backbone names)",
@@ -191,6 +193,8 @@ WEIGHTS.add(PretrainedEntry(
 
 WEIGHTS.add(PretrainedEntry(
     name="stnet_r50_k400_fluid",
+    config="configs/video/stnet/stnet_r50_60e_k400.yaml",
+    reproduced="demo recipe trained (see README); the Fluid file's key names are inferred, not checked against the file",
     model="StNet",
     urls=["https://paddlemodels.bj.bcebos.com/video_classification/STNET.pdparams"],
     source="PaddlePaddle/models PaddleCV/video (Fluid 1.7/1.8 fluid.save .pdparams, Fluid parameter names)",

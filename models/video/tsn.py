@@ -102,6 +102,8 @@ _TSN_NOTE = ("PaddleVideo tests with 25 segments x TenCrop and averages the feat
 
 WEIGHTS.add(PretrainedEntry(
     name="tsn_r50_k400_3seg",
+    config="configs/video/tsn/tsn_r50_100e_k400.yaml",
+    reproduced="official outputs matched on golden weights (TSN-R50); demo recipe trained (see README); the full recipe needs Kinetics-400 (not run)",
     model="TSN",
     urls=["https://videotag.bj.bcebos.com/PaddleVideo-release2.2/TSN_k400.pdparams"],
     source="PaddleVideo 2.x .pdparams (Recognizer2D: backbone.conv._conv, backbone.res2a.conv0, head.fc)",
@@ -118,6 +120,8 @@ WEIGHTS.add(PretrainedEntry(
 
 WEIGHTS.add(PretrainedEntry(
     name="tsn_r50_k400_8seg",
+    config="configs/video/tsn/tsn_r50_8seg_100e_k400.yaml",
+    reproduced="key map tested on the official parameter table; demo recipe trained (see README); not run on Kinetics-400",
     model="TSN",
     urls=["https://videotag.bj.bcebos.com/PaddleVideo-release2.2/TSN_k400_8.pdparams"],
     source="PaddleVideo 2.x .pdparams (Recognizer2D: backbone.conv._conv, backbone.res2a.conv0, head.fc)",
@@ -134,6 +138,8 @@ WEIGHTS.add(PretrainedEntry(
 
 WEIGHTS.add(PretrainedEntry(
     name="tsn_r50_imagenet_init",
+    config="configs/video/tsn/tsn_r50_45e_k400.yaml",
+    reproduced="key map tested on the official TSN table (backbone part); not downloaded here",
     model="TSN",
     urls=["https://videotag.bj.bcebos.com/PaddleVideo/PretrainModel/ResNet50_pretrain.pdparams"],
     source="PaddleVideo 2.x .pdparams (ImageNet ResNet-50 in PaddleVideo's backbone names)",

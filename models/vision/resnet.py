@@ -282,6 +282,7 @@ def resnet_key_map(layout, depth=50, variant="b", src_prefix="", dst_prefix=""):
 # ---------------------------------------------------------------------------------- pretrained
 WEIGHTS.add(PretrainedEntry(
     name="resnet50_imagenet_paddlevideo",
+    reproduced="PaddleVideo ResNet-50 outputs matched on golden weights (inside TSN); not downloaded here",
     model="ResNet",
     urls=["https://videotag.bj.bcebos.com/PaddleVideo/PretrainModel/ResNet50_pretrain.pdparams"],
     source="PaddleVideo 2.x .pdparams (ImageNet-1k ResNet-50 in PaddleVideo's backbone names; "
@@ -297,6 +298,7 @@ WEIGHTS.add(PretrainedEntry(
 
 WEIGHTS.add(PretrainedEntry(
     name="resnet50_vd_ssld_v2_paddleseg",
+    reproduced="PaddleSeg ResNet50_vd OS8 outputs matched on golden weights; not downloaded here",
     model="ResNet",
     urls=["https://bj.bcebos.com/paddleseg/dygraph/resnet50_vd_ssld_v2.tar.gz"],
     archive_member="model.pdparams",
