@@ -3,7 +3,8 @@
 Each model learns what it can see: TSN (averaged single frames) the appearance demo, StNet
 (super-images of consecutive frames) the motion demo, while TSN stays near chance on motion. The TSN
 run's weights then go through tools/eval.py (val and the multi-view test split) and tools/infer.py.
-The full-size recipes resolve and build at their published sizes.
+The full-size recipes resolve, build at their published sizes and read videos into the models'
+layout.
 """
 import glob
 import json
@@ -79,7 +80,8 @@ def test_multi_view_test_split(tsn_demo_run, tmp_path):
     from engine import builder, config
     cfg = config.load(os.path.join(ROOT, TSN_DEMO))
     sample = builder.build_dataset(cfg, "test")[0]
-    assert sample["imgs"].shape == (10, cfg["reader"]["test"]["num_seg"], 3, 56, 56)  # views x segments x CHW
+    # views (crops), segments, C, H, W
+    assert sample["imgs"].shape == (10, cfg["reader"]["test"]["num_seg"], 3, 56, 56)
     weights = os.path.join(tsn_demo_run, "final", "model.pdparams")
     for crop in ("TenCrop", "ThreeCrop"):
         out = tmp_path / crop
@@ -138,3 +140,27 @@ def test_full_recipes_are_all_there():
     names = [os.path.basename(p) for p in FULL_RECIPES]
     assert names == ["stnet_r50_60e_k400.yaml", "tsn_r50_100e_k400.yaml", "tsn_r50_45e_k400.yaml",
                      "tsn_r50_8seg_100e_k400.yaml"]
+
+
+# per split: the model input of one video, from the recipes' sampling and transforms
+LAYOUTS = {
+    "tsn_r50_45e_k400.yaml": [(3, 3, 224, 224), (3, 3, 224, 224), (7, 3, 224, 224)],
+    "tsn_r50_100e_k400.yaml": [(3, 3, 224, 224), (3, 3, 224, 224), (10, 25, 3, 224, 224)],
+    "tsn_r50_8seg_100e_k400.yaml": [(8, 3, 224, 224), (8, 3, 224, 224), (10, 25, 3, 224, 224)],
+    "stnet_r50_60e_k400.yaml": [(7, 15, 224, 224), (7, 15, 224, 224), (25, 15, 256, 256)],
+}
+
+
+@pytest.mark.parametrize("path", FULL_RECIPES, ids=os.path.basename)
+def test_full_recipe_readers_give_the_model_layout(path, kinetics_demo):
+    """The full-size sampling and transforms, run on a demo video (scaled up to 256 by the recipe)."""
+    _components()
+    from engine import builder, config
+    rel = os.path.relpath(kinetics_demo["appearance"], ROOT)
+    overrides = [f"reader.{split}.{key}={rel}/{name}" for split in ("train", "val", "test")
+                 for key, name in (("list_file", "val.list"), ("label_names", "label_names.txt"))]
+    cfg = config.load(path, overrides)
+    for split, shape in zip(("train", "val", "test"), LAYOUTS[os.path.basename(path)]):
+        sample = builder.build_dataset(cfg, split)[0]
+        imgs = sample["imgs"]
+        assert imgs.shape == shape and imgs.dtype == "float32", (split, imgs.shape)
