@@ -69,7 +69,8 @@ def _time_reader(cfg, batch_size, workers, steps, seed):
     cfg["reader"]["train"]["num_workers"] = workers
     loader, _, _ = builder.build_loader(cfg, "train", seed, batch_size=batch_size)
     it = iter(loader)
-    next(it)  # worker start-up is not throughput
+    for _ in range(1 + 2 * workers):  # start-up and the batches workers prefetched are not throughput
+        next(it)
     n, tic = 0, time.perf_counter()
     for _ in range(steps):
         try:
