@@ -121,8 +121,12 @@ def read_record(path, offset):
     """The data of the record at `offset` (its own bytes object), both CRCs checked."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        length = _read_header(f, path, offset, size)
-        body = f.read(length + 4)
+        return _read_body(f, path, offset, _read_header(f, path, offset, size))
+
+
+def _read_body(f, path, offset, length):
+    """The record's data after its header, checked against the data CRC."""
+    body = f.read(length + 4)
     data = body[:length]
     if masked_crc(data) != _U32.unpack(body[length:])[0]:
         raise CorruptRecord(path, offset, "data CRC mismatch")
@@ -136,11 +140,7 @@ def iter_records(path):
     with open(path, "rb") as f:
         while offset < size:
             length = _read_header(f, path, offset, size)
-            body = f.read(length + 4)
-            data = body[:length]
-            if masked_crc(data) != _U32.unpack(body[length:])[0]:
-                raise CorruptRecord(path, offset, "data CRC mismatch")
-            yield data
+            yield _read_body(f, path, offset, length)
             offset += _HEADER.size + length + 4
 
 
