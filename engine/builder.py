@@ -1,7 +1,7 @@
 """From a validated config to objects: model, readers (DataLoader), metric."""
 from engine.config import LOADER_KEYS
-from engine.data import EpochBatchSampler, SerialLoader, WorkerLoader
-from engine.registry import COLLATES, DATASETS, METRICS, MODELS, ConfigError
+from engine.data import SerialLoader, WorkerLoader
+from engine.registry import COLLATES, DATASETS, METRICS, MODELS, SAMPLERS, ConfigError
 
 
 def build_model(model_cfg):
@@ -27,7 +27,7 @@ def _numel(shape):
 
 def split_loader_cfg(reader_cfg):
     """Separate the DataLoader keys from the dataset's own keyword arguments."""
-    loader = {k: default for k, (_, default) in LOADER_KEYS.items()}
+    loader = {k: spec[1] for k, spec in LOADER_KEYS.items()}
     dataset = {}
     for key, value in reader_cfg.items():
         (loader if key in LOADER_KEYS else dataset)[key] = value
@@ -57,16 +57,29 @@ def build_loader(cfg, split, seed=0, world_size=1, rank=0, dataset=None, batch_s
     if len(dataset) == 0:
         raise ConfigError(f"reader.{split}: the dataset is empty")
     shuffle = loader_cfg["shuffle"] if loader_cfg["shuffle"] is not None else split == "train"
-    sampler = EpochBatchSampler(len(dataset), batch_size or loader_cfg["batch_size"], shuffle=shuffle,
-                                drop_last=loader_cfg["drop_last"] and split == "train", seed=seed,
-                                num_replicas=world_size, rank=rank)
+    sampler = SAMPLERS.build(loader_cfg["sampler"] or {"name": "Epoch"}).bind(
+        dataset, batch_size or loader_cfg["batch_size"], shuffle=shuffle,
+        drop_last=loader_cfg["drop_last"] and split == "train", seed=seed, num_replicas=world_size, rank=rank)
     collate = COLLATES.build(loader_cfg["collate"] or {"name": "Stack"})
     if loader_cfg["num_workers"] == 0:
         return SerialLoader(dataset, sampler, collate), dataset, sampler
     return WorkerLoader(dataset, sampler, collate, loader_cfg["num_workers"]), dataset, sampler
 
 
-def build_metric(cfg):
+def build_metric(cfg, dataset=None):
+    """The recipe's metric, given the evaluation dataset it will score (annotations, references)."""
     if not cfg.get("metric"):
         raise ConfigError("the config has no metric section")
-    return METRICS.build(cfg["metric"])
+    metric = METRICS.build(cfg["metric"])
+    if dataset is not None:
+        metric.set_dataset(dataset)
+    return metric
+
+
+def check_agreement(model, dataset, split="train"):
+    """Catch a model/reader mismatch before the first step instead of inside the loss."""
+    inner = getattr(model, "_layers", model)
+    want, have = getattr(inner, "num_classes", None), getattr(dataset, "num_classes", None)
+    if want is not None and have is not None and int(want) != int(have):
+        raise ConfigError(f"model.num_classes is {want} but reader.{split} ({type(dataset).__name__}) "
+                          f"has {have} classes; make them agree (e.g. -o model.num_classes={have})")

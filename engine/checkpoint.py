@@ -1,8 +1,9 @@
 """Atomic checkpoints: a checkpoint directory appears complete or not at all, even after `kill -9`.
 
-Layout: `checkpoints/epoch_<N>/` with `model.pdparams`, `model.pdopt` (optimizer incl. its LR
-schedule), `scaler.pdstate`, `rng.pdstate` and `state.json` (epoch, step, best, config). Files are
-written into a hidden temporary directory which is then renamed into place.
+Layout: `checkpoints/epoch_<N>/` (end of epoch N) or `checkpoints/step_<K>/` (after optimizer step K,
+possibly inside an epoch) with `model.pdparams`, `model.pdopt` (optimizer incl. its LR schedule),
+`scaler.pdstate`, `rng.pdstate` and `state.json` (epoch, batch position, step, best, config). Files
+are written into a hidden temporary directory which is then renamed into place.
 """
 import json
 import os
@@ -15,7 +16,7 @@ import paddle
 
 from engine.registry import ConfigError
 
-EPOCH_DIR = re.compile(r"epoch_(\d+)$")
+CKPT_DIR = re.compile(r"(epoch|step)_(\d+)$")
 
 
 def _atomic_dir(final, writer):
@@ -60,28 +61,34 @@ def save_weights(path, model):
     os.replace(tmp, path)
 
 
-def list_epochs(ckpt_root):
-    """Complete epoch checkpoints under `ckpt_root`, oldest first, as (epoch, path)."""
+def list_checkpoints(ckpt_root):
+    """Complete checkpoints under `ckpt_root`, oldest first, as (step, path).
+
+    Ordered by optimizer step; at the same step an end-of-epoch checkpoint comes after a step one
+    (it was written later, after the epoch's evaluation).
+    """
     if not os.path.isdir(ckpt_root):
         return []
     found = []
     for name in os.listdir(ckpt_root):
-        m = EPOCH_DIR.match(name)
+        m = CKPT_DIR.match(name)
         full = os.path.join(ckpt_root, name)
         if m and os.path.isfile(os.path.join(full, "state.json")):
-            found.append((int(m.group(1)), full))
-    return sorted(found)
+            with open(os.path.join(full, "state.json")) as f:
+                step = int(json.load(f).get("step", 0))
+            found.append((step, m.group(1) == "epoch", int(m.group(2)), full))
+    return [(f[0], f[3]) for f in sorted(found)]
 
 
 def prune(ckpt_root, keep_last):
-    for _, path in list_epochs(ckpt_root)[:-keep_last or None] if keep_last > 0 else []:
+    for _, path in list_checkpoints(ckpt_root)[:-keep_last or None] if keep_last > 0 else []:
         shutil.rmtree(path, ignore_errors=True)
 
 
 def find_resume(resume, output_dir):
     """`auto` -> the newest complete checkpoint of this output dir (None if none); else a path."""
     if resume == "auto":
-        found = list_epochs(os.path.join(output_dir, "checkpoints"))
+        found = list_checkpoints(os.path.join(output_dir, "checkpoints"))
         return found[-1][1] if found else None
     if not os.path.isfile(os.path.join(resume, "state.json")):
         raise ConfigError(f"--resume {resume}: not a checkpoint directory (no state.json)")
@@ -89,7 +96,11 @@ def find_resume(resume, output_dir):
 
 
 def load(path, model, optimizer=None, scaler=None):
-    """Restore a checkpoint directory written by `save`; returns its state dict (epoch, step, ...)."""
+    """Restore model, optimizer and scaler from a checkpoint directory written by `save`.
+
+    Returns its state dict (epoch, batch, step, ...) with the saved RNG state under `rng`; the
+    trainer applies it with `restore_rng` once it has seeded the epoch.
+    """
     from engine.pretrained import load_state
     state_file = os.path.join(path, "model.pdparams")
     weights = read_weights(state_file)
@@ -102,12 +113,16 @@ def load(path, model, optimizer=None, scaler=None):
     if scaler is not None and os.path.isfile(os.path.join(path, "scaler.pdstate")):
         with open(os.path.join(path, "scaler.pdstate"), "rb") as f:
             scaler.load_state_dict(pickle.load(f))
+    with open(os.path.join(path, "state.json")) as f:
+        state = json.load(f)
     with open(os.path.join(path, "rng.pdstate"), "rb") as f:
-        rng = pickle.load(f)
+        state["rng"] = pickle.load(f)
+    return state
+
+
+def restore_rng(rng):
     paddle.set_rng_state(rng["paddle"])
     np.random.set_state(rng["numpy"])
-    with open(os.path.join(path, "state.json")) as f:
-        return json.load(f)
 
 
 def read_weights(path):

@@ -7,12 +7,16 @@ import importlib
 
 COMPONENT_MODULES = [
     "engine.data",
+    "engine.samplers",
     "engine.optim",
     "readers.youtube8m",
     "readers.kinetics",
     "readers.video_transforms",
     "metrics.youtube8m",
     "metrics.classification",
+    "metrics.segmentation",
+    "metrics.detection",
+    "metrics.translation",
     "models.vision.resnet",
     "models.video.attention_lstm",
     "models.video.nextvlad",

@@ -11,55 +11,72 @@ import os
 
 import yaml
 
-from engine.registry import (COLLATES, DATASETS, LR_SCHEDULES, METRICS, MODELS, OPTIMIZERS,
-                             TRANSFORMS, ConfigError, did_you_mean)
+from engine.registry import (COLLATES, DATASETS, LR_SCHEDULES, METRICS, MODELS, OPTIMIZERS, OUTPUTS,
+                             SAMPLERS, TRANSFORMS, ConfigError, did_you_mean)
 
-# The engine's own sections: key -> (type or tuple of types, default). `None` allowed where default is None.
+def at_least(n):
+    return lambda v: None if v >= n else f"must be >= {n}"
+
+
+def one_of(*choices):
+    return lambda v: None if v in choices else f"must be one of {', '.join(map(str, choices))}"
+
+
+# The engine's own sections: key -> (type, default[, rule]); `None` is allowed where the default is
+# None; a rule returns why a value is out of range (checked where the config is read).
 TRAIN_KEYS = {
-    "epochs": (int, 1),
-    "log_interval": (int, 10),          # steps between log lines
-    "eval_interval": (int, 1),          # epochs between evaluations (0: only at the end)
-    "save_interval": (int, 1),          # epochs between checkpoints
-    "keep_last": (int, 3),              # checkpoints kept besides best/ and final/
-    "accum_steps": (int, 1),            # gradient accumulation
-    "clip_grad_norm": (float, None),    # global-norm clipping, after unscaling
-    "best_metric": (str, None),         # metrics.json name used for best/ (None: no best/)
-    "best_mode": (str, "max"),
-    "pretrained": (str, None),          # entry name, URL or path loaded before training
+    "epochs": (int, None, at_least(1)),       # train.epochs or train.max_steps, not both
+    "max_steps": (int, None, at_least(1)),    # optimizer steps (iteration-based recipes)
+    "log_interval": (int, 10, at_least(1)),   # micro-batches between log lines
+    "eval_interval": (int, 1, at_least(0)),   # epochs between evaluations (0: only at the end)
+    "eval_steps": (int, 0, at_least(0)),      # optimizer steps between evaluations (0: off)
+    "save_interval": (int, 1, at_least(0)),   # epochs between checkpoints (0: off)
+    "save_steps": (int, 0, at_least(0)),      # optimizer steps between checkpoints (0: off)
+    "keep_last": (int, 3, at_least(0)),       # checkpoints kept besides best/ and final/ (0: all)
+    "accum_steps": (int, 1, at_least(1)),     # gradient accumulation
+    "clip_grad_norm": (float, None, lambda v: None if v > 0 else "must be > 0"),  # global norm
+    "best_metric": (str, None),               # metrics.json name used for best/ (None: no best/)
+    "best_mode": (str, "max", one_of("max", "min")),
+    "pretrained": (str, None),                # entry name, URL or path loaded before training
+    "weights_format": (str, None),            # layout of `pretrained` (default: detected)
     "amp": (dict, None),
 }
 AMP_KEYS = {
     "enable": (bool, False),
-    "dtype": (str, "float16"),          # float16 | bfloat16
-    "level": (str, "O1"),               # O1 | O2
-    "init_loss_scaling": (float, 32768.0),
+    "dtype": (str, "float16", one_of("float16", "bfloat16")),
+    "level": (str, "O1", one_of("O1", "O2")),
+    "init_loss_scaling": (float, 32768.0, lambda v: None if v > 0 else "must be > 0"),
 }
 RUNTIME_KEYS = {
-    "seed": (int, 0),
-    "num_threads": (int, 0),            # CPU math threads; 0 = the cores available
-    "device": (str, "auto"),            # auto | cpu | gpu
+    "seed": (int, 0, at_least(0)),
+    "num_threads": (int, 0, at_least(0)),     # CPU math threads; 0 = the cores available
+    "device": (str, "auto", one_of("auto", "cpu", "gpu")),
     "sync_bn": (bool, False),
-    "world_size": (int, 1),             # recorded by the trainer; not an input
+    "world_size": (int, 1),                   # recorded by the trainer; not an input
 }
 LOADER_KEYS = {
-    "batch_size": (int, 1),             # per card
-    "num_workers": (int, 0),
-    "shuffle": (bool, None),            # default: True for train, False otherwise
+    "batch_size": (int, 1, at_least(1)),      # per card
+    "num_workers": (int, 0, at_least(0)),
+    "shuffle": (bool, None),                  # default: True for train, False otherwise
     "drop_last": (bool, False),
-    "collate": (dict, None),            # {name: Stack} by default
+    "sampler": (dict, None),                  # {name: Epoch} by default (engine/samplers.py)
+    "collate": (dict, None),                  # {name: Stack} by default
 }
 SPLITS = ("train", "val", "test")
-TOP_KEYS = ("model", "reader", "optimizer", "lr", "metric", "train", "runtime", "labels")
+TOP_KEYS = ("model", "reader", "optimizer", "lr", "metric", "infer", "train", "runtime", "labels")
 # component keys nested inside components, and the registry that validates them
-NESTED = {"transforms": TRANSFORMS, "backbone": MODELS, "collate": COLLATES}
+NESTED = {"transforms": TRANSFORMS, "backbone": MODELS, "collate": COLLATES, "sampler": SAMPLERS}
 
 
 def _read_yaml(path):
     if not os.path.isfile(path):
         raise ConfigError(f"config file not found: {path}")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x}); "
+                          f"save the config as UTF-8") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
@@ -98,6 +115,9 @@ def _load_tree(path, origins, depth=0):
     data = _read_yaml(path)
     bases = data.pop("_base_", [])
     bases = [bases] if isinstance(bases, str) else bases
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(f"{path}: _base_ must be a path or a list of paths relative to the file, "
+                          f"got {bases!r}")
     merged = {}
     for base in bases:
         base_path = os.path.normpath(os.path.join(os.path.dirname(path), base))
@@ -132,6 +152,10 @@ def apply_override(cfg, key, value, origins):
             continue
         if part not in node or node[part] is None:
             node[part] = [] if nxt.isdigit() else {}
+        if not isinstance(node[part], (dict, list)):
+            where = ".".join(parts[: i + 1])
+            raise ConfigError(f"-o {key}: {where} is {node[part]!r} ({type(node[part]).__name__}), "
+                              f"not a mapping or list to set '{nxt}' in")
         node = node[part]
     last = parts[-1]
     if isinstance(node, list):
@@ -214,9 +238,17 @@ class _Checker:
             dotted = f"{prefix}.{key}"
             if key not in schema:
                 self.fail(dotted, f"unknown key{did_you_mean(key, schema)}; known: {', '.join(schema)}")
-            expected, _ = schema[key]
-            if not _type_ok(value, expected):
-                self.fail(dotted, f"expected {_type_name(expected)}, got {type(value).__name__} {value!r}")
+            self.value(dotted, value, schema[key])
+
+    def value(self, dotted, value, spec):
+        """Type, then range (rule) of one engine-section value."""
+        expected, rule = spec[0], (spec[2] if len(spec) > 2 else None)
+        if not _type_ok(value, expected):
+            self.fail(dotted, f"expected {_type_name(expected)}, got {type(value).__name__} {value!r}")
+        if rule is not None and value is not None:
+            why = rule(value)
+            if why:
+                self.fail(dotted, f"{why}, got {value!r}")
 
     def component(self, node, registry, prefix, extra_keys=None):
         if not isinstance(node, dict):
@@ -236,6 +268,7 @@ class _Checker:
             if key == "name":
                 continue
             if key in extra_keys:
+                self.value(dotted, value, extra_keys[key])
                 expected = extra_keys[key][0]
             elif key in params:
                 p = params[key]
@@ -269,16 +302,11 @@ def validate(cfg, origins=None, root_file="<config>"):
     if "model" not in cfg:
         check.fail("model", "missing (every recipe builds a model)")
     check.component(cfg["model"], MODELS, "model")
-    for key, reg in (("optimizer", OPTIMIZERS), ("lr", LR_SCHEDULES), ("metric", METRICS)):
+    for key, reg in (("optimizer", OPTIMIZERS), ("lr", LR_SCHEDULES), ("metric", METRICS), ("infer", OUTPUTS)):
         if cfg.get(key) is not None:
             check.component(cfg[key], reg, key)
     check.section(cfg.get("train"), TRAIN_KEYS, "train")
     check.section((cfg.get("train") or {}).get("amp"), AMP_KEYS, "train.amp")
-    amp = (cfg.get("train") or {}).get("amp") or {}
-    if amp.get("dtype", "float16") not in ("float16", "bfloat16"):
-        check.fail("train.amp.dtype", f"must be float16 or bfloat16, got {amp['dtype']!r}")
-    if amp.get("level", "O1") not in ("O1", "O2"):
-        check.fail("train.amp.level", f"must be O1 or O2, got {amp['level']!r}")
     check.section(cfg.get("runtime"), RUNTIME_KEYS, "runtime")
     reader = cfg.get("reader") or {}
     if not isinstance(reader, dict):
@@ -295,7 +323,7 @@ def validate(cfg, origins=None, root_file="<config>"):
 
 def section(cfg, key, schema):
     """A validated engine section with its defaults filled in."""
-    out = {k: default for k, (_, default) in schema.items()}
+    out = {k: spec[1] for k, spec in schema.items()}
     out.update(cfg.get(key) or {})
     return out
 

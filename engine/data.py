@@ -1,11 +1,23 @@
 """The data contract: datasets yield sample dicts, transforms map sample -> sample, collate makes batches.
 
 Randomness is a function of (seed, epoch, sample index): a dataset puts a numpy Generator derived
-from them under `sample["_rng"]` for random transforms to use, and the sampler's order derives from
-(seed, epoch). A resumed run therefore sees the same data as an uninterrupted one, whatever the
+from them under `sample["_rng"]` for random transforms to use, and the batch sampler's order derives
+from (seed, epoch). A resumed run therefore sees the same data as an uninterrupted one, whatever the
 number of workers. Keys starting with `_` never reach the batch.
+
+A batch is a dict with three kinds of values (see `finalize`):
+- stacked or padded arrays -> `paddle.Tensor` whose first axis is the batch;
+- ragged keys (declared in the collate's `ragged`) -> a list of one `paddle.Tensor` per sample
+  (boxes, masks, token lists of different lengths);
+- metadata (strings, numbers, dicts, nested lists: image ids, sizes, reference sentences, file
+  names, polygons) -> a plain Python list with one value per sample, unchanged.
+Every batch also holds `index` (int64 tensor [B], the dataset indices of its readable samples),
+`num_skipped` (int) and `skipped` (the indices of unreadable samples, a list of ints). The serial
+and the worker loaders deliver exactly the same structure.
 """
 import logging
+import numbers
+import pickle
 
 import numpy as np
 import paddle
@@ -24,7 +36,15 @@ class SampleDataset(paddle.io.Dataset):
 
     `skip_bad`: a sample whose `load` raises SampleError is logged (with its file) and dropped from
     its batch instead of stopping the run; collate counts it in `batch["num_skipped"]`.
+    Optional hooks other parts of the engine use when a recipe asks for them: `num_classes`
+    (checked against the model's), `lengths()` (token-budget batching), `aspect_ratios()`
+    (aspect-ratio grouping), `data_faults()` (damage found while indexing), `label_names`.
     """
+
+    # names of the classes, when the dataset knows them (inference output)
+    label_names = None
+    # classes of the labels, when the dataset knows them; the engine compares it with the model's
+    num_classes = None
 
     def __init__(self, transforms=(), seed=0, skip_bad=False):
         self.transforms = [t if callable(t) else TRANSFORMS.build(t) for t in transforms or ()]
@@ -48,7 +68,7 @@ class SampleDataset(paddle.io.Dataset):
                     return SampleFailure(str(e))  # a worker cannot raise it usefully: carry it to the loader
                 raise
             log.warning("skipped sample %d: %s", index, e)
-            return None
+            return Skipped(index)
         sample["index"] = np.int64(index)
         sample["_rng"] = np.random.default_rng([self.seed, self.epoch, index])
         for t in self.transforms:
@@ -59,8 +79,20 @@ class SampleDataset(paddle.io.Dataset):
         """A human name for sample `index` (file, video id) for logs and inference output."""
         return str(index)
 
-    # names of the classes, when the dataset knows them (inference output)
-    label_names = None
+    def lengths(self):
+        """Per-sample lengths (int [N], or [N, k] for several sequences) known without loading the
+        samples; needed by the TokenBudget sampler."""
+        raise ConfigError(f"reader '{type(self).__name__}' gives no sample lengths, which the "
+                          f"TokenBudget sampler needs")
+
+    def aspect_ratios(self):
+        """Per-sample width / height (float [N]) known without decoding; needed by AspectRatioGroup."""
+        raise ConfigError(f"reader '{type(self).__name__}' gives no aspect ratios, which the "
+                          f"AspectRatioGroup sampler needs")
+
+    def data_faults(self):
+        """Damage found while indexing (records lost in corrupt files): {records_lost, summary}."""
+        return {"records_lost": 0, "summary": ""}
 
     @classmethod
     def for_inputs(cls, inputs, **kwargs):
@@ -68,9 +100,12 @@ class SampleDataset(paddle.io.Dataset):
         recipe's test/val reader arguments `kwargs`."""
         raise ConfigError(f"reader '{cls.__name__}' cannot run inference on raw inputs")
 
-    def write_predictions(self, output_dir, ids, probs):
-        """Extra, format-specific prediction files (e.g. a competition CSV); returns their paths."""
-        return []
+
+class Skipped:
+    """An unreadable sample (skip_bad), kept as a marker so that collate can name its index."""
+
+    def __init__(self, index):
+        self.index = index
 
 
 class SampleFailure:
@@ -80,102 +115,174 @@ class SampleFailure:
         self.message = message
 
 
-def stack(samples):
-    """Stack equal-shape numpy values key by key; drop `_` keys; count skipped (None) samples."""
-    good = [s for s in samples if s is not None]
-    batch = {"num_skipped": np.int64(len(samples) - len(good))}
+# ------------------------------------------------------------------------------------ collate
+
+def _is_numeric(value):
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind in "biuf"
+    return isinstance(value, (numbers.Real, np.bool_))
+
+
+def collate(samples, pads=None, ragged=()):
+    """The batch of `samples` (see the module docstring).
+
+    `pads`: {key: Pad} for keys padded to the batch's largest shape; `ragged`: keys kept as per-sample
+    arrays. Other numeric keys must have one shape in the batch; non-numeric values are metadata.
+    """
+    pads, ragged = pads or {}, set(ragged)
+    good = [s for s in samples if not isinstance(s, Skipped)]
+    skipped = [int(s.index) for s in samples if isinstance(s, Skipped)]
+    batch = {"num_skipped": len(skipped), "skipped": skipped}
     if not good:
         return batch
-    for key in good[0]:
-        if key.startswith("_"):
-            continue
-        values = [np.asarray(s[key]) for s in good]
-        shapes = {v.shape for v in values}
-        if len(shapes) != 1:
-            raise SampleError(f"key '{key}' has different shapes in one batch {sorted(shapes)}; "
-                              f"use a padding collate")
-        batch[key] = np.stack(values)
+    keys = [k for k in good[0] if not k.startswith("_")]
+    for i, s in enumerate(good[1:], 1):
+        if set(k for k in s if not k.startswith("_")) != set(keys):
+            raise SampleError(f"samples {int(good[0]['index'])} and {int(s['index'])} of one batch "
+                              f"have different keys: {sorted(keys)} vs "
+                              f"{sorted(k for k in s if not k.startswith('_'))}")
+    for key in keys:
+        values = [s[key] for s in good]
+        if key in pads:
+            batch.update(pads[key](key, [np.asarray(v) for v in values]))
+        elif key in ragged:
+            batch[key] = [np.asarray(v) for v in values]
+        elif all(_is_numeric(v) for v in values):
+            arrays = [np.asarray(v) for v in values]
+            shapes = {a.shape for a in arrays}
+            if len(shapes) != 1:
+                raise SampleError(f"key '{key}' has different shapes in one batch {sorted(shapes)}; "
+                                  f"pad it (PadSequences, PadImages) or list it in the collate's ragged keys")
+            batch[key] = np.stack(arrays)
+        else:
+            batch[key] = list(values)
     return batch
+
+
+def _is_ragged(value):
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(v, np.ndarray) and v.dtype.kind in "biuf" for v in value)
+
+
+def finalize(batch):
+    """numpy arrays -> tensors, ragged lists of arrays -> lists of tensors, metadata unchanged.
+
+    The one place that decides what becomes a tensor, used by both loaders after collate.
+    """
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+            out[key] = paddle.to_tensor(value)
+        elif _is_ragged(value):
+            out[key] = [paddle.to_tensor(v) for v in value]
+        else:
+            out[key] = value
+    return out
+
+
+class Pad:
+    """Pad one key to the batch's largest size along its first `ndim` axes (1: sequences) or its last
+    two axes (2: images [..., H, W]), to a multiple of `multiple`, with `value`."""
+
+    def __init__(self, value=0, ndim=1, multiple=1, max_len=None):
+        if ndim not in (1, 2):
+            raise ConfigError(f"padding: ndim must be 1 or 2, got {ndim}")
+        if multiple < 1:
+            raise ConfigError(f"padding: multiple must be >= 1, got {multiple}")
+        self.value, self.ndim, self.multiple, self.max_len = value, ndim, multiple, max_len
+
+    def _round(self, n):
+        return -(-n // self.multiple) * self.multiple
+
+    def __call__(self, key, arrays):
+        dtype = np.result_type(*arrays)
+        if self.ndim == 1:
+            lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+            T = self.max_len or self._round(max(1, int(lengths.max())))
+            tails = {a.shape[1:] for a in arrays}
+            if len(tails) != 1:
+                raise SampleError(f"key '{key}': sequences differ beyond their length {sorted(tails)}")
+            out = np.full((len(arrays), T) + arrays[0].shape[1:], self.value, dtype=dtype)
+            mask = np.zeros((len(arrays), T), dtype=np.float32)
+            for i, a in enumerate(arrays):
+                n = min(len(a), T)
+                out[i, :n] = a[:n]
+                mask[i, :n] = 1.0
+            return {key: out, key + "_len": np.minimum(lengths, T), key + "_mask": mask}
+        if any(a.ndim < 2 for a in arrays):
+            raise SampleError(f"key '{key}': 2-D padding needs arrays [..., H, W], got shapes "
+                              f"{sorted({a.shape for a in arrays})}")
+        lead = {a.shape[:-2] for a in arrays}
+        if len(lead) != 1:
+            raise SampleError(f"key '{key}': images differ beyond their height and width {sorted(lead)}")
+        sizes = np.array([a.shape[-2:] for a in arrays], dtype=np.int64)
+        H, W = (self._round(int(m)) for m in sizes.max(axis=0))
+        out = np.full((len(arrays),) + arrays[0].shape[:-2] + (H, W), self.value, dtype=dtype)
+        for i, a in enumerate(arrays):
+            out[i, ..., :a.shape[-2], :a.shape[-1]] = a
+        return {key: out, key + "_size": sizes}
+
+
+def _pad_table(keys, pad_value, **kwargs):
+    """{key: pad value} from a list of keys (one pad value) or a dict (a pad value per key)."""
+    if isinstance(keys, dict):
+        return {k: Pad(value=v, **kwargs) for k, v in keys.items()}
+    if isinstance(keys, (list, tuple)):
+        return {k: Pad(value=pad_value, **kwargs) for k in keys}
+    raise ConfigError(f"collate keys must be a list of keys or a mapping key -> pad value, got {keys!r}")
 
 
 @COLLATES.register("Stack")
 class Stack:
+    """Stack equal-shape arrays; `ragged` keys stay per-sample arrays."""
+
+    def __init__(self, ragged: list = ()):
+        self.ragged = list(ragged)
+
     def __call__(self, samples):
-        return stack(samples)
+        return collate(samples, ragged=self.ragged)
 
 
 @COLLATES.register("PadSequences")
 class PadSequences:
-    """Pad variable-length arrays (axis 0) to the longest in the batch (or `max_len`).
+    """Pad variable-length arrays (axis 0) to the longest in the batch (or `max_len`), rounded up to
+    a multiple of `multiple`.
 
-    Adds `<key>_len` (int64 [B]) and `<key>_mask` (float32 [B, T], 1 on real steps) for each key.
+    `keys`: a list (all padded with `pad_value`) or a mapping key -> pad value (the pad token id for
+    ids, the ignore index for labels). Adds `<key>_len` (int64 [B]) and `<key>_mask` (float32 [B, T],
+    1 on real steps) for each key.
     """
 
-    def __init__(self, keys, pad_value=0.0, max_len=None):
-        self.keys = list(keys)
-        self.pad_value = pad_value
-        self.max_len = max_len
+    def __init__(self, keys: object, pad_value: float = 0.0, max_len: int = None, multiple: int = 1,
+                 ragged: list = ()):
+        if max_len is not None and max_len < 1:
+            raise ConfigError(f"PadSequences: max_len must be >= 1, got {max_len}")
+        self.pads = _pad_table(keys, pad_value, ndim=1, multiple=multiple, max_len=max_len)
+        self.ragged = list(ragged)
 
     def __call__(self, samples):
-        good = [s for s in samples if s is not None]
-        padded = {}
-        for key in self.keys:
-            seqs = [np.asarray(s.pop(key)) for s in good]
-            if not seqs:
-                continue
-            lengths = np.array([len(x) for x in seqs], dtype=np.int64)
-            T = self.max_len or max(1, int(lengths.max()))
-            out = np.full((len(seqs), T) + seqs[0].shape[1:], self.pad_value, dtype=seqs[0].dtype)
-            mask = np.zeros((len(seqs), T), dtype=np.float32)
-            for i, x in enumerate(seqs):
-                n = min(len(x), T)
-                out[i, :n] = x[:n]
-                mask[i, :n] = 1.0
-            padded[key], padded[key + "_len"], padded[key + "_mask"] = out, np.minimum(lengths, T), mask
-        batch = stack(samples)
-        batch.update(padded)
-        return batch
+        return collate(samples, self.pads, self.ragged)
 
 
-class EpochBatchSampler(paddle.io.BatchSampler):
-    """Batches of indices whose order depends only on (seed, epoch); split across ranks.
+@COLLATES.register("PadImages")
+class PadImages:
+    """Pad images and label maps [..., H, W] at the bottom and right to the batch's largest size,
+    optionally to a multiple of `size_divisor` (32 for FPN), and record each real size under
+    `<key>_size` (int64 [B, 2], height and width).
 
-    Like paddle's DistributedBatchSampler, the index list is padded by repetition so every rank gets
-    the same number of batches; evaluators drop the repeats by sample index.
+    `keys`: a mapping key -> pad value (0 for images, the ignore index for label maps), or a list
+    padded with `pad_value`.
     """
 
-    def __init__(self, num_samples, batch_size, shuffle, drop_last=False, seed=0, num_replicas=1, rank=0):
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        self.num_samples, self.batch_size = num_samples, batch_size
-        self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
-        self.num_replicas, self.rank, self.epoch = num_replicas, rank, 0
+    def __init__(self, keys: object, pad_value: float = 0.0, size_divisor: int = 1, ragged: list = ()):
+        self.pads = _pad_table(keys, pad_value, ndim=2, multiple=size_divisor)
+        self.ragged = list(ragged)
 
-    def set_epoch(self, epoch):
-        self.epoch = epoch
+    def __call__(self, samples):
+        return collate(samples, self.pads, self.ragged)
 
-    def _indices(self):
-        order = np.arange(self.num_samples)
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
-        per_rank = -(-self.num_samples // self.num_replicas)
-        total = per_rank * self.num_replicas
-        if total > len(order):
-            order = np.concatenate([order, order[: total - len(order)]])
-        return order[self.rank: total: self.num_replicas]
 
-    def __iter__(self):
-        idx = self._indices()
-        for start in range(0, len(idx), self.batch_size):
-            chunk = idx[start: start + self.batch_size]
-            if self.drop_last and len(chunk) < self.batch_size:
-                return
-            yield chunk.tolist()
-
-    def __len__(self):
-        n = len(self._indices())
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
+# ------------------------------------------------------------------------------------ loaders
 
 class SerialLoader:
     """Batches built in the calling thread (num_workers == 0).
@@ -192,8 +299,28 @@ class SerialLoader:
 
     def __iter__(self):
         for indices in self.batch_sampler:
-            batch = self.collate_fn([self.dataset[i] for i in indices])
-            yield {k: paddle.to_tensor(v) for k, v in batch.items()}
+            yield finalize(self.collate_fn([self.dataset[i] for i in indices]))
+
+
+_REST = "_zoo_rest"
+
+
+def _pack(batch):
+    """In a worker: arrays travel through paddle's shared memory, everything else (ragged arrays,
+    metadata, the key order) as one pickled byte array."""
+    arrays = {k: v for k, v in batch.items() if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"}
+    rest = {k: v for k, v in batch.items() if k not in arrays}
+    rest["_order"] = list(batch)
+    arrays[_REST] = np.frombuffer(pickle.dumps(rest, protocol=pickle.HIGHEST_PROTOCOL), np.uint8).copy()
+    return arrays
+
+
+def _unpack(received):
+    rest = pickle.loads(received.pop(_REST).numpy().tobytes())
+    order = rest.pop("_order")
+    tensors = dict(received)
+    rest = finalize(rest)
+    return {k: tensors[k] if k in tensors else rest[k] for k in order}
 
 
 class WorkerLoader:
@@ -208,17 +335,17 @@ class WorkerLoader:
             failed = [s for s in samples if isinstance(s, SampleFailure)]
             if failed:
                 return {"sample_error": np.frombuffer(failed[0].message.encode(), dtype=np.uint8).copy()}
-            return collate_fn(samples)
+            return _pack(collate_fn(samples))
 
-        self.batch_sampler = batch_sampler
+        self.dataset, self.batch_sampler = dataset, batch_sampler
         self.loader = paddle.io.DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=guarded,
                                            num_workers=num_workers, return_list=True, use_shared_memory=True)
 
     def __len__(self):
-        return len(self.loader)
+        return len(self.batch_sampler)
 
     def __iter__(self):
         for batch in self.loader:
             if "sample_error" in batch:
                 raise SampleError(bytes(batch["sample_error"].numpy()).decode())
-            yield batch
+            yield _unpack(batch)

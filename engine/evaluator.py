@@ -9,19 +9,24 @@ log = logging.getLogger("zoo")
 
 @paddle.no_grad()
 def evaluate(model, loader, metric, amp=None, log_every=50):
-    """Metrics of `model` on `loader`; eval-mode `loss` (when the model returns one) is averaged too."""
+    """Metrics of `model` on `loader`; eval-mode `loss` (when the model returns one) is averaged too.
+
+    Unreadable samples (readers with `skip_bad`) are skipped and counted: `num_skipped` is the number
+    of distinct dataset indices skipped on any rank, so it is the same for any number of ranks.
+    """
     amp = amp or {"enable": False, "dtype": "float16", "level": "O1"}
     was_training = model.training
     model.eval()
     metric.reset()
-    loss_sum, loss_n, tic = 0.0, 0, time.perf_counter()
+    loss_sum, loss_n, skipped, tic = 0.0, 0, set(), time.perf_counter()
     for i, batch in enumerate(loader):
+        skipped.update(batch["skipped"])
         if "index" not in batch:  # every sample of the batch was unreadable and skipped
             continue
         with paddle.amp.auto_cast(enable=amp["enable"], dtype=amp["dtype"], level=amp["level"]):
             preds = model(batch)
         if "loss" in preds:
-            n = int(batch["index"].shape[0])
+            n = len(batch["index"])
             loss_sum += preds["loss"].item() * n
             loss_n += n
         metric.update(preds, batch)
@@ -30,6 +35,9 @@ def evaluate(model, loader, metric, amp=None, log_every=50):
     out = dict(metric.accumulate())
     if loss_n:
         out["loss"] = _mean_over_ranks(loss_sum, loss_n)
+    out["num_skipped"] = _union_size(skipped)
+    if out["num_skipped"]:
+        log.warning("evaluation skipped %d unreadable samples (metrics are over the others)", out["num_skipped"])
     if was_training:
         model.train()
     return out
@@ -41,3 +49,11 @@ def _mean_over_ranks(total, count):
         paddle.distributed.all_reduce(t)
         total, count = t.tolist()
     return total / count
+
+
+def _union_size(indices):
+    if paddle.distributed.get_world_size() > 1:
+        gathered = []
+        paddle.distributed.all_gather_object(gathered, sorted(indices))
+        indices = {i for part in gathered for i in part}
+    return len(indices)

@@ -78,9 +78,9 @@ class _Schedule:
             raise ConfigError(f"lr.learning_rate must be >= 0, got {base}")
         return float(base)
 
-    def build(self, steps_per_epoch, epochs, base_lr=None):
+    def build(self, steps_per_epoch, total_steps, base_lr=None):
         self.base = self._base(base_lr)
-        self.spe, self.total = steps_per_epoch, steps_per_epoch * epochs
+        self.spe, self.total = steps_per_epoch, total_steps
         self.warmup = self.warmup_steps or int(round(self.warmup_epochs * steps_per_epoch))
         self.prepare()
         return ScheduleLR(self.lr_at, type(self).__name__)
@@ -126,6 +126,8 @@ class Piecewise(_Schedule):
             if len(values) != len(boundaries) + 1:
                 raise ConfigError(f"lr.values: Piecewise needs {len(boundaries) + 1} values for "
                                   f"{len(boundaries)} boundaries, got {len(values)}")
+            if any(v < 0 for v in values):
+                raise ConfigError(f"lr.values must all be >= 0, got {values}")
             if learning_rate is not None and learning_rate != values[0]:
                 raise ConfigError(f"lr.learning_rate ({learning_rate}) differs from lr.values[0] "
                                   f"({values[0]}); drop learning_rate, values[0] is the base lr")
@@ -229,15 +231,16 @@ class Noam(_Schedule):
         return self.base * self.d_model ** -0.5 * min(n ** -0.5, n * self.noam_warmup ** -1.5)
 
 
-def build_lr(cfg, steps_per_epoch, epochs, base_lr=None):
-    """LRScheduler from the `lr` block; the trainer calls `.step()` after every optimizer step.
+def build_lr(cfg, steps_per_epoch, total_steps, base_lr=None):
+    """LRScheduler from the `lr` block; the train step calls `.step()` after every optimizer step.
 
     `base_lr`, if given, replaces `lr.learning_rate` (Piecewise `values` are scaled alike); leave
-    it None to use the config. `steps_per_epoch` converts epoch-based settings to steps.
+    it None to use the config. `steps_per_epoch` converts epoch-based settings to steps;
+    `total_steps` (epochs x steps per epoch, or `train.max_steps`) is where decays end by default.
     """
-    if steps_per_epoch < 1:
-        raise ConfigError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
-    return LR_SCHEDULES.build(cfg).build(steps_per_epoch, epochs, base_lr)
+    if steps_per_epoch < 1 or total_steps < 1:
+        raise ConfigError(f"steps_per_epoch and total_steps must be >= 1, got {steps_per_epoch}, {total_steps}")
+    return LR_SCHEDULES.build(cfg).build(steps_per_epoch, total_steps, base_lr)
 
 
 # ----------------------------------------------------------------------------- parameter groups

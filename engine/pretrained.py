@@ -213,7 +213,7 @@ def load_weights_file(path):
     return state
 
 
-def load_pretrained(model, spec, strict=False, log=print, progress=True):
+def load_pretrained(model, spec, strict=False, log=print, progress=True, weights_format=None):
     """Resolve `spec` (entry name, URL or path), read it and load it into `model`.
 
     A known entry maps the source keys with its key map first; a bare file is loaded as is. Returns

@@ -40,6 +40,22 @@ def setup(runtime_cfg):
     return {"device": device, "threads": threads, "world_size": world_size, "rank": rank}
 
 
+def convert_sync_bn(layer):
+    """SyncBatchNorm for the BN layers that compute batch statistics.
+
+    BN layers on global statistics (frozen stages, `norm_eval`: `use_global_stats=True`) stay as
+    they are: paddle's `convert_sync_batchnorm` would replace them with layers that train.
+    """
+    for name, child in list(layer.named_children()):
+        norm = paddle.nn.layer.norm
+        if isinstance(child, norm._BatchNormBase) and not isinstance(child, paddle.nn.SyncBatchNorm):
+            if not child._use_global_stats:
+                layer._sub_layers[name] = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(child)
+        else:
+            convert_sync_bn(child)
+    return layer
+
+
 def seed_all(seed):
     random.seed(seed)
     np.random.seed(seed % 2**32)

@@ -53,14 +53,27 @@ def check_scores(name, key, scores):
 class IndexedMetric:
     """Base of every metric: `add(index, **rows)` in `update`, `collect()` in `accumulate`.
 
-    Each field passed to `add` is an array whose first axis is the batch. Under data parallel
-    (`paddle.distributed.get_world_size() > 1`) `collect()` is a collective call: every rank must
-    call `accumulate()`, and every rank gets the full result. A repeated index keeps its first row
-    (repeats are the same sample, so the rows are equal).
+    Each field passed to `add` is either an array whose first axis is the batch, or a list with one
+    Python object per sample (ragged rows: a list of detections, a hypothesis string). Under data
+    parallel (`paddle.distributed.get_world_size() > 1`) `collect()` is a collective call: every rank
+    must call `accumulate()`, and every rank gets the full result. A repeated index keeps its first
+    row (repeats are the same sample, so the rows are equal).
+
+    The engine calls `set_dataset(dataset)` with the evaluation dataset once it is built, so a
+    metric reads what it needs from there (annotation file, image ids, reference sentences) instead
+    of repeating reader settings in the metric section. `names()` lists the keys `accumulate()`
+    returns (checked against `train.best_metric` before training starts).
     """
 
     def __init__(self):
         self._parts = []
+        self.dataset = None
+
+    def set_dataset(self, dataset):
+        self.dataset = dataset
+
+    def names(self):
+        raise NotImplementedError
 
     def reset(self):
         self._parts = []
@@ -69,9 +82,9 @@ class IndexedMetric:
         index = to_numpy(index).astype(np.int64).reshape(-1)
         rows = {}
         for key, value in fields.items():
-            value = np.asarray(value)
-            if value.shape[:1] != index.shape:
-                raise ValueError(f"metric {type(self).__name__}: field '{key}' has {value.shape[:1]} "
+            value = list(value) if isinstance(value, (list, tuple)) else np.asarray(value)
+            if len(value) != len(index):
+                raise ValueError(f"metric {type(self).__name__}: field '{key}' has {len(value)} "
                                  f"rows for a batch of {len(index)} indices")
             rows[key] = value
         self._parts.append((index, rows))
@@ -82,11 +95,16 @@ class IndexedMetric:
         if not parts:
             return np.zeros(0, np.int64), {}
         index = np.concatenate([p[0] for p in parts])
-        fields = {key: np.concatenate([p[1][key] for p in parts]) for key in parts[0][1]}
+        fields = {}
+        for key, first in parts[0][1].items():
+            if isinstance(first, list):
+                fields[key] = [row for p in parts for row in p[1][key]]
+            else:
+                fields[key] = np.concatenate([p[1][key] for p in parts])
         return index, fields
 
     def collect(self):
-        """(index [N], {field: array [N, ...]}): one row per dataset index, sorted by index."""
+        """(index [N], {field: array [N, ...] or list of N rows}): one row per dataset index, sorted."""
         index, fields = self._concat(self._parts)
         self._parts = [(index, fields)] if len(index) else []   # keep one block, not many small ones
         if dist.get_world_size() > 1:
@@ -94,4 +112,37 @@ class IndexedMetric:
             dist.all_gather_object(gathered, (index, fields))
             index, fields = self._concat(gathered)
         index, first = np.unique(index, return_index=True)
-        return index, {key: value[first] for key, value in fields.items()}
+        return index, {key: [value[i] for i in first] if isinstance(value, list) else value[first]
+                       for key, value in fields.items()}
+
+
+class OutputWriter:
+    """What a task writes for `tools/infer.py`: the inference side of a task family.
+
+    It takes numpy predictions (a dict of arrays, or of lists with one array per sample for ragged
+    outputs) and the batch's metadata as numpy/Python values (`index`, `id` from the dataset's
+    `describe`, plus whatever the reader put in the batch: file names, sizes), so the exported-model
+    predictor can reuse it unchanged. `write` returns one printable line per sample; `close` returns
+    the files written.
+    """
+
+    def open(self, output_dir, dataset, label_names=None):
+        import os
+        os.makedirs(output_dir, exist_ok=True)
+        self.output_dir, self.dataset = output_dir, dataset
+        self.label_names = getattr(dataset, "label_names", None) or label_names
+
+    def label(self, class_id):
+        names = self.label_names
+        return names[class_id] if names is not None and 0 <= class_id < len(names) else str(class_id)
+
+    def write(self, preds, meta):
+        raise NotImplementedError
+
+    def close(self):
+        return []
+
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)

@@ -269,6 +269,7 @@ class KineticsDataset(SampleDataset):
         self.mode, self.train = mode, MODES[mode]
         self.backends = self._backends(backend) if format == "video" else ()
         self.label_names = read_label_names(label_names) if label_names else None
+        self.num_classes = len(self.label_names) if self.label_names else None
 
     @classmethod
     def for_inputs(cls, inputs, **kwargs):

@@ -281,17 +281,6 @@ class YouTube8M(SampleDataset):
         kwargs.pop("files", None)
         return cls(files=list(inputs), **kwargs)
 
-    def write_predictions(self, output_dir, ids, probs, top_k=20):
-        """The Kaggle YouTube-8M submission: `VideoId,LabelConfidencePairs`, the top 20 per video."""
-        path = os.path.join(output_dir, "submission.csv")
-        with open(path + ".tmp", "w") as f:
-            f.write("VideoId,LabelConfidencePairs\n")
-            for vid, row in zip(ids, probs):
-                top = np.argsort(-row, kind="stable")[:top_k]
-                f.write(vid + "," + " ".join(f"{c} {row[c]:.6f}" for c in top) + "\n")
-        os.replace(path + ".tmp", path)
-        return [path]
-
     def describe(self, index):
         """The video id (read from the record if the index did not see it)."""
         index = int(index)

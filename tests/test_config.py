@@ -89,7 +89,7 @@ def test_wrong_types(recipe):
         config.load(recipe, ["model.hidden_size=true"])
     cfg = config.load(recipe, ["model.drop_rate=0"])  # an int is a valid float
     assert cfg["model"]["drop_rate"] == 0
-    with pytest.raises(ConfigError, match=r"train.amp.dtype: must be float16 or bfloat16"):
+    with pytest.raises(ConfigError, match=r"train.amp.dtype: must be one of float16, bfloat16"):
         config.load(recipe, ["train.amp.dtype=float8"])
 
 

@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
-from engine.data import SampleError, stack
+from engine.data import SampleError, collate
 from engine.registry import ConfigError, DATASETS, TRANSFORMS
 from readers import kinetics, video_transforms as vt
 from readers.kinetics import KineticsDataset, sample_indices
@@ -155,7 +155,7 @@ def test_corrupt_and_missing_videos_are_skipped_and_counted(tmp_path, videos):
     lst = make_list(tmp_path, rows)
     tr = [{"name": "CenterCrop", "size": 32}, {"name": "Normalize"}]
     ds = KineticsDataset(lst, num_seg=3, transforms=tr, mode="val")
-    batch = stack([ds[i] for i in range(4)])
+    batch = collate([ds[i] for i in range(4)])
     assert batch["num_skipped"] == 3
     assert batch["imgs"].shape == (1, 3, 3, 32, 32) and batch["index"].tolist() == [0]
     strict = KineticsDataset(lst, num_seg=3, skip_bad=False)
@@ -417,7 +417,7 @@ def test_for_inputs_reads_raw_files_and_folders(tmp_path, videos):
     ds = KineticsDataset.for_inputs([str(tmp_path / "a"), videos["vp9.webm"]], **recipe)
     assert [os.path.basename(ds.describe(i)) for i in range(len(ds))] == ["x.mp4", "y.AVI", "vp9.webm"]
     assert ds.mode == "test" and ds.labels.tolist() == [-1, -1, -1]
-    assert stack([ds[i] for i in range(3)])["imgs"].shape == (3, 4, 3, 32, 32)
+    assert collate([ds[i] for i in range(3)])["imgs"].shape == (3, 4, 3, 32, 32)
     frames = tmp_path / "f" / "v1"
     frames.mkdir(parents=True)
     for i in range(1, 7):

@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from engine.data import EpochBatchSampler
+from engine.samplers import EpochBatchSampler
 from engine.registry import METRICS, ConfigError
 from metrics.base import top_k
 from metrics.classification import Classification

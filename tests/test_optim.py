@@ -11,7 +11,7 @@ from engine.registry import LR_SCHEDULES, OPTIMIZERS, ConfigError
 
 
 def lrs(cfg, steps, steps_per_epoch=10, epochs=10, base_lr=None):
-    sched = build_lr(cfg, steps_per_epoch, epochs, base_lr)
+    sched = build_lr(cfg, steps_per_epoch, steps_per_epoch * epochs, base_lr)
     return [sched.lr_at(t) for t in steps]
 
 
@@ -250,7 +250,7 @@ def test_unknown_optimizer_lists_known_ones():
 
 def test_attention_lstm_recipe_shapes():
     lr = build_lr({"name": "Piecewise", "boundaries": [5, 8], "values": [0.00025, 2.5e-5, 2.5e-6],
-                   "by": "epoch"}, 3, 10)
+                   "by": "epoch"}, 3, 30)
     opt = build_optimizer({"name": "RMSProp", "centered": True, "weight_decay": 4e-4}, Net(), lr)
     assert opt._centered and opt.get_lr() == pytest.approx(2.5e-4)
     for _ in range(15):

@@ -54,7 +54,7 @@ def test_eval_tool_matches_training_metrics(attention_lstm_run, tmp_path):
 def test_infer_writes_topk_json_and_kaggle_csv(attention_lstm_run, yt8m_demo, tmp_path):
     shard = os.path.join(yt8m_demo, "tfrecord", "validate0000.tfrecord")
     tool("infer", "-c", ATTENTION_LSTM_DEMO, "--weights", os.path.join(attention_lstm_run, "final", "model.pdparams"),
-         "--input", shard, "--top-k", 3, "--output", tmp_path)
+         "--input", shard, "-o", "infer.top_k=3", "--output", tmp_path)
     with open(tmp_path / "predictions.json") as f:
         preds = json.load(f)
     assert len(preds) == 100

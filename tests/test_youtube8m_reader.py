@@ -7,7 +7,7 @@ import numpy as np
 import paddle
 import pytest
 
-from engine.data import PadSequences, SampleError
+from engine.data import PadSequences, SampleError, Skipped
 from engine.registry import ConfigError, DATASETS, TRANSFORMS
 from readers import tfrecord as tfr
 from readers.youtube8m import PCARescale, SampleFrames, YouTube8M, dequantize
@@ -84,9 +84,9 @@ def test_flipped_data_byte_names_file_and_offset(tmp_path):
     with pytest.raises(SampleError, match=rf"a\.tfrecord.*offset {offsets[1]}"):
         ds[1]
     ds = YouTube8M(files=[path], num_classes=10, skip_bad=True)
-    assert ds[1] is None
+    assert isinstance(ds[1], Skipped)
     batch = PadSequences(["rgb", "audio"])([ds[i] for i in range(3)])
-    assert batch["num_skipped"] == 1 and batch["index"].tolist() == [0, 2]
+    assert batch["num_skipped"] == 1 and batch["skipped"] == [1] and batch["index"].tolist() == [0, 2]
     assert batch["rgb_len"].tolist() == [5, 7]
 
 
@@ -108,7 +108,7 @@ def test_framing_errors_found_while_indexing(tmp_path, damage):
 
     ds = YouTube8M(files=[path], num_classes=10, skip_bad=True)
     assert len(ds) == 3                                  # two good records + the bad spot
-    assert ds[2] is None and ds.describe(2) == f"{path}@{offsets[2]}"
+    assert isinstance(ds[2], Skipped) and ds.describe(2) == f"{path}@{offsets[2]}"
     batch = PadSequences(["rgb", "audio"])([ds[i] for i in range(len(ds))])
     assert batch["num_skipped"] == 1 and batch["rgb_len"].tolist() == [4, 5]
 

@@ -25,30 +25,19 @@ MODES = {"fp32": (False, "float16", "O1"), "fp16-O1": (True, "float16", "O1"),
 
 
 def run_mode(cfg, batches, mode, seed):
-    import paddle
+    """The trainer's own TrainStep with the mode's AMP settings, from the same initial weights."""
     from engine import builder, runtime, trainer
-    from engine.optim import build_lr, build_optimizer
     enable, dtype, level = MODES[mode]
     amp = {"enable": enable, "dtype": dtype, "level": level, "init_loss_scaling": 32768.0}
     runtime.seed_all(seed)
     model = builder.build_model(cfg["model"])
-    optimizer = build_optimizer(cfg["optimizer"], model, build_lr(cfg["lr"], max(1, len(batches)), 1))
-    scaler = trainer.make_scaler(amp)
-    if enable and level == "O2":
-        model, optimizer = paddle.amp.decorate(model, optimizer, level="O2", dtype=dtype)
-    model.train()
+    train_step = trainer.build_train_step(cfg, model, max(1, len(batches)), max(1, len(batches)), amp=amp)
+    train_step.model.train()
     losses, tic = [], None
     for i, batch in enumerate(batches):
         if i == 1:
             tic = time.perf_counter()  # the first step pays for allocations
-        with paddle.amp.auto_cast(enable=enable, dtype=dtype, level=level):
-            loss = model(batch)["loss"]
-        scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.clear_grad()
-        losses.append(float(loss.astype("float32").item()))
+        losses.append(float(train_step(batch)["loss"].astype("float32").item()))
     step_time = (time.perf_counter() - tic) / max(1, len(batches) - 1)
     return losses, step_time
 

@@ -78,7 +78,7 @@ def _time_reader(cfg, batch_size, workers, steps, seed):
         except StopIteration:
             it = iter(loader)
             batch = next(it)
-        n += int(batch["index"].shape[0])
+        n += len(batch["index"])
     return n / (time.perf_counter() - tic), (time.perf_counter() - tic) / steps
 
 
@@ -88,7 +88,7 @@ def _batches(cfg, batch_size, steps, seed):
     out = []
     while len(out) < min(steps, 4):
         for batch in loader:
-            if int(batch["index"].shape[0]) == batch_size:
+            if len(batch["index"]) == batch_size:
                 out.append(batch)
             if len(out) >= min(steps, 4):
                 break
@@ -97,34 +97,36 @@ def _batches(cfg, batch_size, steps, seed):
 
 def _synthetic(batch):
     import paddle
-    return {k: (paddle.randn(v.shape, v.dtype) if v.dtype in (paddle.float32,) and k.split("_")[-1] not in
-                ("mask", "labels") else v) for k, v in batch.items()}
+    return {k: (paddle.randn(v.shape, v.dtype) if isinstance(v, paddle.Tensor) and v.dtype == paddle.float32
+                and k.split("_")[-1] not in ("mask", "labels") else v) for k, v in batch.items()}
 
 
 def _time_model(cfg, batches, steps, train):
+    """Train steps through the trainer's own TrainStep (what training runs), or eval forwards."""
     import paddle
-    from engine import builder, config
-    from engine.optim import build_lr, build_optimizer
+    from engine import builder, trainer
     model = builder.build_model(cfg["model"])
-    opt = build_optimizer(cfg["optimizer"], model, build_lr(cfg["lr"], 100, 1)) if train else None
-    model.train() if train else model.eval()
+    if train:
+        train_step = trainer.build_train_step(cfg, model, steps_per_epoch=max(steps, 1), total_steps=steps + 1)
+        model = train_step.model
+        model.train()
 
-    def step(batch):
-        if train:
-            loss = model(batch)["loss"]
-            loss.backward()
-            opt.step()
-            opt.clear_grad()
-            return loss.item()
-        with paddle.no_grad():
-            return float(next(iter(model(batch).values())).numpy().ravel()[0])
+        def step(batch):
+            return train_step(batch)["loss"]
+    else:
+        model.eval()
 
-    step(batches[0])  # warm-up: first-call allocations and kernel selection
+        def step(batch):
+            with paddle.no_grad():
+                return next(iter(model(batch).values()))
+
+    step(batches[0]).numpy()  # warm-up: first-call allocations and kernel selection
     tic = time.perf_counter()
     for i in range(steps):
-        step(batches[i % len(batches)])
+        out = step(batches[i % len(batches)])
+    out.numpy()  # wait for the last step (asynchronous devices)
     elapsed = time.perf_counter() - tic
-    n = sum(int(batches[i % len(batches)]["index"].shape[0]) for i in range(steps))
+    n = sum(len(batches[i % len(batches)]["index"]) for i in range(steps))
     return n / elapsed, elapsed / steps, builder.count_params(model)
 
 

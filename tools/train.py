@@ -20,7 +20,8 @@ def main():
     runtime.setup_logging(output, runtime.world()[1])
     _, metrics = trainer.fit(cfg, output, resume=args.resume)
     if metrics and runtime.world()[1] == 0:
-        print("final metrics: " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        print("final metrics: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
+                                           for k, v in metrics.items()))
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ class AttentionCluster(nn.Layer):
                  feature_dims: list = [1024, 128], seg_num: int = 100, cluster_nums: list = [32, 32],
                  drop_rate: float = 0.5, fc_sizes: list = [1024, 4096], loss_reduction: str = "mean"):
         super().__init__()
+        self.num_classes = num_classes
         check_features("AttentionCluster", feature_names, feature_dims)
         check_reduction("AttentionCluster", loss_reduction)
         if len(cluster_nums) != len(feature_dims):

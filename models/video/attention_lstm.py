@@ -169,6 +169,7 @@ class AttentionLSTM(nn.Layer):
                  drop_rate: float = 0.5, fc_sizes: list = [8192, 4096], use_mask: bool = True,
                  loss_reduction: str = "sum"):
         super().__init__()
+        self.num_classes = num_classes
         check_features("AttentionLSTM", feature_names, feature_dims)
         check_reduction("AttentionLSTM", loss_reduction)
         if len(fc_sizes) != 2:

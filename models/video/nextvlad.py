@@ -92,6 +92,7 @@ class NeXtVLAD(nn.Layer):
                  groups: int = 8, expansion: int = 2, drop_rate: float = 0.5, gating_reduction: int = 8,
                  l2_penalty: float = 1e-5, loss_reduction: str = "mean"):
         super().__init__()
+        self.num_classes = num_classes
         check_features("NeXtVLAD", feature_names, feature_dims)
         check_reduction("NeXtVLAD", loss_reduction)
         if hidden_size % gating_reduction:

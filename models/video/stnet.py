@@ -84,6 +84,7 @@ class StNet(nn.Layer):
     def __init__(self, num_classes: int = 400, seglen: int = 5, backbone: dict = None,
                  num_views: int = 1):
         super().__init__()
+        self.num_classes = num_classes
         if seglen < 1 or num_views < 1:
             raise ConfigError(f"StNet: seglen and num_views must be >= 1, got {seglen}, {num_views}")
         self.seglen, self.num_views = seglen, num_views

@@ -63,6 +63,7 @@ class TSN(nn.Layer):
     def __init__(self, num_classes: int = 400, backbone: dict = None, drop_rate: float = 0.4,
                  fc_std: float = 0.01, num_views: int = 1, view_average: str = "prob"):
         super().__init__()
+        self.num_classes = num_classes
         if view_average not in ("prob", "feature"):
             raise ConfigError(f"TSN: view_average '{view_average}' must be 'prob' or 'feature'")
         if num_views < 1:
