@@ -59,6 +59,11 @@ class SampleDataset(paddle.io.Dataset):
         """A human name for sample `index` (file, video id) for logs and inference output."""
         return str(index)
 
+    def data_faults(self):
+        """Records lost before any sample is loaded (e.g. damaged files found while indexing), which
+        `num_skipped` cannot show: `{"records_lost": int, "summary": one line or ""}`."""
+        return {"records_lost": 0, "summary": ""}
+
     # names of the classes, when the dataset knows them (inference output)
     label_names = None
 
