@@ -91,7 +91,8 @@ class SampleDataset(paddle.io.Dataset):
                           f"AspectRatioGroup sampler needs")
 
     def data_faults(self):
-        """Damage found while indexing (records lost in corrupt files): {records_lost, summary}."""
+        """Records lost before any sample is loaded (e.g. damaged files found while indexing), which
+        `num_skipped` cannot show: `{"records_lost": int, "summary": one line or ""}`."""
         return {"records_lost": 0, "summary": ""}
 
     @classmethod

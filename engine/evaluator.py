@@ -12,7 +12,8 @@ def evaluate(model, loader, metric, amp=None, log_every=50):
     """Metrics of `model` on `loader`; eval-mode `loss` (when the model returns one) is averaged too.
 
     Unreadable samples (readers with `skip_bad`) are skipped and counted: `num_skipped` is the number
-    of distinct dataset indices skipped on any rank, so it is the same for any number of ranks.
+    of distinct dataset indices skipped on any rank, so it is the same for any number of ranks;
+    `records_lost` (only when there are) counts what damaged files lost before indexing could see it.
     """
     amp = amp or {"enable": False, "dtype": "float16", "level": "O1"}
     was_training = model.training
@@ -36,8 +37,12 @@ def evaluate(model, loader, metric, amp=None, log_every=50):
     if loss_n:
         out["loss"] = _mean_over_ranks(loss_sum, loss_n)
     out["num_skipped"] = _union_size(skipped)
-    if out["num_skipped"]:
-        log.warning("evaluation skipped %d unreadable samples (metrics are over the others)", out["num_skipped"])
+    faults = loader.dataset.data_faults()
+    if faults["records_lost"]:
+        out["records_lost"] = faults["records_lost"]
+    if out["num_skipped"] or faults["records_lost"]:
+        log.warning("evaluation skipped %d unreadable samples (metrics are over the others)%s",
+                    out["num_skipped"], f"; {faults['summary']}" if faults["records_lost"] else "")
     if was_training:
         model.train()
     return out

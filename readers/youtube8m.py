@@ -10,19 +10,27 @@ Features stay quantized until `load`, which dequantizes with Paddle's formula x*
 so 0 -> -2 + 4/512 and 255 -> 2 + 4/512 (not YouTube-8M's own bias of 4/510; the released weights
 were trained with Paddle's).
 
-Corrupt TFRecords. The index walks record headers only:
-- a bad length CRC or a truncated file is found while indexing. Nothing after it in that file can be
-  located, so with `skip_bad: false` the constructor raises CorruptRecord (file + byte offset); with
-  `skip_bad: true` the records before it are kept and the bad spot becomes one index entry that
-  fails on load, so the base class logs it and the batch counts it in `num_skipped`;
-- a bad data CRC or an undecodable payload is found by `load`, which raises CorruptRecord and the
-  base class skips it (or stops the run) the same way.
+Damaged files. The index walks record headers only (readers/tfrecord.py):
+- a bad length CRC, a truncated file (or, with `check_crc: true`, which reads whole files while
+  indexing, a bad data CRC) is found while indexing. With `skip_bad: false` the constructor raises
+  CorruptRecord (file + byte offset). With `skip_bad: true` the walk resynchronises after a bad
+  header, so only the records inside a damaged region are lost; `damage` lists each unreadable
+  range with the records it cost (exact, or "about N" estimated from the bytes lost and the file's
+  mean record size; a file cut short is measured against the median size of the dataset's
+  intact TFRecord files), `damage_summary()` says it in one line, logged once, and
+  `data_faults()` hands it to the trainer. Each range also keeps one index entry that fails on load,
+  so `num_skipped` still shows a fault; its message carries the true count;
+- a bad data CRC or an undecodable payload is otherwise found by `load`, which raises
+  CorruptRecord and the base class skips that one sample (or stops the run) the same way.
+A pkl file that cannot be unpickled is one damaged range holding all its videos (estimated from
+the other pkl files' video counts).
 
 pkl files are unpickled once at construction to count their videos, then on demand with a small
 per-process cache; shuffled training over many large pkl shards therefore re-reads whole shards,
 so prefer TFRecords or one-video pkl files for full-size runs.
 """
 import collections
+import dataclasses
 import glob
 import logging
 import os
@@ -33,14 +41,16 @@ import numpy as np
 
 from engine.data import SampleDataset, SampleError
 from engine.registry import ConfigError, DATASETS, TRANSFORMS
-from readers.tfrecord import CorruptRecord, DecodeError, decode_sequence_example, read_record, \
-    scan_records
+from readers.tfrecord import CorruptRecord, Damage, DecodeError, decode_sequence_example, \
+    Scan, estimate_losses, read_record, scan_records
 
 log = logging.getLogger("zoo")
 
 FORMATS = ("auto", "tfrecord", "pkl")
 _EXTENSIONS = {".tfrecord": "tfrecord", ".tfrec": "tfrecord", ".pkl": "pkl"}
 _PKL_KEYS = {"rgb": "feature"}          # our feature name -> key in Paddle's pkl dicts
+_DAMAGE_WORDS = {"truncated": "file cut short", "bad_header": "bad header",
+                 "data_crc": "bad data CRC", "unreadable": "unreadable file"}
 _SCALE, _BIAS = 4.0 / 255.0, 4.0 / 512.0 - 2.0
 
 
@@ -117,12 +127,13 @@ class YouTube8M(SampleDataset):
     A sample holds one float32 [n, dim] array per name in `feature_names` (n <= max_frames, the
     first frames of the video) and `labels`, a float32 multi-hot [num_classes]. Pair it with
     `PadSequences(keys=feature_names)`, or with `SampleFrames` + `Stack` for fixed-length models.
-    The video id is available through `describe(index)`.
+    The video id is available through `describe(index)`. `check_crc` checks every record's data CRC
+    while indexing (it reads whole files), so bad records are counted in `damage` up front.
     """
 
     def __init__(self, files: list, format: str = "auto", feature_names: list = ["rgb", "audio"],
                  num_classes: int = 3862, max_frames: int = 300, skip_bad: bool = False,
-                 transforms: list = [], seed: int = 0):
+                 check_crc: bool = False, transforms: list = [], seed: int = 0):
         super().__init__(transforms=transforms, seed=seed, skip_bad=skip_bad)
         if format not in FORMATS:
             raise ConfigError(f"YouTube8M: format must be one of {list(FORMATS)}, got '{format}'")
@@ -136,6 +147,7 @@ class YouTube8M(SampleDataset):
             raise ConfigError("YouTube8M: 'files' is empty")
         self.feature_names = list(feature_names)
         self.num_classes, self.max_frames = num_classes, max_frames
+        self.check_crc = check_crc
         self.files = [p for e in entries for p in _expand(str(e))]
         self.formats = [self._format_of(p, format) for p in self.files]
         self._pkl_cache = collections.OrderedDict()
@@ -154,18 +166,47 @@ class YouTube8M(SampleDataset):
         return _EXTENSIONS[ext]
 
     def _scan(self, file_id):
-        """(positions, the error that stopped the scan or None); pkl positions are list indices."""
+        """(positions, Damage list, framed bytes of the readable records); pkl positions are list
+        indices and their bytes are None."""
         path = self.files[file_id]
         if self.formats[file_id] == "tfrecord":
-            offsets, error = scan_records(path)
-            return offsets, error
+            scan = scan_records(path, check_crc=self.check_crc, stop_at_first=not self.skip_bad)
+            return scan.offsets, scan.damage, scan.record_bytes
         try:
             videos = _load_pkl(path)
         except SampleError as e:
-            return [], e
+            size = os.path.getsize(path)
+            reason = str(e)[len(path) + 2:] if str(e).startswith(f"{path}: ") else str(e)
+            return [], [Damage(path, 0, size, "unreadable", reason, tail=True, exact=False)], None
         self._ids.update({(file_id, i): _video_id(v.get("video", f"{path}[{i}]"))
                           for i, v in enumerate(videos)})
-        return list(range(len(videos))), None
+        return list(range(len(videos))), [], None
+
+    def _count_losses(self, scans):
+        """{file id: its Damage list with the records lost}. A cut file is measured against the
+        median size of the dataset's intact TFRecord files, a file with no readable record against
+        the dataset's mean record size; an unreadable pkl file against the median video count of
+        the intact ones."""
+        intact = [i for i, (_, damage, _) in enumerate(scans) if not any(d.tail for d in damage)]
+        sizes = [os.path.getsize(self.files[i]) for i in intact if self.formats[i] == "tfrecord"]
+        expected = int(np.median(sizes)) if sizes else None
+        counts = [len(scans[i][0]) for i in intact if self.formats[i] == "pkl"]
+        typical = int(np.median(counts)) if counts else 0
+        tf_scans = [s for i, s in enumerate(scans) if self.formats[i] == "tfrecord"]
+        n_records = sum(len(pos) for pos, _, _ in tf_scans)
+        mean = sum(b for _, _, b in tf_scans) / n_records if n_records else None
+        damage = {}
+        for file_id, (positions, found, record_bytes) in enumerate(scans):
+            if not found:
+                continue
+            if self.formats[file_id] == "pkl":
+                damage[file_id] = [dataclasses.replace(d, records_lost=max(1, typical),
+                                                       lower_bound=not typical) for d in found]
+                continue
+            scan = Scan(positions, found, os.path.getsize(self.files[file_id]), record_bytes)
+            damage[file_id] = estimate_losses(scan, mean_record_size=mean,
+                                              expected_size=expected).damage
+        return damage
 
     def _build_index(self):
         workers = min(8, len(self.files))
@@ -174,19 +215,51 @@ class YouTube8M(SampleDataset):
                 scans = list(pool.map(self._scan, range(len(self.files))))
         else:
             scans = [self._scan(i) for i in range(len(self.files))]
+        if not self.skip_bad:
+            for _, damage, _ in scans:
+                if damage:
+                    raise damage[0].error(with_loss=False)
+        by_file = self._count_losses(scans) if any(d for _, d, _ in scans) else {}
+        self.damage = [d for file_id in sorted(by_file) for d in by_file[file_id]]
         file_of, pos_of, self._bad = [], [], {}
-        for file_id, (positions, error) in enumerate(scans):
-            file_of += [file_id] * len(positions)
-            pos_of += positions
-            if error is not None:
-                if not self.skip_bad:
-                    raise error
-                log.warning("YouTube8M: %s; the rest of this file is skipped", error)
-                self._bad[len(file_of)] = error
+        for file_id, (positions, _, _) in enumerate(scans):
+            # records and damaged ranges in file order; a range is one entry that fails on load
+            entries = [(p, None) for p in positions]
+            entries += [(d.offset, d) for d in by_file.get(file_id, [])]
+            for pos, d in sorted(entries, key=lambda e: e[0]):
+                if d is not None:
+                    self._bad[len(file_of)] = d
                 file_of.append(file_id)
-                pos_of.append(getattr(error, "offset", -1))
+                pos_of.append(pos)
         self._file_of = np.asarray(file_of, dtype=np.int32)
         self._pos_of = np.asarray(pos_of, dtype=np.int64)
+        if self.damage:
+            log.warning("YouTube8M: %s", self.damage_summary())
+
+    def damage_summary(self, max_items=5):
+        """One line: damaged files, records lost in all, the first ranges (file, byte, count)."""
+        if not self.damage:
+            return ""
+        files = len({d.path for d in self.damage})
+        total = sum(d.records_lost for d in self.damage)
+        guessed = [d for d in self.damage if not d.exact]
+        if not guessed:
+            lost = f"{total}"
+        elif all(d.lower_bound for d in guessed):
+            lost = f"at least {total}"
+        else:
+            lost = f"about {total}" + (" or more" if any(d.lower_bound for d in guessed) else "")
+        items = [f"{os.path.basename(d.path)} from byte {d.offset}: {d.lost_text()} "
+                 f"({_DAMAGE_WORDS.get(d.kind, d.kind)})" for d in self.damage[:max_items]]
+        if len(self.damage) > max_items:
+            items.append(f"{len(self.damage) - max_items} more damaged ranges")
+        return (f"{files} damaged file{'' if files == 1 else 's'}: {lost} "
+                f"record{'' if total == 1 else 's'} lost ({'; '.join(items)})")
+
+    def data_faults(self):
+        """Records lost to damaged files (found while indexing), for the trainer's summaries."""
+        return {"records_lost": int(sum(d.records_lost for d in self.damage)),
+                "summary": self.damage_summary()}
 
     def __len__(self):
         return len(self._file_of)
@@ -206,7 +279,7 @@ class YouTube8M(SampleDataset):
     def _raw(self, index):
         """(video id, {name: uint8 [n, dim]}, label ids) of one video, frames not yet cut."""
         if index in self._bad:
-            raise self._bad[index]
+            raise self._bad[index].error()
         file_id, pos = int(self._file_of[index]), int(self._pos_of[index])
         path = self.files[file_id]
         if self.formats[file_id] == "tfrecord":

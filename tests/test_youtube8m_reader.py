@@ -1,4 +1,6 @@
-"""YouTube-8M reader: TFRecord framing, SequenceExample wire format, pkl parity, transforms."""
+"""YouTube-8M reader: TFRecord framing, damaged files, SequenceExample wire format, pkl parity,
+transforms."""
+import logging
 import os
 import pickle
 import struct
@@ -7,7 +9,8 @@ import numpy as np
 import paddle
 import pytest
 
-from engine.data import PadSequences, SampleError, Skipped
+from engine.data import PadSequences, SampleDataset, SampleError, SerialLoader, Skipped, WorkerLoader
+from engine.samplers import EpochBatchSampler
 from engine.registry import ConfigError, DATASETS, TRANSFORMS
 from readers import tfrecord as tfr
 from readers.youtube8m import PCARescale, SampleFrames, YouTube8M, dequantize
@@ -102,16 +105,192 @@ def test_framing_errors_found_while_indexing(tmp_path, damage):
         reason = "truncated"
     with pytest.raises(tfr.CorruptRecord, match=rf"b\.tfrecord.*offset {offsets[2]}.*{reason}"):
         tfr.index_records(path)
-    assert tfr.scan_records(path)[0] == offsets[:2]
+    # changed with resynchronisation: after a bad length CRC the scan finds record 3 again
+    readable = offsets[:2] + offsets[3:] if damage == "length_crc" else offsets[:2]
+    assert tfr.scan_records(path)[0] == readable
     with pytest.raises(SampleError, match=rf"b\.tfrecord.*offset {offsets[2]}"):
         YouTube8M(files=[path], num_classes=10)
 
     ds = YouTube8M(files=[path], num_classes=10, skip_bad=True)
-    assert len(ds) == 3                                  # two good records + the bad spot
+    assert len(ds) == len(readable) + 1                  # the good records + the bad spot
     assert isinstance(ds[2], Skipped) and ds.describe(2) == f"{path}@{offsets[2]}"
     batch = PadSequences(["rgb", "audio"])([ds[i] for i in range(len(ds))])
-    assert batch["num_skipped"] == 1 and batch["rgb_len"].tolist() == [4, 5]
+    assert batch["num_skipped"] == 1
+    assert batch["rgb_len"].tolist() == ([4, 5, 7] if damage == "length_crc" else [4, 5])
 
+
+# ---------------------------------------------------------------------------- damaged files
+
+def test_vectorised_length_crc_matches_crc32c():
+    values = np.random.default_rng(0).integers(0, 2 ** 63, 500, dtype=np.uint64)
+    values[:4] = [0, 1, 255, 2 ** 64 - 1]
+    assert tfr.masked_crc_u64(values).tolist() == \
+        [tfr.masked_crc(int(v).to_bytes(8, "little")) for v in values]
+    assert tfr._EMPTY_CRC == tfr.masked_crc(bytes(8))
+
+
+def test_find_next_record_skips_zeros_and_garbage(tmp_path):
+    good = tfr._frame(b"payload" * 10)
+    length = struct.pack("<Q", 5)                       # a sound header, a body with a bad CRC
+    fake = length + struct.pack("<I", tfr.masked_crc(length)) + b"12345" + bytes(4)
+    garbage = np.random.default_rng(1).integers(0, 256, 3000, dtype=np.uint8).tobytes()
+    blob = bytes(5000) + garbage + fake + bytes(77) + good
+    fake_at, good_at = 8000, 8000 + len(fake) + 77
+    path = tmp_path / "g.bin"
+    path.write_bytes(blob)
+    with open(path, "rb") as f:
+        for chunk in (64, 1000, 1 << 21):               # headers across block boundaries too
+            assert tfr.find_next_record(f, 0, len(blob), chunk=chunk) == fake_at
+            assert tfr.find_next_record(f, 0, len(blob), check_crc=True, chunk=chunk) == good_at
+            assert tfr.find_next_record(f, fake_at + 1, len(blob), chunk=chunk) == good_at
+            assert tfr.find_next_record(f, good_at + 1, len(blob), chunk=chunk) is None
+    blob = bytes(300) + tfr._frame(b"")                 # an empty record after zeros
+    path.write_bytes(blob)
+    with open(path, "rb") as f:
+        assert tfr.find_next_record(f, 1, len(blob), chunk=64) == 300
+
+
+def _cut(path, fraction):
+    """Truncate an intact file; returns (offsets, records kept, records lost) by its framing."""
+    offsets = tfr.index_records(path)
+    size = os.path.getsize(path)
+    cut = int(size * fraction)
+    ends = offsets[1:] + [size]
+    kept = sum(e <= cut for e in ends)
+    os.truncate(path, cut)
+    return offsets, kept, len(offsets) - kept
+
+
+def test_file_cut_in_half_reads_the_first_half_and_estimates_the_rest(tmp_path, caplog):
+    lengths = np.random.default_rng(7).integers(6, 14, 40).tolist()
+    paths = [write_tf(tmp_path / f"train{i}.tfrecord", make_videos(30 + i, lengths))
+             for i in range(4)]
+    offsets, kept, truth = _cut(paths[0], 0.5)
+    assert 15 <= truth <= 25
+    with caplog.at_level(logging.WARNING, logger="zoo"):
+        ds = YouTube8M(files=paths, num_classes=10, skip_bad=True)
+    assert len(ds) == 4 * 40 - truth + 1                 # the bad spot keeps one entry
+    assert [ds.describe(i) for i in range(kept)] == [f"v30_{i}" for i in range(kept)]
+    (d,) = ds.damage
+    assert (d.path, d.offset, d.kind, d.exact) == (paths[0], offsets[kept], "truncated", False)
+    assert abs(d.records_lost - truth) <= 0.2 * truth
+    faults = ds.data_faults()
+    assert faults == {"records_lost": d.records_lost, "summary":
+                      f"1 damaged file: about {d.records_lost} records lost (train0.tfrecord from "
+                      f"byte {offsets[kept]}: about {d.records_lost} records (file cut short))"}
+    assert [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()] == \
+        ["YouTube8M: " + faults["summary"]]                               # logged once
+    with pytest.raises(SampleError, match=rf"offset {offsets[kept]}: truncated.*"
+                                          rf"about {d.records_lost} records lost"):
+        ds.load(kept)
+    batch = PadSequences(["rgb", "audio"])([ds[i] for i in range(kept - 1, kept + 2)])
+    assert batch["num_skipped"] == 1                    # a fault shows; the summary says how big
+
+    # alone, the file does not say how long it was: only the record it ends in is certain
+    alone = YouTube8M(files=[paths[0]], num_classes=10, skip_bad=True)
+    assert alone.damage[0].lower_bound and alone.data_faults()["records_lost"] == 1
+    assert alone.damage_summary().startswith("1 damaged file: at least 1 record lost (")
+    with pytest.raises(tfr.CorruptRecord, match=rf"train0\.tfrecord.*offset {offsets[kept]}"):
+        YouTube8M(files=paths, num_classes=10)
+
+
+def test_overwritten_header_resyncs_and_loses_one_record(tmp_path):
+    path = write_tf(tmp_path / "h.tfrecord", make_videos(40, [5] * 30))
+    offsets = tfr.index_records(path)
+    with open(path, "r+b") as f:
+        f.seek(offsets[12])
+        f.write(b"\xab" * 12)
+    scan = tfr.scan_records(path)
+    assert scan.offsets == offsets[:12] + offsets[13:]
+    (d,) = scan.damage
+    assert (d.offset, d.end, d.kind, d.records_lost, d.exact) == \
+        (offsets[12], offsets[13], "bad_header", 1, True)
+    ds = YouTube8M(files=[path], num_classes=10, skip_bad=True)
+    assert len(ds) == 30 and isinstance(ds[12], Skipped)
+    assert [ds.describe(i) for i in range(30) if i != 12] == \
+        [f"v40_{i}" for i in range(30) if i != 12]
+    assert ds.data_faults() == {"records_lost": 1, "summary": f"1 damaged file: 1 record lost "
+                                f"(h.tfrecord from byte {offsets[12]}: 1 record (bad header))"}
+
+    # zeros over the headers of records 12..14: the gap is three records, estimated
+    with open(path, "r+b") as f:
+        f.seek(offsets[12])
+        f.write(bytes(offsets[14] + 100 - offsets[12]))
+    ds = YouTube8M(files=[path], num_classes=10, skip_bad=True)
+    (d,) = ds.damage
+    assert (d.offset, d.end, d.records_lost, d.exact) == (offsets[12], offsets[15], 3, False)
+    assert [ds.describe(i) for i in range(13, 28)] == [f"v40_{i}" for i in range(15, 30)]
+
+
+def test_bad_data_crc_is_one_record_lost(tmp_path):
+    path = write_tf(tmp_path / "c.tfrecord", make_videos(41, [5] * 6))
+    offsets = tfr.index_records(path)
+    flip(path, offsets[3] + 12 + 50)
+    ds = YouTube8M(files=[path], num_classes=10, skip_bad=True)    # headers only: found on load
+    assert ds.damage == [] and ds.data_faults() == {"records_lost": 0, "summary": ""}
+    assert PadSequences(["rgb", "audio"])([ds[i] for i in range(6)])["num_skipped"] == 1
+
+    checked = YouTube8M(files=[path], num_classes=10, skip_bad=True, check_crc=True)
+    (d,) = checked.damage
+    assert (d.offset, d.end, d.kind, d.records_lost, d.exact) == \
+        (offsets[3], offsets[4], "data_crc", 1, True)
+    assert len(checked) == 6 and isinstance(checked[3], Skipped) and not isinstance(checked[4], Skipped)
+    assert checked.data_faults()["summary"] == (f"1 damaged file: 1 record lost (c.tfrecord from "
+                                                f"byte {offsets[3]}: 1 record (bad data CRC))")
+    with pytest.raises(tfr.CorruptRecord, match=rf"c\.tfrecord.*offset {offsets[3]}.*data CRC"):
+        YouTube8M(files=[path], num_classes=10, check_crc=True)
+
+
+def _damaged_shards(tmp_path):
+    """Five TFRecord shards of 20 videos (a bad header, a bad data CRC, a cut at 60 %, two intact)
+    and three pkl files of 3 videos (one unreadable); returns (paths, truth of the cut file)."""
+    lengths = [8] * 20
+    paths = [write_tf(tmp_path / f"s{i}.tfrecord", make_videos(50 + i, lengths)) for i in range(5)]
+    offsets = tfr.index_records(paths[0])
+    with open(paths[0], "r+b") as f:
+        f.seek(offsets[5] + 2)
+        f.write(b"\x77" * 8)
+    flip(paths[1], tfr.index_records(paths[1])[7] + 12 + 9)
+    _, _, truth = _cut(paths[2], 0.6)
+    pkls = [write_pkl(tmp_path / f"p{i}.pkl", make_videos(60 + i, [4, 4, 4])) for i in range(3)]
+    with open(pkls[0], "wb") as f:
+        f.write(b"not a pickle")
+    return paths + pkls, truth
+
+
+def test_several_damaged_files_add_up(tmp_path):
+    files, truth = _damaged_shards(tmp_path)
+    ds = YouTube8M(files=files, num_classes=10, skip_bad=True, check_crc=True)
+    lost = [(os.path.basename(d.path), d.kind, d.records_lost, d.exact) for d in ds.damage]
+    cut = lost[2][2]
+    assert lost == [("s0.tfrecord", "bad_header", 1, True), ("s1.tfrecord", "data_crc", 1, True),
+                    ("s2.tfrecord", "truncated", cut, False), ("p0.pkl", "unreadable", 3, False)]
+    assert abs(cut - truth) <= 0.2 * truth
+    total = 1 + 1 + cut + 3
+    faults = ds.data_faults()
+    assert faults["records_lost"] == total
+    assert faults["summary"].startswith(f"4 damaged files: about {total} records lost (s0.tfrecord")
+    assert "p0.pkl from byte 0: about 3 records (unreadable file))" in faults["summary"]
+    assert len(ds) == 5 * 20 - 2 - truth + 4 + 6        # records read + one entry per damage
+    with pytest.raises(SampleError, match=r"p0\.pkl: cannot unpickle"):
+        YouTube8M(files=files[5:], num_classes=10)
+    assert SampleDataset().data_faults() == {"records_lost": 0, "summary": ""}
+
+
+def test_damaged_files_with_two_workers(tmp_path):
+    files, _ = _damaged_shards(tmp_path)
+    ds = YouTube8M(files=files, num_classes=10, skip_bad=True, check_crc=True)
+    faults = ds.data_faults()
+    sampler = EpochBatchSampler(len(ds), 8, shuffle=True, seed=3)
+    collate = PadSequences(["rgb", "audio"])
+
+    def run(loader):
+        return [(b["index"].numpy().tolist(), b["num_skipped"], b["skipped"]) for b in loader]
+
+    serial = run(SerialLoader(ds, sampler, collate))
+    assert sum(n for _, n, _ in serial) == 4           # each damaged range fails once
+    assert run(WorkerLoader(ds, sampler, collate, num_workers=2)) == serial
+    assert ds.data_faults() == faults
 
 # --------------------------------------------------------------------------- wire format
 
