@@ -14,6 +14,9 @@ from engine import cli
 def main():
     p = cli.parser(__doc__)
     p.add_argument("--weights", required=True, help="a .pdparams file, checkpoint dir, entry name or URL")
+    p.add_argument("--weights-format", default=None, metavar="LAYOUT",
+                   help="key layout of a weights file: native or a pretrained entry name "
+                        "(default: detected from the file's keys)")
     p.add_argument("--input", required=True, nargs="+", help="input files or folders")
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=None)
@@ -38,7 +41,7 @@ def main():
     dataset = cls.for_inputs(args.input, **reader_cfg)
     model = builder.build_model(cfg["model"])
     weights = os.path.join(args.weights, "model.pdparams") if os.path.isdir(args.weights) else args.weights
-    load_pretrained(model, weights, strict=True)
+    load_pretrained(model, weights, strict=True, weights_format=args.weights_format)
     model.eval()
     loader, _, _ = builder.build_loader(cfg, split, rt_cfg["seed"], dataset=dataset, batch_size=args.batch_size)
     names = dataset.label_names or _label_file(cfg.get("labels"))
