@@ -104,10 +104,7 @@ def load(path, model, optimizer=None, scaler=None):
     from engine.pretrained import load_state
     state_file = os.path.join(path, "model.pdparams")
     weights = read_weights(state_file)
-    report = load_state(model, weights, what=state_file, log=lambda *_: None)
-    if report["missing"] or report["unexpected"]:
-        raise ConfigError(f"{state_file}: checkpoint does not match the model "
-                          f"({len(report['missing'])} missing, {len(report['unexpected'])} unexpected keys)")
+    load_state(model, weights, strict=True, what=f"checkpoint {state_file}", log=lambda *_: None)
     if optimizer is not None and os.path.isfile(os.path.join(path, "model.pdopt")):
         optimizer.set_state_dict(paddle.load(os.path.join(path, "model.pdopt")))
     if scaler is not None and os.path.isfile(os.path.join(path, "scaler.pdstate")):

@@ -24,8 +24,9 @@ class PretrainedEntry:
     md5: str = None
     source: str = ""               # who published it, in which layout (e.g. "PaddleVideo 2.x .pdparams")
     key_map: list = ()             # [(regex, replacement)] on source keys, first match wins
-    ignore_keys: list = ()         # regex of source keys dropped on purpose (aliases, buffers)
-    head_keys: list = ()           # regex of OUR keys dropped when the shape differs (num_classes)
+    ignore_keys: list = ()         # regex of source keys dropped on purpose (aliases, buffers, a classifier)
+    head_keys: list = ()           # regex of OUR keys the file may lack, or hold in another shape (then
+                                   # dropped: another num_classes); default: the model's `head_keys`
     convert: object = None         # optional fn(state_dict) -> state_dict, after key_map (e.g. transposes)
     model_args: dict = dataclasses.field(default_factory=dict)  # model config that matches the file
     metrics: dict = dataclasses.field(default_factory=dict)     # reference metrics, ratios in [0, 1]
@@ -51,15 +52,18 @@ WEIGHTS.add = _add
 
 def map_keys(state, entry):
     """Apply an entry's key map; returns (mapped_state, ignored_source_keys)."""
+    ignore = [re.compile(p) for p in entry.ignore_keys]
+    rules = [(re.compile(p), repl) for p, repl in entry.key_map]
     out, ignored = {}, []
     for key, value in state.items():
-        if any(re.fullmatch(p, key) for p in entry.ignore_keys):
+        if any(p.fullmatch(key) for p in ignore):
             ignored.append(key)
             continue
         new = key
-        for pattern, repl in entry.key_map:
-            if re.fullmatch(pattern, key):
-                new = re.sub(pattern, repl, key)
+        for pattern, repl in rules:
+            m = pattern.fullmatch(key)
+            if m:
+                new = m.expand(repl)
                 break
         if new in out:
             raise ConfigError(f"key map of '{entry.name}' sends two source keys to '{new}'")
@@ -73,15 +77,31 @@ def _as_numpy(value):
     return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
 
-def load_state(model, state, head_keys=(), strict=False, log=print, what="weights"):
-    """Load a state dict (already in our key names) into `model`.
+def _shape(value):
+    return tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
 
-    Reports missing and unexpected keys and shape mismatches; a mismatch on a head key is dropped with
-    a message (a head of another num_classes), any other mismatch is an error. Returns the report.
+
+def _first(keys, n=4):
+    keys = list(keys)
+    return ", ".join(keys[:n]) + (", ..." if len(keys) > n else "")
+
+
+def load_state(model, state, head_keys=(), strict=False, log=print, what="weights", layout=None, hint=""):
+    """Load a state dict (already in our key names) into `model`, or raise one line saying why not.
+
+    strict (eval, infer, resume): every key of the model and of the file must match, names and shapes.
+    Not strict (training initialisation): keys matching `head_keys` (regexes of OUR names) may be
+    absent from the file (they keep their initial values, logged) or have another shape (a head for
+    another num_classes: dropped, logged); any other difference is an error too, so a file read in
+    the wrong layout never lets a run start from scratch unnoticed. Nothing is loaded when it raises.
+    `layout` and `hint` only go into the messages. Returns the report.
     """
     own = model.state_dict()
     # tied tensors appear under several keys (paddle.nn.LSTM does this): the first key loaded wins
     group = {k: id(v) for k, v in own.items()}
+    heads = [re.compile(p) for p in head_keys]
+    is_head = lambda key: any(p.fullmatch(key) for p in heads)  # noqa: E731
+    where = f"{what} (layout '{layout}')" if layout else what
     report = {"missing": [], "unexpected": [], "dropped_head": [], "aliases_skipped": [], "loaded": 0}
     to_load, loaded_groups = {}, set()
     for key, value in state.items():
@@ -94,25 +114,35 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
         arr = _as_numpy(value)
         want = tuple(own[key].shape)
         if tuple(arr.shape) != want:
-            if any(re.fullmatch(p, key) for p in head_keys):
+            if is_head(key) and not strict:
                 report["dropped_head"].append(key)
                 continue
-            raise ConfigError(f"{what}: '{key}' has shape {list(arr.shape)}, the model expects "
+            if is_head(key) and arr.ndim:
+                raise ConfigError(f"{what}: {key} has shape {list(arr.shape)}, the model expects {list(want)} "
+                                  f"(num_classes differs? set model.num_classes: {arr.shape[-1]})")
+            raise ConfigError(f"{where}: {key} has shape {list(arr.shape)}, the model expects "
                               f"{list(want)}: these weights are for another model or config")
         to_load[key] = arr
         loaded_groups.add(group[key])
-    report["missing"] = [k for k in own if group[k] not in loaded_groups
-                         and k not in report["dropped_head"]]
+    missing = [k for k in own if group[k] not in loaded_groups and k not in report["dropped_head"]]
+    report["missing"] = missing
+    bad_missing = missing if strict else [k for k in missing if not is_head(k)]
+    unexpected = report["unexpected"]
+    if bad_missing or unexpected:
+        parts = []
+        if bad_missing:
+            parts.append(f"{len(bad_missing)} of the model's {len(own)} keys missing from the file "
+                         f"({_first(bad_missing)})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected key{'s' if len(unexpected) > 1 else ''} in the file "
+                         f"({_first(unexpected)})")
+        mode = " (strict loading: every key must match)" if strict else ""
+        raise ConfigError(f"{where}: {' and '.join(parts)}{mode}{'; ' + hint if hint else ''}")
     if report["dropped_head"]:
-        log(f"{what}: dropped head keys of another shape (num_classes differs): "
-            f"{', '.join(report['dropped_head'])}")
-    if report["missing"]:
-        log(f"{what}: missing keys (left at their initial values): {', '.join(report['missing'])}")
-    if report["unexpected"]:
-        log(f"{what}: unexpected keys (ignored): {', '.join(report['unexpected'])}")
-    if strict and (report["missing"] or report["unexpected"]):
-        raise ConfigError(f"{what}: {len(report['missing'])} missing and "
-                          f"{len(report['unexpected'])} unexpected keys (strict loading)")
+        shapes = ", ".join(f"{k} {list(_shape(state[k]))} vs {list(own[k].shape)}" for k in report["dropped_head"])
+        log(f"{what}: dropped head keys of another shape (file vs model; num_classes differs): {shapes}")
+    if missing:
+        log(f"{what}: missing keys left at their initial values (head_keys allow it): {', '.join(missing)}")
     with warnings.catch_warnings():  # paddle warns per key it was not given; reported above instead
         warnings.simplefilter("ignore")
         model.set_state_dict(to_load)
@@ -121,11 +151,93 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
 
 
 def load_entry_state(model, state, entry, strict=False, log=print):
-    """Map a source state dict with `entry` and load it; returns the report (with ignored keys)."""
+    """Map a source state dict with `entry` and load it; returns the report (with ignored keys).
+
+    Head keys: the entry's, else the model's `head_keys` class attribute."""
+    inner = getattr(model, "_layers", model)
     mapped, ignored = map_keys(state, entry)
-    report = load_state(model, mapped, entry.head_keys, strict=strict, log=log, what=entry.name)
+    report = load_state(model, mapped, list(entry.head_keys) or list(getattr(inner, "head_keys", ())),
+                        strict=strict, log=log, what=entry.name, layout=entry.name)
     report["ignored"] = ignored
     return report
+
+
+# ---------------------------------------------------------------- layouts: which names a file uses
+
+@dataclasses.dataclass
+class Layout:
+    """One way to read a file's keys: our native names, or an entry's key map (its keys put under
+    `prefix` when the entry is for the model's backbone)."""
+    name: str
+    entry: PretrainedEntry = None
+    prefix: str = ""
+    head_keys: list = ()
+
+    def map(self, state):
+        if self.entry is None:
+            return dict(state), []
+        mapped, ignored = map_keys(state, self.entry)
+        return {self.prefix + k: v for k, v in mapped.items()}, ignored
+
+    def describe(self):
+        if self.entry is None:
+            return "our own parameter names"
+        where = f", into {self.prefix[:-1]}" if self.prefix else ""
+        return f"{self.entry.source or 'entry ' + self.entry.name}{where}"
+
+
+def _registry_name(cls):
+    return next((name for name, obj in MODELS._items.items() if obj is cls), None)
+
+
+def model_layouts(model):
+    """The layouts a bare file may use for `model`, in order of preference: native, the entries of
+    its registry name, then the entries of its `backbone` class (loaded under `backbone.`)."""
+    inner = getattr(model, "_layers", model)
+    own_heads = list(getattr(inner, "head_keys", ()))
+    layouts = {"native": Layout("native", head_keys=own_heads)}
+    entries = list(WEIGHTS._items.values())  # registration order
+    name = _registry_name(type(inner))
+    for e in entries:
+        if name is not None and e.model == name:
+            layouts[e.name] = Layout(e.name, e, "", list(e.head_keys) or own_heads)
+    backbone = getattr(inner, "backbone", None)
+    bb_name = _registry_name(type(backbone)) if backbone is not None else None
+    if bb_name is not None and bb_name != name:
+        for e in entries:
+            if e.model == bb_name and e.name not in layouts:
+                bb_heads = list(e.head_keys) or list(getattr(backbone, "head_keys", ()))
+                # everything outside the backbone is the model's own, new part: the file need not have it
+                heads = own_heads + [r"(?!backbone\.).*"] + [r"backbone\." + p for p in bb_heads]
+                layouts[e.name] = Layout(e.name, e, "backbone.", heads)
+    return layouts
+
+
+def detect_layout(model, state, layouts):
+    """The layout that explains `state` best: most model tensors found with their shape, then found
+    at all, then fewest unexpected keys; ties go to the earlier layout (native first).
+    Returns (layout, mapped_state, ignored, (found_with_shape, number_of_model_tensors))."""
+    own = model.state_dict()
+    group = {k: id(v) for k, v in own.items()}
+    best = None
+    for layout in layouts.values():
+        try:
+            mapped, ignored = layout.map(state)
+        except Exception:  # noqa: BLE001  a key map or convert that cannot read this file: not its layout
+            continue
+        fit, present, unexpected = set(), set(), 0
+        for key, value in mapped.items():
+            if key not in own:
+                unexpected += 1
+                continue
+            present.add(group[key])
+            if _shape(value) == tuple(own[key].shape):
+                fit.add(group[key])
+        score = (len(fit), len(present), -unexpected)
+        if best is None or score > best[0]:
+            best = (score, layout, mapped, ignored)
+    score, layout, mapped, ignored = best
+    return layout, mapped, ignored, (score[0], len(set(group.values())))
 
 
 # ---------------------------------------------------------------- resolve, read and load a weights spec
@@ -216,21 +328,46 @@ def load_weights_file(path):
 def load_pretrained(model, spec, strict=False, log=print, progress=True, weights_format=None):
     """Resolve `spec` (entry name, URL or path), read it and load it into `model`.
 
-    A known entry maps the source keys with its key map first; a bare file is loaded as is. Returns
-    the load report, with `path` and `entry` (name or None) added.
+    An entry maps the source keys with its key map; a bare file (path or unknown URL) is read in the
+    layout that explains its keys best (see `detect_layout`). `weights_format` (a layout name from
+    `model_layouts`: "native" or an entry name) forces the layout. strict: see `load_state`.
+    Returns the load report, with `path`, `entry` (name or None) and `layout` added.
     """
+    inner = getattr(model, "_layers", model)  # paddle.DataParallel wraps the model
+    layouts = model_layouts(inner)
+    hint = ("if the file has another layout, name it with --weights-format / train.weights_format: "
+            + ", ".join(layouts))
+    if weights_format is not None and weights_format not in layouts:
+        raise ConfigError(f"weights format '{weights_format}' is not a layout of {type(inner).__name__} "
+                          f"weights{did_you_mean(weights_format, layouts)}; choose one of: {', '.join(layouts)}")
     path, entry = resolve_weights(spec, progress=progress)
     state = load_weights_file(path)
-    if entry is None:
-        log(f"loading weights from {path}")
-        report = load_state(model, state, strict=strict, log=log, what=os.path.basename(path))
+    what = os.path.basename(path)
+    if weights_format is not None:
+        layout = layouts[weights_format]
+        mapped, ignored = layout.map(state)
+        log(f"loading weights from {path} in layout '{layout.name}' ({layout.describe()}; as asked)")
+    elif entry is not None:
+        layout = layouts.get(entry.name)
+        if layout is None:  # not one of this model's layouts: the user asked for it by name, try it as is
+            cls = MODELS.get(entry.model) if entry.model in MODELS else None
+            if isinstance(cls, type) and not isinstance(inner, cls):
+                log(f"warning: '{entry.name}' is for model {entry.model}, not {type(inner).__name__}")
+            layout = Layout(entry.name, entry, "", list(entry.head_keys) or list(getattr(inner, "head_keys", ())))
+        mapped, ignored = layout.map(state)
+        log(f"loading pretrained '{entry.name}' ({layout.describe()}) from {path}")
     else:
-        log(f"loading pretrained '{entry.name}' ({entry.source or 'source not recorded'}) from {path}")
-        inner = getattr(model, "_layers", model)  # paddle.DataParallel wraps the model
-        cls = MODELS.get(entry.model) if entry.model in MODELS else None
-        if isinstance(cls, type) and not isinstance(inner, cls):
-            log(f"warning: '{entry.name}' is for model {entry.model}, not {type(inner).__name__}")
-        report = load_entry_state(model, state, entry, strict=strict, log=log)
+        layout, mapped, ignored, (found, total) = detect_layout(inner, state, layouts)
+        if found:
+            log(f"loading weights from {path}: detected layout '{layout.name}' ({layout.describe()}; "
+                f"{found} of the model's {total} tensors found)")
+        else:
+            log(f"loading weights from {path}: no layout finds any of the model's {total} tensors in it "
+                f"(tried {', '.join(layouts)})")
+    report = load_state(model, mapped, layout.head_keys, strict=strict, log=log, what=what,
+                        layout=layout.name, hint=hint)
+    report["ignored"] = ignored
     report["path"] = path
     report["entry"] = entry.name if entry else None
+    report["layout"] = layout.name
     return report

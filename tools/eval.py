@@ -10,6 +10,9 @@ def main():
     p = cli.parser(__doc__)
     p.add_argument("--weights", required=True,
                    help="a .pdparams file, a checkpoint directory, a pretrained entry name or a URL")
+    p.add_argument("--weights-format", default=None, metavar="LAYOUT",
+                   help="key layout of a weights file: native or a pretrained entry name "
+                        "(default: detected from the file's keys)")
     p.add_argument("--output", help="where metrics.json goes (default output/<config name>/eval)")
     p.add_argument("--split", default=None, help="reader split to evaluate (default: test if defined, else val)")
     args = p.parse_args()
@@ -29,7 +32,7 @@ def main():
     weights = args.weights
     if os.path.isdir(weights):
         weights = os.path.join(weights, "model.pdparams")
-    load_pretrained(model, weights, strict=True)
+    load_pretrained(model, weights, strict=True, weights_format=args.weights_format)
     loader, _, _ = builder.build_loader(cfg, split, rt_cfg["seed"], rt["world_size"], rt["rank"])
     amp = config.section(config.section(cfg, "train", config.TRAIN_KEYS), "amp", config.AMP_KEYS)
     metrics = evaluate(model, loader, builder.build_metric(cfg), amp)

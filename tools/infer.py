@@ -15,7 +15,9 @@ from engine import cli
 def main():
     p = cli.parser(__doc__)
     p.add_argument("--weights", required=True, help="a .pdparams file, checkpoint dir, entry name or URL")
-    p.add_argument("--weights-format", help="layout of --weights (default: detected from its keys)")
+    p.add_argument("--weights-format", default=None, metavar="LAYOUT",
+                   help="key layout of a weights file: native or a pretrained entry name "
+                        "(default: detected from the file's keys)")
     p.add_argument("--input", required=True, nargs="+", help="input files or folders")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--output", help="output directory (default output/<config name>/infer)")

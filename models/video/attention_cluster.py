@@ -64,6 +64,8 @@ class AttentionCluster(nn.Layer):
     `seg_num` is checked against the batch (the reader's SampleFrames must produce that many frames).
     """
 
+    head_keys = [r"logistic\.(weight|bias)"]  # what fine-tuning to another num_classes replaces
+
     def __init__(self, num_classes: int = 3862, feature_names: list = ["rgb", "audio"],
                  feature_dims: list = [1024, 128], seg_num: int = 100, cluster_nums: list = [32, 32],
                  drop_rate: float = 0.5, fc_sizes: list = [1024, 4096], loss_reduction: str = "mean"):

@@ -164,6 +164,8 @@ class AttentionLSTM(nn.Layer):
     the batch instead.
     """
 
+    head_keys = [r"head\.fc_logit\.(weight|bias)"]  # what fine-tuning to another num_classes replaces
+
     def __init__(self, num_classes: int = 3862, feature_names: list = ["rgb", "audio"],
                  feature_dims: list = [1024, 128], embedding_size: int = 512, lstm_size: int = 1024,
                  drop_rate: float = 0.5, fc_sizes: list = [8192, 4096], use_mask: bool = True,

@@ -87,6 +87,8 @@ class NeXtVLAD(nn.Layer):
     The reader is expected to apply the original's PCA-eigenvalue rescaling of rgb.
     """
 
+    head_keys = [r"logits_clf\.(weight|bias)"]  # what fine-tuning to another num_classes replaces
+
     def __init__(self, num_classes: int = 3862, feature_names: list = ["rgb", "audio"],
                  feature_dims: list = [1024, 128], cluster_size: int = 128, hidden_size: int = 2048,
                  groups: int = 8, expansion: int = 2, drop_rate: float = 0.5, gating_reduction: int = 8,

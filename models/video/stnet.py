@@ -81,6 +81,8 @@ class StNet(nn.Layer):
         num_views: views per video in a 5-D eval batch (same convention as TSN, probs averaged).
     """
 
+    head_keys = [r"fc\.(weight|bias)"]  # what fine-tuning to another num_classes replaces
+
     def __init__(self, num_classes: int = 400, seglen: int = 5, backbone: dict = None,
                  num_views: int = 1):
         super().__init__()
@@ -178,9 +180,10 @@ WEIGHTS.add(PretrainedEntry(
     model="StNet",
     urls=["https://videotag.bj.bcebos.com/PaddleVideo/PretrainModel/ResNet50_pretrain.pdparams"],
     source="PaddleVideo 2.x .pdparams (ImageNet ResNet-50 in PaddleVideo's backbone names)",
-    key_map=resnet_key_map("paddlevideo", 50, "b", src_prefix=r"(?:backbone\.)?", dst_prefix="backbone."),
+    key_map=resnet_key_map("paddlevideo", None, "b", src_prefix=r"(?:backbone\.)?", dst_prefix="backbone."),
     ignore_keys=[r"(?:head\.)?(?:fc|out)(?:_0)?\.(?:weight|bias|w_0|b_0)"],
-    head_keys=[r"fc\.(weight|bias)"],
+    # an ImageNet trunk: the layers StNet adds to the ResNet start from their initialisation
+    head_keys=[r"fc\.(weight|bias)", r"temporal[12]\..*", r"xception\..*"],
     convert=functools.partial(inflate_stem, seglen=5),
     model_args=_STNET_ARGS,
     dataset="ImageNet-1k",

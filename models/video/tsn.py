@@ -60,6 +60,8 @@ class TSN(nn.Layer):
         view_average: "prob" or "feature" (see module docstring).
     """
 
+    head_keys = [r"fc\.(weight|bias)"]  # what fine-tuning to another num_classes replaces
+
     def __init__(self, num_classes: int = 400, backbone: dict = None, drop_rate: float = 0.4,
                  fc_std: float = 0.01, num_views: int = 1, view_average: str = "prob"):
         super().__init__()
@@ -95,7 +97,9 @@ class TSN(nn.Layer):
 
 
 # ---------------------------------------------------------------------------------- pretrained
-_PV_BACKBONE = resnet_key_map("paddlevideo", 50, "b", src_prefix=r"(?:backbone\.)?", dst_prefix="backbone.")
+# depth=None: the block names of every depth (res4b1..res4b22 of ResNet-101 too), so a PaddleVideo file
+# of any depth loads into TSN(backbone={depth: N}) through these entries or by layout detection
+_PV_BACKBONE = resnet_key_map("paddlevideo", None, "b", src_prefix=r"(?:backbone\.)?", dst_prefix="backbone.")
 _PV_TSN = _PV_BACKBONE + [(r"head\.fc\.(weight|bias)", r"fc.\g<1>")]
 _TSN_ARGS = {"num_classes": 400, "backbone": {"name": "ResNet", "depth": 50}, "drop_rate": 0.4}
 _TSN_NOTE = ("PaddleVideo tests with 25 segments x TenCrop and averages the features of all 250 crops "

@@ -111,6 +111,8 @@ class ResNet(nn.Layer):
             instead of the feature list (ImageNet classification).
     """
 
+    head_keys = [r"fc\.(weight|bias)"]  # the ImageNet classifier, if any: replaced when fine-tuning
+
     def __init__(self, depth: int = 50, variant: str = "b", in_channels: int = 3,
                  output_stride: int = 32, multi_grid: list = None, out_indices: list = None,
                  frozen_stages: int = -1, norm_eval: bool = False, freeze_norm: bool = False,
@@ -217,12 +219,21 @@ _BN = "(weight|bias|_mean|_variance)"
 def resnet_key_map(layout, depth=50, variant="b", src_prefix="", dst_prefix=""):
     """[(regex, replacement)] from a kit's ResNet names to ours (first match wins, see map_keys).
 
+    depth=None covers every depth at once (the union of their block names: res4b1..res4b35 of 101/152
+    beside res4b..res4f of 18-50 cannot collide), so one entry loads a kit file of any depth; whether
+    the file fits the model is then decided by the model's own keys.
+
     layout: "paddlevideo" (PaddleVideo 2.x: conv / res2a.conv0._conv / ._batch_norm),
             "paddleseg" (PaddleSeg/PaddleClas vd: conv1_1..3 / bb_0_0.conv0._conv / ._batch_norm),
             "ppdet" (PaddleDetection: conv1.conv1 / res2.res2a.branch2a.conv / .norm),
             "fluid" (Fluid 1.x static names: conv1_weights, bn_conv1_scale, res2a_branch2a_weights, ...).
     src_prefix is a regex fragment (e.g. r"(?:backbone\\.)?"), dst_prefix a plain string.
     """
+    if depth is None:
+        rules = {}  # insertion-ordered, duplicates dropped
+        for d in DEPTHS:
+            rules.update(dict.fromkeys(resnet_key_map(layout, d, variant, src_prefix, dst_prefix)))
+        return list(rules)
     kind, blocks = DEPTHS[depth]
     n_units = 2 if kind == "basic" else 3
     units = [f"conv{u}" for u in range(n_units)] + ["short"]
@@ -235,7 +246,7 @@ def resnet_key_map(layout, depth=50, variant="b", src_prefix="", dst_prefix=""):
         for theirs, ours in zip(stem_src, stem_ours):
             rules += [(rf"{src}{theirs}\._conv\.weight", f"{ours}.conv.weight"),
                       (rf"{src}{theirs}\._batch_norm\.{_BN}", f"{ours}.bn.\\g<1>")]
-        alt = "|".join(units)
+        alt = "conv0|conv1|conv2|short"  # every depth's units: one rule per block for basic and bottleneck
         for s, n in enumerate(blocks):
             if layout == "paddleseg":  # bb_<stage>_<block>: one rule per stage
                 pairs = [(rf"bb_{s}_(\d+)", f"layer{s + 1}.\\g<1>", 1)]
@@ -287,7 +298,7 @@ WEIGHTS.add(PretrainedEntry(
     urls=["https://videotag.bj.bcebos.com/PaddleVideo/PretrainModel/ResNet50_pretrain.pdparams"],
     source="PaddleVideo 2.x .pdparams (ImageNet-1k ResNet-50 in PaddleVideo's backbone names; "
            "keys with or without 'backbone.')",
-    key_map=resnet_key_map("paddlevideo", 50, "b", src_prefix=r"(?:backbone\.)?"),
+    key_map=resnet_key_map("paddlevideo", None, "b", src_prefix=r"(?:backbone\.)?"),
     ignore_keys=[r"(?:head\.)?(?:fc|out)(?:_0)?\.(?:weight|bias|w_0|b_0)"],
     model_args={"depth": 50, "variant": "b"},
     dataset="ImageNet-1k",
