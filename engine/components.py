@@ -11,6 +11,7 @@ COMPONENT_MODULES = [
     "engine.optim",
     "readers.youtube8m",
     "readers.kinetics",
+    "readers.transforms",
     "readers.video_transforms",
     "metrics.youtube8m",
     "metrics.classification",

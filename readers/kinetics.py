@@ -18,6 +18,7 @@ import numpy as np
 
 from engine.data import SampleDataset, SampleError
 from engine.registry import ConfigError, DATASETS
+from readers.fields import declare
 
 MODES = {"train": True, "val": False, "valid": False, "test": False, "infer": False}
 BACKENDS = ("decord", "cv2", "pyav")
@@ -239,7 +240,8 @@ class KineticsDataset(SampleDataset):
 
     Sample: `imgs` (after `Normalize`: float32 [num_seg, seglen*3, H, W], or [V, num_seg, seglen*3,
     H, W] with several views), `label` int64. Before Normalize `imgs` is uint8 [F, H, W, 3] and
-    `_frame_idx` [num_clips, num_seg, seglen] holds the decoded frame numbers (0-based).
+    `_frame_idx` [num_clips, num_seg, seglen] holds the decoded frame numbers (0-based);
+    `_fields` declares `imgs` as video for the transforms.
     """
 
     def __init__(self, list_file: str, data_root: str = None, label_names: str = None,
@@ -375,5 +377,6 @@ class KineticsDataset(SampleDataset):
         else:
             imgs, idx = read_frame_folder(path, nframes, self.frame_template, self.num_seg,
                                           self.seglen, self.train, rng, self.num_clips)
-        return {"imgs": imgs, "label": np.int64(label), "_frame_idx": idx,
-                "_num_seg": self.num_seg, "_seglen": self.seglen, "_num_clips": self.num_clips}
+        return declare({"imgs": imgs, "label": np.int64(label), "_frame_idx": idx,
+                        "_num_seg": self.num_seg, "_seglen": self.seglen, "_num_clips": self.num_clips},
+                       imgs="video")

@@ -11,7 +11,7 @@ import pytest
 
 from engine.data import SampleError, collate
 from engine.registry import ConfigError, DATASETS, TRANSFORMS
-from readers import kinetics, video_transforms as vt
+from readers import kinetics, transforms as T, video_transforms as vt
 from readers.kinetics import KineticsDataset, sample_indices
 
 H, W, N = 48, 64, 32
@@ -222,7 +222,8 @@ def coord_frames(n, h, w):
 
 
 def run(transform, imgs, seed=0, **meta):
-    return transform({"imgs": imgs, "_rng": np.random.default_rng(seed), **meta})
+    return transform({"imgs": imgs, "_rng": np.random.default_rng(seed), "_fields": {"imgs": "video"},
+                      **meta})
 
 
 def test_ten_crop_geometry():
@@ -271,7 +272,7 @@ def test_random_crop_and_flip_shared_by_all_frames():
     frames = coord_frames(3, 30, 40)
     flips = set()
     for seed in range(20):
-        s = run(vt.RandomFlip(0.5), run(vt.RandomCrop(16), frames, seed)["imgs"], seed)
+        s = run(T.RandomFlip(0.5), run(T.RandomCrop(16), frames, seed)["imgs"], seed)
         out = s["imgs"]
         assert (out[..., :2] == out[:1, ..., :2]).all()
         flips.add(bool(out[0, 0, 0, 1] > out[0, 0, -1, 1]))
@@ -280,21 +281,21 @@ def test_random_crop_and_flip_shared_by_all_frames():
 
 def test_scale_fixed_ratio_and_keep_ratio():
     land = np.zeros((2, 360, 640, 3), np.uint8)
-    assert run(vt.Scale(256, fixed_ratio=True), land)["imgs"].shape == (2, 256, 341, 3)
-    assert run(vt.Scale(256), land)["imgs"].shape == (2, 256, 455, 3)
+    assert run(T.Scale(256, fixed_ratio=True), land)["imgs"].shape == (2, 256, 341, 3)
+    assert run(T.Scale(256), land)["imgs"].shape == (2, 256, 455, 3)
     port = np.zeros((1, 640, 360, 3), np.uint8)
-    assert run(vt.Scale(256, fixed_ratio=True), port)["imgs"].shape == (1, 341, 256, 3)
+    assert run(T.Scale(256, fixed_ratio=True), port)["imgs"].shape == (1, 341, 256, 3)
     keep = np.zeros((1, 256, 320, 3), np.uint8)  # short side already 256: left as is
-    assert run(vt.Scale(256, fixed_ratio=True), keep)["imgs"].shape == (1, 256, 320, 3)
+    assert run(T.Scale(256, fixed_ratio=True), keep)["imgs"].shape == (1, 256, 320, 3)
     with pytest.raises(ConfigError, match="larger than the frames"):
-        run(vt.CenterCrop(300), keep)
+        run(T.CenterCrop(300), keep)
 
 
 def test_normalize_layout_superimages_and_views():
     rng = np.random.default_rng(0)
     imgs = rng.integers(0, 256, (3 * 2, 8, 8, 3), dtype=np.uint8)  # 3 segments x seglen 2
     mean, std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
-    out = run(vt.Normalize(mean, std), imgs, _num_seg=3, _seglen=2)["imgs"]
+    out = run(T.Normalize(mean, std), imgs, _num_seg=3, _seglen=2)["imgs"]
     assert out.shape == (3, 6, 8, 8) and out.dtype == np.float32
     for t in range(3):
         for j in range(2):
@@ -304,7 +305,7 @@ def test_normalize_layout_superimages_and_views():
     # 2 clips x 2 segments, three crops: views are crop-major (v = crop * clips + clip)
     frames = coord_frames(4, 20, 40)
     s = run(vt.ThreeCrop(20), frames, _num_seg=2, _seglen=1, _num_clips=2)
-    out = vt.Normalize([0, 0, 0], [1 / 255] * 3)(s)["imgs"]  # identity scaling: pixel values kept
+    out = T.Normalize([0, 0, 0], [1 / 255] * 3)(s)["imgs"]  # identity scaling: pixel values kept
     assert out.shape == (6, 2, 3, 20, 20)
     for crop, x0 in enumerate([0, 10, 20]):
         for clip in range(2):
