@@ -3,7 +3,6 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 DEMO ?= configs/video/attention_lstm/attention_lstm_demo.yaml
-export MKL_DEBUG_CPU_TYPE := 5
 export GLOG_minloglevel := 2
 
 .PHONY: demo test bench venv clean

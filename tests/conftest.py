@@ -4,7 +4,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+from engine.cpu import mkl_environment  # noqa: E402  (before paddle is imported)
+
+mkl_environment()
 os.environ.setdefault("GLOG_minloglevel", "2")
 
 import pytest  # noqa: E402

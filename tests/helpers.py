@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, MKL_DEBUG_CPU_TYPE="5", GLOG_minloglevel="2", PYTHONUNBUFFERED="1")
+ENV = dict(os.environ, GLOG_minloglevel="2", PYTHONUNBUFFERED="1")  # conftest set the MKL choice
 
 
 def tool(name, *args, check=True, timeout=600, env=None):

@@ -51,3 +51,26 @@ def test_two_process_eval_equals_one_process_on_an_odd_dataset(attention_lstm_ru
 def test_sync_bn_on_cpu_is_a_clear_error(tmp_path):
     proc = tool("train", "-c", ATTENTION_LSTM_DEMO, "-o", "runtime.sync_bn=true", "--output", tmp_path, check=False)
     assert_one_line_error(proc, "sync_bn", "CPU")
+
+
+def test_sync_bn_conversion_keeps_frozen_batch_norm():
+    """SyncBatchNorm for the BN layers that train; the frozen stem/stage 1 and norm_eval layers keep
+    their global statistics (paddle's own conversion would turn them into training layers)."""
+    import paddle
+    from engine import runtime
+    from engine.components import load_all
+    from engine.registry import MODELS
+    load_all()
+    model = MODELS.build({"name": "ResNet", "depth": 18, "frozen_stages": 1})
+    frozen = {name for name, layer in model.named_sublayers()
+              if isinstance(layer, paddle.nn.BatchNorm2D) and layer._use_global_stats}
+    # the stem's BN, stage 1's two blocks x 2 and its projection shortcut (the kits' ResNet-18 has one)
+    assert len(frozen) == 1 + 4 + 1
+    runtime.convert_sync_bn(model)
+    kinds = {name: type(layer).__name__ for name, layer in model.named_sublayers()
+             if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)}
+    assert {n for n, k in kinds.items() if k == "BatchNorm2D"} == frozen
+    assert sum(k == "SyncBatchNorm" for k in kinds.values()) == 21 - 6   # 1 + 8 x 2 + 4 shortcuts
+    everything = MODELS.build({"name": "ResNet", "depth": 18, "norm_eval": True})
+    runtime.convert_sync_bn(everything)
+    assert not any(isinstance(layer, paddle.nn.SyncBatchNorm) for layer in everything.sublayers())

@@ -376,7 +376,7 @@ def _touch(path):
 # ---------------------------------------------------------------- tools/download.py
 
 def _tool(*args, home):
-    env = dict(os.environ, PADDLE_ZOO_HOME=str(home), MKL_DEBUG_CPU_TYPE="5", GLOG_minloglevel="2")
+    env = dict(os.environ, PADDLE_ZOO_HOME=str(home), GLOG_minloglevel="2")
     return subprocess.run([sys.executable, os.path.join(ROOT, "tools", "download.py"), *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=120)
 

@@ -1,8 +1,13 @@
 """The auxiliary tools run as documented: amp_check (CPU mode), benchmark, list_models."""
 import json
+import os
+import sys
 
+import pytest
+
+from engine.cpu import cpu_info
 from tests.conftest import ATTENTION_LSTM_DEMO
-from tests.helpers import tool
+from tests.helpers import ROOT, tool
 
 
 def test_amp_check_cpu_mode(yt8m_demo, tmp_path):
@@ -19,10 +24,11 @@ def test_benchmark_writes_a_rerunnable_record(yt8m_demo, tmp_path):
     proc = tool("benchmark", "-c", ATTENTION_LSTM_DEMO, "--steps", 3, "--batch-size", 8, "--workers", 0, 1,
                 "--json", out)
     r = json.loads(out.read_text())
-    for key in ("command", "git_commit", "paddle", "cpu", "threads", "env", "batch_size",
+    for key in ("command", "git_commit", "paddle", "cpu", "cpu_vendor", "threads", "env", "batch_size",
                 "train_samples_per_s", "eval_samples_per_s", "peak_memory_mb", "params"):
         assert key in r, key
-    assert r["env"]["MKL_DEBUG_CPU_TYPE"] == "5"
+    assert r["cpu"] == cpu_info()["model"] and r["cpu_vendor"] == cpu_info()["vendor"]
+    assert r["env"]["MKL_DEBUG_CPU_TYPE"] == ("5" if r["cpu_vendor"] == "AuthenticAMD" else None)
     assert set(r["reader"]) == {"workers_0", "workers_1"}
     assert all(0 < v["share_of_train_step"] < 1 for v in r["reader"].values())
     assert r["train_samples_per_s"] > 0 and r["batch_size"] == 8
@@ -32,3 +38,37 @@ def test_benchmark_writes_a_rerunnable_record(yt8m_demo, tmp_path):
 def test_list_models_counts_parameters():
     proc = tool("list_models")
     assert "108,737,304" in proc.stdout and "attention_lstm_bilstm_10e_youtube8m.yaml" in proc.stdout
+
+
+@pytest.mark.parametrize("vendor, preset, expected", [("AuthenticAMD", None, "5"), ("GenuineIntel", None, None),
+                                                      ("GenuineIntel", "4", "4"), ("AuthenticAMD", "0", "0")])
+def test_mkl_setting_is_for_amd_only(monkeypatch, vendor, preset, expected):
+    """MKL_DEBUG_CPU_TYPE=5 doubles Paddle's matmul on AMD and costs ~37% on Intel (platform notes)."""
+    from engine import cpu
+    monkeypatch.setattr(cpu, "cpu_info", lambda: {"vendor": vendor, "model": "x"})
+    env = {} if preset is None else {"MKL_DEBUG_CPU_TYPE": preset}
+    assert cpu.mkl_environment(env).get("MKL_DEBUG_CPU_TYPE") == expected
+
+
+def test_benchmark_and_amp_check_time_the_trainers_step(yt8m_demo, monkeypatch, tmp_path):
+    """tools/benchmark.py, tools/amp_check.py and the trainer all step through engine.trainer.TrainStep,
+    so what is benchmarked is what training runs."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import amp_check
+    import benchmark
+    from engine import config, trainer
+    from engine.components import load_all
+    load_all()
+    calls = []
+    real = trainer.TrainStep.__call__
+    monkeypatch.setattr(trainer.TrainStep, "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    cfg = config.load(ATTENTION_LSTM_DEMO, ["model.lstm_size=8", "model.embedding_size=8", "model.fc_sizes=[8, 8]"])
+    batches = benchmark._batches(cfg, 4, 2, 0)
+    benchmark._time_model(cfg, batches, 2, train=True)
+    assert len(calls) == 3                    # a warm-up and two timed steps
+    amp_check.run_mode(cfg, batches, "fp16-O1", 0)
+    assert len(calls) == 3 + len(batches)
+    cfg = config.load(ATTENTION_LSTM_DEMO, ["model.lstm_size=8", "model.embedding_size=8", "model.fc_sizes=[8, 8]",
+                                            "train.epochs=null", "train.max_steps=3", "train.accum_steps=2"])
+    trainer.fit(cfg, str(tmp_path))
+    assert len(calls) == 3 + len(batches) + 6   # 3 optimizer steps of 2 micro-batches each

@@ -170,3 +170,22 @@ def test_corrupt_record_skipped_and_counted_when_allowed(yt8m_demo, tmp_path):
                 "-o", "reader.train.num_workers=2", "--output", tmp_path / "out")
     assert "skipped 1 bad samples" in proc.stdout
     assert "skipped sample 0" in proc.stdout + proc.stderr and str(bad) in proc.stdout + proc.stderr
+
+
+def test_damaged_validation_data_is_skipped_counted_and_reported(yt8m_demo, tmp_path):
+    """A corrupt validation record no longer stops the run after a whole training epoch: it is skipped
+    and counted in metrics.json (num_skipped); a validation shard cut short reports the records lost."""
+    src = os.path.join(yt8m_demo, "tfrecord", "validate0000.tfrecord")
+    data = bytearray(open(src, "rb").read())
+    data[5000] ^= 0xFF                                  # record 0's payload: its data CRC fails on load
+    bad = tmp_path / "bad.tfrecord"
+    bad.write_bytes(bytes(data))
+    cut = tmp_path / "cut.tfrecord"
+    cut.write_bytes(open(os.path.join(yt8m_demo, "tfrecord", "validate0001.tfrecord"), "rb").read()[:20000])
+    tool("train", "-c", ATTENTION_LSTM_DEMO, "-o", f"reader.val.files=[{bad}, {cut}]", "-o", "train.epochs=1",
+         "-o", "model.lstm_size=16", "-o", "model.embedding_size=16", "--output", tmp_path / "out")
+    m = read_metrics(tmp_path / "out")
+    assert m["num_skipped"] == 2                        # the bad record and the cut file's broken tail
+    assert m["records_lost"] >= 2                       # the tail held more than one record
+    with open(os.path.join(tmp_path / "out", "train.log")) as f:
+        assert "damaged file" in f.read()

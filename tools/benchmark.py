@@ -20,6 +20,7 @@ import sys
 import time
 
 from engine import cli
+from engine.cpu import cpu_info
 
 # (name, config, overrides, batch size, note): what `make bench` measures for the README.
 YT8M_DEMO = ["reader.train.files=[data/youtube8m_demo/train.list]", "reader.train.num_workers=0"]
@@ -42,17 +43,6 @@ BENCH_TABLE = [
       "reader.train.label_names=data/kinetics_demo/kinetics_motion/label_names.txt"], 2,
      "full-size model, 7 segments x 5 frames x 224, on the 80x64 demo videos"),
 ]
-
-
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _git_commit():
@@ -145,7 +135,8 @@ def bench(config_path, overrides, steps, batch_size, workers, synthetic):
         "command": " ".join([os.path.relpath(sys.argv[0], _bootstrap.ROOT)] + sys.argv[1:]),
         "config": config_path, "overrides": list(overrides), "batch_size": bs, "steps": steps,
         "git_commit": _git_commit(), "paddle": paddle.__version__, "python": platform.python_version(),
-        "cpu": _cpu_model(), "device": rt["device"], "threads": rt["threads"],
+        "cpu": cpu_info()["model"], "cpu_vendor": cpu_info()["vendor"], "device": rt["device"],
+        "threads": rt["threads"],
         "env": {k: os.environ.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "FLAGS_use_stride_kernel")},
         "synthetic_inputs": synthetic, "reader": {},
     }
