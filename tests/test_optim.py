@@ -256,3 +256,16 @@ def test_attention_lstm_recipe_shapes():
     for _ in range(15):
         lr.step()
     assert opt.get_lr() == pytest.approx(2.5e-5)
+
+
+def test_iteration_based_recipes_as_published():
+    """DeepLabV3 (PaddleSeg): 80k iterations, poly power 0.9 from 0.01; BERT pretraining: 1M steps,
+    10k warm-up then linear decay to 0 (PaddleNLP's LinearDecayWithWarmup). Values by hand."""
+    poly = build_lr({"name": "Polynomial", "learning_rate": 0.01, "power": 0.9}, 1000, 80000)
+    assert poly.lr_at(0) == pytest.approx(0.01)
+    assert poly.lr_at(40000) == pytest.approx(0.01 * 0.5 ** 0.9)
+    assert poly.lr_at(80000) == pytest.approx(0.0)
+    bert = build_lr({"name": "LinearDecay", "learning_rate": 1e-4, "warmup_steps": 10000}, 5000, 1000000)
+    assert bert.lr_at(5000) == pytest.approx(0.5e-4)
+    assert bert.lr_at(10000) == pytest.approx(1e-4)
+    assert bert.lr_at(505000) == pytest.approx(1e-4 * 0.5)      # (1M - 505k) / (1M - 10k)

@@ -12,7 +12,7 @@ import pytest
 from engine import builder, config
 from engine.components import COMPONENT_MODULES, load_all
 from engine.pretrained import WEIGHTS
-from engine.registry import DATASETS, METRICS, MODELS
+from engine.registry import DATASETS, METRICS, MODELS, OUTPUTS
 from tests.helpers import ROOT
 
 load_all()
@@ -44,6 +44,7 @@ def test_every_config_resolves_and_names_a_registered_model():
         cfg = config.load(path)
         assert cfg["model"]["name"] in MODELS, path
         assert cfg.get("metric", {}).get("name") in METRICS, path
+        assert cfg.get("infer", {}).get("name") in OUTPUTS, path   # tools/infer.py needs a writer
         for split, reader in cfg.get("reader", {}).items():
             assert reader["name"] in DATASETS, (path, split)
 
