@@ -94,8 +94,10 @@ class Plan:
         self.total_steps = max_steps or self.steps_per_epoch * epochs
         self.epochs = epochs or -(-max_steps // self.steps_per_epoch)
 
-    def epoch_range(self, start):
-        return range(start, self.epochs) if self.max_steps is None else itertools.count(start)
+    def epoch_range(self, start, step):
+        if self.max_steps is None:
+            return range(start, self.epochs)
+        return itertools.count(start) if step < self.max_steps else range(0)
 
     def remaining_batches(self, epoch, i, step):
         if self.max_steps is None:
@@ -147,7 +149,7 @@ def fit(cfg, output_dir, resume=None, make_scaler=make_scaler):
         log.info("resumed from %s (epoch %d, batch %d, step %d)", resume_path, start_epoch, start_batch, step)
     run = _Run(cfg, train_cfg, output_dir, model, train_step, val, metric, rank0, best)
 
-    for epoch in plan.epoch_range(start_epoch):
+    for epoch in plan.epoch_range(start_epoch, step):
         sampler.set_epoch(epoch, start_batch)
         dataset.set_epoch(epoch)
         paddle.seed(seed * 100003 + epoch)  # dropout etc.: a function of (seed, epoch), so resume is exact
@@ -159,6 +161,7 @@ def fit(cfg, output_dir, resume=None, make_scaler=make_scaler):
             meter.data_time(time.perf_counter() - tic)
             if "index" not in batch:  # every sample of this batch was unreadable (and logged)
                 meter.skipped += batch["num_skipped"]
+                tic = time.perf_counter()
                 continue
             update = (i + 1) % accum == 0 or i + 1 == len(loader)
             losses = train_step(batch, update)
