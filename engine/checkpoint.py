@@ -2,18 +2,23 @@
 
 Layout: `checkpoints/epoch_<N>/` (end of epoch N) or `checkpoints/step_<K>/` (after optimizer step K,
 possibly inside an epoch) with `model.pdparams`, `model.pdopt` (optimizer incl. its LR schedule),
-`scaler.pdstate`, `rng.pdstate` and `state.json` (epoch, batch position, step, best, config). Files
-are written into a hidden temporary directory which is then renamed into place.
+`scaler.json`, `rng.json` and `state.json` (epoch, batch position, step, best, config). Files are
+written into a hidden temporary directory which is then renamed into place.
+
+Nothing in a checkpoint needs a full unpickle: the weights and optimizer state are read through
+engine.weightfile's allow-list, the scaler and RNG states are JSON. Checkpoints written before the
+JSON files existed (`scaler.pdstate`, `rng.pdstate` pickles) still load: their records are plain data
+and paddle's GeneratorState, which the allow-list admits for that file alone.
 """
 import json
 import os
-import pickle
 import re
 import shutil
 
 import numpy as np
 import paddle
 
+from engine import weightfile
 from engine.registry import ConfigError
 
 CKPT_DIR = re.compile(r"(epoch|step)_(\d+)$")
@@ -44,10 +49,10 @@ def save(path, model, optimizer=None, scaler=None, state=None):
         if optimizer is not None:
             paddle.save(optimizer.state_dict(), os.path.join(tmp, "model.pdopt"))
         if scaler is not None:
-            with open(os.path.join(tmp, "scaler.pdstate"), "wb") as f:
-                pickle.dump(scaler.state_dict(), f)
-        with open(os.path.join(tmp, "rng.pdstate"), "wb") as f:
-            pickle.dump({"paddle": paddle.get_rng_state(), "numpy": np.random.get_state()}, f)
+            with open(os.path.join(tmp, "scaler.json"), "w") as f:
+                json.dump(_to_json(scaler.state_dict()), f)
+        with open(os.path.join(tmp, "rng.json"), "w") as f:
+            json.dump(rng_state(), f)
         with open(os.path.join(tmp, "state.json"), "w") as f:
             json.dump(state or {}, f, indent=1, default=str)
     _atomic_dir(path, writer)
@@ -95,7 +100,7 @@ def find_resume(resume, output_dir):
     return resume
 
 
-def load(path, model, optimizer=None, scaler=None):
+def load(path, model, optimizer=None, scaler=None, trust=False):
     """Restore model, optimizer and scaler from a checkpoint directory written by `save`.
 
     Returns its state dict (epoch, batch, step, ...) with the saved RNG state under `rng`; the
@@ -103,35 +108,79 @@ def load(path, model, optimizer=None, scaler=None):
     """
     from engine.pretrained import load_state
     state_file = os.path.join(path, "model.pdparams")
-    weights = read_weights(state_file)
+    weights = read_weights(state_file, trust)
     load_state(model, weights, strict=True, what=f"checkpoint {state_file}", log=lambda *_: None)
     if optimizer is not None and os.path.isfile(os.path.join(path, "model.pdopt")):
-        optimizer.set_state_dict(paddle.load(os.path.join(path, "model.pdopt")))
-    if scaler is not None and os.path.isfile(os.path.join(path, "scaler.pdstate")):
-        with open(os.path.join(path, "scaler.pdstate"), "rb") as f:
-            scaler.load_state_dict(pickle.load(f))
+        opt_state = weightfile.read_state(os.path.join(path, "model.pdopt"), trust)
+        optimizer.set_state_dict(weightfile.to_tensors(opt_state))
+    if scaler is not None:
+        scaler_state = _read_record(path, "scaler", trust)
+        if scaler_state is not None:
+            scaler.load_state_dict(scaler_state)
     with open(os.path.join(path, "state.json")) as f:
         state = json.load(f)
-    with open(os.path.join(path, "rng.pdstate"), "rb") as f:
-        state["rng"] = pickle.load(f)
+    state["rng"] = _read_record(path, "rng", trust)
+    if state["rng"] is None:
+        raise ConfigError(f"{path}: checkpoint has no rng.json (nor an older rng.pdstate)")
     return state
+
+
+def _read_record(path, name, trust):
+    """`<name>.json`, or the pickled `<name>.pdstate` of checkpoints written before the JSON files."""
+    if os.path.isfile(os.path.join(path, name + ".json")):
+        with open(os.path.join(path, name + ".json")) as f:
+            return _from_json(json.load(f))
+    old = os.path.join(path, name + ".pdstate")
+    if not os.path.isfile(old):
+        return None
+    record = weightfile.unpickle(old, trust, extra={
+        ("paddle.base.libpaddle", "GeneratorState"): paddle.base.core.GeneratorState})
+    if name == "rng":   # the old layout held the live objects
+        record = {"paddle": [list(g.__getstate__()) for g in record["paddle"]],
+                  "numpy": _numpy_rng_to_json(record["numpy"])}
+    return record
+
+
+def rng_state():
+    """paddle's and numpy's global RNG states as plain JSON data."""
+    return {"paddle": [list(g.__getstate__()) for g in paddle.get_rng_state()],
+            "numpy": _numpy_rng_to_json(np.random.get_state())}
+
+
+def _numpy_rng_to_json(state):
+    kind, keys, pos, has_gauss, cached = state
+    return [kind, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)]
 
 
 def restore_rng(rng):
-    paddle.set_rng_state(rng["paddle"])
-    np.random.set_state(rng["numpy"])
+    states = []
+    for record in rng["paddle"]:
+        g = paddle.base.core.GeneratorState.__new__(paddle.base.core.GeneratorState)
+        g.__setstate__(tuple(record))
+        states.append(g)
+    paddle.set_rng_state(states)
+    kind, keys, pos, has_gauss, cached = rng["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
-def read_weights(path):
+def _to_json(obj):
+    if isinstance(obj, dict):
+        return {k: _to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return {"__ndarray__": np.asarray(obj).tolist(), "dtype": str(np.asarray(obj).dtype)}
+    return obj
+
+
+def _from_json(obj):
+    if isinstance(obj, dict):
+        if set(obj) == {"__ndarray__", "dtype"}:
+            return np.asarray(obj["__ndarray__"], dtype=obj["dtype"])
+        return {k: _from_json(v) for k, v in obj.items()}
+    return obj
+
+
+def read_weights(path, trust=False):
     """A `.pdparams` file (or a checkpoint directory holding one) as a dict of arrays."""
     if os.path.isdir(path):
         path = os.path.join(path, "model.pdparams")
-    if not os.path.isfile(path):
-        raise ConfigError(f"weights file not found: {path}")
-    try:
-        state = paddle.load(path, return_numpy=True)
-    except Exception as e:  # paddle raises many types for a truncated or foreign file
-        raise ConfigError(f"{path}: cannot read weights ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
-    if not isinstance(state, dict):
-        raise ConfigError(f"{path}: not a state dict (got {type(state).__name__})")
-    return state
+    return weightfile.read_state(path, trust)

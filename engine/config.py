@@ -52,6 +52,7 @@ RUNTIME_KEYS = {
     "num_threads": (int, 0, at_least(0)),     # CPU math threads; 0 = the cores available
     "device": (str, "auto", one_of("auto", "cpu", "gpu")),
     "sync_bn": (bool, False),
+    "trust_weights": (bool, False),           # unpickle weight files in full (engine/weightfile.py)
     "world_size": (int, 1),                   # recorded by the trainer; not an input
 }
 LOADER_KEYS = {

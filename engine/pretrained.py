@@ -13,6 +13,7 @@ import numpy as np
 
 from engine.download import archive_stem, cache_dir, download, extract, url_filename
 from engine.registry import MODELS, ConfigError, Registry, did_you_mean
+from engine.weightfile import read_state
 
 
 @dataclasses.dataclass
@@ -291,9 +292,9 @@ def resolve_weights(spec, progress=True, root=None):
                       f"{did_you_mean(spec, WEIGHTS.names())} (list them: tools/download.py --list)")
 
 
-def load_weights_file(path):
-    """Read a `.pdparams` (paddle.load; it unpickles, so load only files you trust) or `.npz` file
-    into a dict of numpy arrays."""
+def load_weights_file(path, trust=False):
+    """A `.pdparams` or `.npz` file as a dict of numpy arrays, read as data (engine.weightfile: the
+    pickle's allow-list; `trust` reads a file the user trusts in full)."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise ConfigError(f"weights {path} is a folder; expected a .pdparams file "
@@ -301,36 +302,21 @@ def load_weights_file(path):
     if not os.path.isfile(path):
         raise ConfigError(f"weights file not found: {path}")
     low = path.lower()
-    try:
-        if low.endswith(".npz"):
-            with np.load(path, allow_pickle=False) as z:
-                state = {k: z[k] for k in z.files}
-        elif low.endswith(".pdparams"):
-            import paddle
-
-            state = paddle.load(path, return_numpy=True)
-        elif re.search(r"\.(zip|tar|tgz|tar\.gz|tar\.bz2|tar\.xz)$", low):
-            raise ConfigError(f"weights {path} is an archive: extract it and give the .pdparams file "
-                              "inside (an entry does this with archive_member)")
-        else:
-            raise ConfigError(f"unsupported weights file {path}: expected .pdparams or .npz")
-    except ConfigError:
-        raise
-    except Exception as e:  # paddle.load raises ValueError, EOFError, UnpicklingError ... on bad files
-        msg = " ".join(str(e).split())
-        raise ConfigError(f"cannot read weights file {path} (corrupt, truncated or not a state dict): "
-                          f"{type(e).__name__}{': ' + msg if msg else ''}")
-    if not isinstance(state, dict):
-        raise ConfigError(f"weights file {path} holds a {type(state).__name__}, not a state dict")
-    return state
+    if re.search(r"\.(zip|tar|tgz|tar\.gz|tar\.bz2|tar\.xz)$", low):
+        raise ConfigError(f"weights {path} is an archive: extract it and give the .pdparams file "
+                          "inside (an entry does this with archive_member)")
+    if not low.endswith((".npz", ".pdparams")):
+        raise ConfigError(f"unsupported weights file {path}: expected .pdparams or .npz")
+    return read_state(path, trust)
 
 
-def load_pretrained(model, spec, strict=False, log=print, progress=True, weights_format=None):
+def load_pretrained(model, spec, strict=False, log=print, progress=True, weights_format=None, trust=False):
     """Resolve `spec` (entry name, URL or path), read it and load it into `model`.
 
     An entry maps the source keys with its key map; a bare file (path or unknown URL) is read in the
     layout that explains its keys best (see `detect_layout`). `weights_format` (a layout name from
-    `model_layouts`: "native" or an entry name) forces the layout. strict: see `load_state`.
+    `model_layouts`: "native" or an entry name) forces the layout. strict: see `load_state`. `trust`
+    unpickles the file in full (only for files you trust; see engine.weightfile).
     Returns the load report, with `path`, `entry` (name or None) and `layout` added.
     """
     inner = getattr(model, "_layers", model)  # paddle.DataParallel wraps the model
@@ -341,7 +327,7 @@ def load_pretrained(model, spec, strict=False, log=print, progress=True, weights
         raise ConfigError(f"weights format '{weights_format}' is not a layout of {type(inner).__name__} "
                           f"weights{did_you_mean(weights_format, layouts)}; choose one of: {', '.join(layouts)}")
     path, entry = resolve_weights(spec, progress=progress)
-    state = load_weights_file(path)
+    state = load_weights_file(path, trust)
     what = os.path.basename(path)
     if weights_format is not None:
         layout = layouts[weights_format]

@@ -127,7 +127,8 @@ def fit(cfg, output_dir, resume=None, make_scaler=make_scaler):
         C.dump(cfg, os.path.join(output_dir, "config.yaml"))
     if train_cfg["pretrained"]:
         from engine.pretrained import load_pretrained
-        load_pretrained(model, train_cfg["pretrained"], log=log.info, weights_format=train_cfg["weights_format"])
+        load_pretrained(model, train_cfg["pretrained"], log=log.info, weights_format=train_cfg["weights_format"],
+                        trust=rt_cfg["trust_weights"])
     if rt_cfg["sync_bn"]:  # GPU only: runtime.setup refuses it on CPU, where it has no kernel
         model = runtime.convert_sync_bn(model)
     train_step = build_train_step(cfg, model, plan.steps_per_epoch, plan.total_steps, rt["world_size"],
@@ -143,7 +144,7 @@ def fit(cfg, output_dir, resume=None, make_scaler=make_scaler):
     start_epoch, start_batch, step, best, rng = 0, 0, 0, None, None
     resume_path = checkpoint.find_resume(resume, output_dir) if resume else None
     if resume_path:
-        state = checkpoint.load(resume_path, model, train_step.optimizer, train_step.scaler)
+        state = checkpoint.load(resume_path, model, train_step.optimizer, train_step.scaler, rt_cfg["trust_weights"])
         start_epoch, start_batch, step, best = state["epoch"], state.get("batch", 0), state["step"], state.get("best")
         rng = state["rng"]
         log.info("resumed from %s (epoch %d, batch %d, step %d)", resume_path, start_epoch, start_batch, step)

@@ -34,13 +34,13 @@ import dataclasses
 import glob
 import logging
 import os
-import pickle
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from engine.data import SampleDataset, SampleError
 from engine.registry import ConfigError, DATASETS, TRANSFORMS
+from engine.weightfile import unpickle
 from readers.tfrecord import CorruptRecord, Damage, DecodeError, decode_sequence_example, \
     Scan, estimate_losses, read_record, scan_records
 
@@ -101,9 +101,8 @@ def _normalize_pkl(obj, path):
 
 
 def _load_pkl(path):
-    try:
-        with open(path, "rb") as f:
-            return _normalize_pkl(pickle.load(f, encoding="latin1"), path)
+    try:    # features are data: unpickled through the allow-list, never as code
+        return _normalize_pkl(unpickle(path, kind="feature file", hint="re-save it with only dicts, lists and numpy arrays"), path)
     except SampleError:
         raise
     except Exception as e:  # noqa: BLE001 - any unpickling failure means one unreadable file

@@ -46,3 +46,40 @@ def assert_one_line_error(proc, *fragments):
     for frag in fragments:
         assert frag in lines[0], (frag, lines[0])
     return lines[0]
+
+
+_DRIVER = r"""
+import contextlib, io, json, os, runpy, sys
+sys.path.insert(0, "tools")
+out = []
+for tool, argv, env in json.loads(sys.argv[1]):
+    sys.argv = [f"tools/{tool}.py"] + argv
+    os.environ.update(env)
+    err, std, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+        try:
+            runpy.run_path(f"tools/{tool}.py", run_name="__main__")
+        except SystemExit as e:
+            code = e.code
+    out.append({"code": code or 0, "stdout": std.getvalue(), "stderr": err.getvalue()})
+print(json.dumps(out))
+"""
+
+
+def tools_in_one_process(runs, timeout=600):
+    """Run several tool invocations [(tool, [args], {env})] through their own entry points in ONE
+    helper process (paddle imported once); returns [{code, stdout, stderr}] as a shell would see them."""
+    runs = [(t, [str(a) for a in argv], env or {}) for t, argv, env in runs]
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(runs)], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def one_error_line(result):
+    """The single `error:` line of a failed run, or None when the run does not look like that."""
+    lines = [ln for ln in result["stderr"].splitlines() if ln.strip()]
+    if result["code"] == 2 and len(lines) == 1 and lines[0].startswith("error: "):
+        return lines[0]
+    return None

@@ -1,32 +1,14 @@
 """Bad values found by a config fuzz, as a new user would type them: each gives exactly one `error:`
 line naming the key or file, exit code 2, and nothing trained or written.
 
-All cases run `tools/train.py`'s own entry point (`cli.run(main)`) in one helper process, so paddle
-is imported once; the exit code and stderr are what the shell would see.
+All cases run `tools/train.py`'s own entry point (`cli.run(main)`) in one helper process
+(tests/helpers.py `tools_in_one_process`), so paddle is imported once; the exit code and stderr are
+what the shell would see.
 """
-import json
 import os
-import subprocess
-import sys
 
 from tests.conftest import ATTENTION_LSTM_DEMO, TSN_DEMO
-from tests.helpers import ENV, ROOT
-
-DRIVER = r"""
-import contextlib, io, json, runpy, sys
-sys.path.insert(0, "tools")
-out = []
-for argv in json.loads(sys.argv[1]):
-    sys.argv = ["tools/train.py"] + argv
-    err, code = io.StringIO(), 0
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            runpy.run_path("tools/train.py", run_name="__main__")
-        except SystemExit as e:
-            code = e.code
-    out.append({"code": code, "stderr": err.getvalue()})
-print(json.dumps(out))
-"""
+from tests.helpers import ROOT, one_error_line, tools_in_one_process
 
 
 def _cases(tmp_path):
@@ -56,18 +38,11 @@ def _cases(tmp_path):
 
 def test_each_bad_value_is_one_error_line_and_exit_2(yt8m_demo, kinetics_demo, tmp_path):
     cases = _cases(tmp_path)
-    argvs = [argv + ["--output", str(tmp_path / f"run{i}")] for i, (argv, _) in enumerate(cases)]
-    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(argvs)], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = tools_in_one_process([("train", argv + ["--output", tmp_path / f"run{i}"], None)
+                                    for i, (argv, _) in enumerate(cases)])
     failures = []
     for i, ((argv, fragments), got) in enumerate(zip(cases, results)):
-        lines = [ln for ln in got["stderr"].splitlines() if ln.strip()]
-        ok = (got["code"] == 2 and len(lines) == 1 and lines[0].startswith("error: ")
-              and all(f in lines[0] for f in fragments)
-              and not os.path.exists(tmp_path / f"run{i}" / "final"))
-        if not ok:
+        line = one_error_line(got)
+        if not line or not all(f in line for f in fragments) or os.path.exists(tmp_path / f"run{i}" / "final"):
             failures.append((argv[1:], got))
     assert not failures, "\n".join(f"{a}: exit {g['code']}: {g['stderr'][-600:]}" for a, g in failures)
-

@@ -22,7 +22,7 @@ def main():
     from engine.evaluator import evaluate
     from engine.pretrained import load_pretrained
     load_all()
-    cfg = config.load(args.config, args.override)
+    cfg = config.load(args.config, cli.overrides(args))
     rt_cfg = config.section(cfg, "runtime", config.RUNTIME_KEYS)
     rt = runtime.setup(rt_cfg)
     output = args.output or os.path.join(cli.default_output(args.config), "eval")
@@ -32,7 +32,8 @@ def main():
     weights = args.weights
     if os.path.isdir(weights):
         weights = os.path.join(weights, "model.pdparams")
-    load_pretrained(model, weights, strict=True, weights_format=args.weights_format)
+    load_pretrained(model, weights, strict=True, weights_format=args.weights_format,
+                    trust=rt_cfg["trust_weights"])
     loader, _, _ = builder.build_loader(cfg, split, rt_cfg["seed"], rt["world_size"], rt["rank"])
     amp = config.section(config.section(cfg, "train", config.TRAIN_KEYS), "amp", config.AMP_KEYS)
     metrics = evaluate(model, loader, builder.build_metric(cfg), amp)

@@ -29,7 +29,7 @@ def main():
     from engine.pretrained import load_pretrained
     from engine.registry import DATASETS, OUTPUTS, ConfigError
     load_all()
-    cfg = config.load(args.config, args.override)
+    cfg = config.load(args.config, cli.overrides(args))
     if not cfg.get("infer"):
         raise ConfigError(f"{args.config}: the recipe has no infer section (how to write predictions, "
                           f"e.g. infer: {{name: TopK}}; known: {', '.join(OUTPUTS.names())})")
@@ -42,7 +42,8 @@ def main():
     dataset = DATASETS.get(reader_cfg.pop("name")).for_inputs(args.input, **reader_cfg)
     model = builder.build_model(cfg["model"])
     weights = os.path.join(args.weights, "model.pdparams") if os.path.isdir(args.weights) else args.weights
-    load_pretrained(model, weights, strict=True, weights_format=args.weights_format)
+    load_pretrained(model, weights, strict=True, weights_format=args.weights_format,
+                    trust=rt_cfg["trust_weights"])
     model.eval()
     loader, _, _ = builder.build_loader(cfg, split, rt_cfg["seed"], dataset=dataset, batch_size=args.batch_size)
     writer = OUTPUTS.build(cfg["infer"])

@@ -14,7 +14,7 @@ def main():
     from engine import config, runtime, trainer
     from engine.components import load_all
     load_all()
-    overrides = args.override + ([f"runtime.seed={args.seed}"] if args.seed is not None else [])
+    overrides = cli.overrides(args) + ([f"runtime.seed={args.seed}"] if args.seed is not None else [])
     cfg = config.load(args.config, overrides)
     output = args.output or cli.default_output(args.config)
     runtime.setup_logging(output, runtime.world()[1])
