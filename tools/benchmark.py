@@ -4,10 +4,16 @@ python tools/benchmark.py -c CONFIG [-o k=v ...] [--steps N] [--batch-size B] [-
                           [--synthetic] [--json PATH]
 python tools/benchmark.py --table     # the README's table (BENCH_TABLE below), JSON under benchmarks/results/
 python tools/benchmark.py --show      # the same table from the committed JSON
+python tools/benchmark.py -c CONFIG --backend inference [--batch-sizes 1 8] [--weights W]
+python tools/benchmark.py --table --backend inference   # README latency table (INFER_TABLE)
 
 The reader is timed alone (iterating the train DataLoader, for each worker count) and the model alone
 (train steps and eval forwards on batches already in memory), so the reader's share of a step is
 reader_time / (reader_time + model_time) for a reader with the given workers feeding the model.
+
+`--backend inference` times prediction instead: the dynamic model in eval mode against the same
+model exported by tools/export.py and run by Paddle Inference, with oneDNN on and off, on a val batch
+of each size; it reports the latency per batch (p50, p90) and samples/s.
 """
 import _bootstrap  # noqa: F401  (environment before paddle)
 
@@ -156,6 +162,109 @@ def bench(config_path, overrides, steps, batch_size, workers, synthetic):
     return result
 
 
+def _percentile(values, q):
+    import numpy as np
+    return float(np.percentile(np.asarray(values) * 1000.0, q))
+
+
+def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
+    import tempfile
+
+    import paddle
+    from engine import builder, config, export, runtime
+    from engine.components import load_all
+    from engine.predictor import Predictor
+    from engine.pretrained import load_pretrained
+    load_all()
+    cfg = config.load(config_path, overrides)
+    rt_cfg = config.section(cfg, "runtime", config.RUNTIME_KEYS)
+    rt = runtime.setup(rt_cfg)
+    runtime.seed_all(rt_cfg["seed"])
+    model = builder.build_model(cfg["model"])
+    if weights:
+        load_pretrained(model, weights, strict=True, log=lambda *_: None)
+    model.eval()
+    split = "test" if "test" in cfg["reader"] else "val"
+    rows = []
+    example = next(iter(builder.build_loader(cfg, split, rt_cfg["seed"], batch_size=1)[0]))
+    with tempfile.TemporaryDirectory() as tmp:
+        export.export(model, cfg, tmp, example=example)
+        backends = {"dynamic": None,
+                    "exported, oneDNN": Predictor(tmp, mkldnn=True, threads=rt["threads"]),
+                    "exported, no oneDNN": Predictor(tmp, mkldnn=False, threads=rt["threads"])}
+        for bs in batch_sizes:
+            loader, _, _ = builder.build_loader(cfg, split, rt_cfg["seed"], batch_size=bs)
+            batch = next(b for b in loader if len(b["index"]) == bs)
+            for name, predictor in backends.items():
+                def run():
+                    if predictor is not None:
+                        return predictor(batch)
+                    with paddle.no_grad():
+                        return {k: v.numpy() for k, v in model(batch).items()}   # to host, as the predictor
+                for _ in range(2):
+                    run()
+                times = []
+                for _ in range(steps):
+                    tic = time.perf_counter()
+                    run()
+                    times.append(time.perf_counter() - tic)
+                rows.append({"batch": bs, "backend": name, "p50_ms": _percentile(times, 50),
+                             "p90_ms": _percentile(times, 90), "samples_per_s": bs * len(times) / sum(times)})
+    return {"command": " ".join([os.path.relpath(sys.argv[0], _bootstrap.ROOT)] + sys.argv[1:]),
+            "config": config_path, "overrides": list(overrides), "split": split, "steps": steps,
+            "weights": weights, "git_commit": _git_commit(), "paddle": paddle.__version__,
+            "cpu": cpu_info()["model"], "cpu_vendor": cpu_info()["vendor"], "threads": rt["threads"],
+            "env": {k: os.environ.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS")},
+            "rows": rows, "peak_memory_mb": runtime.peak_memory_mb()}
+
+
+# (name, config, overrides, batch sizes, note): the README's latency table
+INFER_TABLE = [
+    ("TSN-R50", "configs/video/tsn/tsn_r50_100e_k400.yaml",
+     ["reader.val.list_file=data/kinetics_demo/kinetics_appearance/val.list",
+      "reader.val.label_names=data/kinetics_demo/kinetics_appearance/label_names.txt",
+      "reader.test.list_file=data/kinetics_demo/kinetics_appearance/val.list",
+      "reader.test.label_names=data/kinetics_demo/kinetics_appearance/label_names.txt",
+      "reader.test.num_seg=3", "reader.test.transforms.1.name=CenterCrop", "reader.test.num_workers=0"],
+     [1, 4], "full-size, 3 segments x 224 centre crop"),
+    ("AttentionLSTM", "configs/video/attention_lstm/attention_lstm_bilstm_10e_youtube8m.yaml",
+     ["reader.val.files=[data/youtube8m_demo/val.list]", "reader.val.num_workers=0"],
+     [1, 16], "full-size, demo TFRecords (10-150 frames)"),
+]
+
+
+def _print_inference(name, r):
+    for row in r["rows"]:
+        print(f"  {name} batch {row['batch']:>3} {row['backend']:<20} p50 {row['p50_ms']:9.1f} ms  "
+              f"p90 {row['p90_ms']:9.1f} ms  {row['samples_per_s']:8.2f} samples/s")
+
+
+def _inference_table(args):
+    rows = []
+    for name, cfg_path, overrides, sizes, note in INFER_TABLE:
+        out = os.path.join(_bootstrap.ROOT, "benchmarks", "results", "inference", f"{name.lower()}.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "-c", cfg_path, "--backend", "inference",
+               "--batch-sizes", *map(str, sizes), "--steps", str(args.steps),
+               "--json", os.path.relpath(out, _bootstrap.ROOT)]
+        for o in overrides:
+            cmd += ["-o", o]
+        if args.table and (not args.only or name in args.only):
+            subprocess.run(cmd, check=True, cwd=_bootstrap.ROOT)
+        if os.path.isfile(out):
+            with open(out) as f:
+                rows.append((name, note, json.load(f)))
+    print("\n| model | input | batch | dynamic p50 / p90 ms | exported + oneDNN p50 / p90 ms | exported, no oneDNN "
+          "p50 / p90 ms | samples/s (dynamic / oneDNN / no oneDNN) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, note, r in rows:
+        for bs in sorted({row["batch"] for row in r["rows"]}):
+            by = {row["backend"]: row for row in r["rows"] if row["batch"] == bs}
+            cells = [f"{by[b]['p50_ms']:.1f} / {by[b]['p90_ms']:.1f}" for b in
+                     ("dynamic", "exported, oneDNN", "exported, no oneDNN")]
+            sps = " / ".join(f"{by[b]['samples_per_s']:.2f}" for b in ("dynamic", "exported, oneDNN", "exported, no oneDNN"))
+            print(f"| {name} | {note} | {bs} | {' | '.join(cells)} | {sps} |")
+
+
 def _print(result):
     print(f"{result['config']} batch {result['batch_size']}, {result['threads']} threads on {result['cpu']}")
     print(f"  train {result['train_samples_per_s']:.2f} samples/s ({result['train_s_per_step']:.3f} s/step), "
@@ -177,7 +286,23 @@ def main():
     p.add_argument("--table", action="store_true", help="run BENCH_TABLE, write benchmarks/results/*.json")
     p.add_argument("--show", action="store_true", help="print the table from benchmarks/results/*.json")
     p.add_argument("--only", nargs="+", help="with --table: rerun only these rows (names as in BENCH_TABLE)")
+    p.add_argument("--backend", choices=["dynamic", "inference"], default="dynamic",
+                   help="inference: prediction latency, dynamic vs exported (oneDNN on/off)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="with --backend inference")
+    p.add_argument("--weights", help="with --backend inference: weights to load (default: initial weights)")
     args = p.parse_args()
+    if args.backend == "inference" and (args.table or args.show):
+        return _inference_table(args)
+    if args.backend == "inference":
+        if not args.config:
+            p.error("-c CONFIG is required (or --table)")
+        result = bench_inference(args.config, args.override, args.steps, args.batch_sizes, args.weights)
+        _print_inference(args.config, result)
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return
     if args.table or args.show:
         rows = []
         for name, cfg_path, overrides, bs, note in BENCH_TABLE:

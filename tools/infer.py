@@ -14,12 +14,16 @@ from engine import cli
 
 def main():
     p = cli.parser(__doc__)
-    p.add_argument("--weights", required=True, help="a .pdparams file, checkpoint dir, entry name or URL")
+    p.add_argument("--weights", required=True, help="a .pdparams file, checkpoint dir, entry name or URL; "
+                                                    "an export directory with --backend inference")
     p.add_argument("--weights-format", default=None, metavar="LAYOUT",
                    help="key layout of a weights file: native or a pretrained entry name "
                         "(default: detected from the file's keys)")
     p.add_argument("--input", required=True, nargs="+", help="input files or folders")
     p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--backend", choices=["dynamic", "inference"], default="dynamic",
+                   help="inference: --weights is a directory written by tools/export.py, run by Paddle Inference")
+    p.add_argument("--no-mkldnn", action="store_true", help="inference backend on CPU without oneDNN")
     p.add_argument("--output", help="output directory (default output/<config name>/infer)")
     args = p.parse_args()
 
@@ -34,16 +38,21 @@ def main():
         raise ConfigError(f"{args.config}: the recipe has no infer section (how to write predictions, "
                           f"e.g. infer: {{name: TopK}}; known: {', '.join(OUTPUTS.names())})")
     rt_cfg = config.section(cfg, "runtime", config.RUNTIME_KEYS)
-    runtime.setup(rt_cfg)
+    rt = runtime.setup(rt_cfg)
     output = args.output or os.path.join(cli.default_output(args.config), "infer")
     runtime.setup_logging(None)
     split = "test" if "test" in cfg.get("reader", {}) else "val"
     reader_cfg, _ = builder.split_loader_cfg(cfg["reader"][split])
     dataset = DATASETS.get(reader_cfg.pop("name")).for_inputs(args.input, **reader_cfg)
-    model = builder.build_model(cfg["model"])
-    weights = os.path.join(args.weights, "model.pdparams") if os.path.isdir(args.weights) else args.weights
-    load_pretrained(model, weights, strict=True, weights_format=args.weights_format,
-                    trust=rt_cfg["trust_weights"])
+    if args.backend == "inference":
+        from engine.predictor import Predictor
+        model = Predictor(args.weights, mkldnn=not args.no_mkldnn, threads=rt["threads"], device=rt["device"],
+                          model_name=cfg["model"]["name"])
+    else:
+        model = builder.build_model(cfg["model"])
+        weights = os.path.join(args.weights, "model.pdparams") if os.path.isdir(args.weights) else args.weights
+        load_pretrained(model, weights, strict=True, weights_format=args.weights_format,
+                        trust=rt_cfg["trust_weights"])
     model.eval()
     loader, _, _ = builder.build_loader(cfg, split, rt_cfg["seed"], dataset=dataset, batch_size=args.batch_size)
     writer = OUTPUTS.build(cfg["infer"])

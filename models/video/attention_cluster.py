@@ -88,6 +88,13 @@ class AttentionCluster(nn.Layer):
         self.fc2 = nn.Linear(fc_sizes[0], fc_sizes[1], _msra_normal(), _msra_uniform())
         self.logistic = nn.Linear(fc_sizes[1], num_classes, _msra_normal(), _msra_normal())
 
+    def export_spec(self, example=None):
+        """The frames are sampled to seg_num in the reader (SampleFrames + Stack): only the batch varies."""
+        from paddle.static import InputSpec
+        return {"inputs": {n: InputSpec([None, self.seg_num, d], "float32")
+                           for n, d in zip(self.feature_names, self.feature_dims)},
+                "outputs": ["logits", "probs"]}
+
     def forward(self, batch):
         outs = []
         for i, (name, dim) in enumerate(zip(self.feature_names, self.feature_dims)):

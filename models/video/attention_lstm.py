@@ -77,6 +77,19 @@ def sigmoid_ce(logits, labels, reduction="mean"):
     return per_video.sum() if reduction == "sum" else per_video.mean()
 
 
+def padded_feature_spec(names, dims, lengths=True):
+    """Export inputs of the PadSequences batches: features [B, T, D], masks [B, T] and (for models
+    that use them) lengths [B]."""
+    from paddle.static import InputSpec
+    spec = {}
+    for name, dim in zip(names, dims):
+        spec[name] = InputSpec([None, None, dim], "float32")
+        if lengths:
+            spec[name + "_len"] = InputSpec([None], "int64")
+        spec[name + "_mask"] = InputSpec([None, None], "float32")
+    return spec
+
+
 def multilabel_outputs(layer, logits, batch, reduction="mean"):
     """Train mode: {'loss'}; eval mode: {'logits', 'probs'} (+ 'loss' when the batch has labels)."""
     labels = batch.get("labels")
@@ -180,6 +193,10 @@ class AttentionLSTM(nn.Layer):
         self.use_mask, self.loss_reduction = use_mask, loss_reduction
         self.head = AttentionLstmHead(self.feature_dims, embedding_size, lstm_size, drop_rate,
                                       [int(s) for s in fc_sizes], num_classes)
+
+    def export_spec(self, example=None):
+        return {"inputs": padded_feature_spec(self.feature_names, self.feature_dims),
+                "outputs": ["logits", "probs"]}
 
     def forward(self, batch):
         feats = [feature_input(batch, n, d, "AttentionLSTM")

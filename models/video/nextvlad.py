@@ -19,7 +19,8 @@ from paddle.nn.initializer import Constant, KaimingNormal
 
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
-from models.video.attention_lstm import check_features, check_reduction, feature_input, multilabel_outputs
+from models.video.attention_lstm import check_features, check_reduction, feature_input, multilabel_outputs, \
+    padded_feature_spec
 
 
 def _msra():
@@ -116,6 +117,10 @@ class NeXtVLAD(nn.Layer):
             hidden_size, num_classes,
             paddle.ParamAttr(initializer=KaimingNormal(), regularizer=l2),
             paddle.ParamAttr(initializer=Constant(0.0), regularizer=l2))
+
+    def export_spec(self, example=None):
+        return {"inputs": padded_feature_spec(self.feature_names, self.feature_dims, lengths=False),
+                "outputs": ["logits", "probs"]}
 
     def forward(self, batch):
         vlads = []

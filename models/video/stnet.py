@@ -18,6 +18,7 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
+from paddle.static import InputSpec
 
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
@@ -102,6 +103,13 @@ class StNet(nn.Layer):
         self.fc = nn.Linear(XCEPTION_CHANNELS, num_classes,
                             weight_attr=paddle.ParamAttr(initializer=nn.initializer.Uniform(-bound, bound)),
                             bias_attr=_ZERO)
+
+    def export_spec(self, example=None):
+        """Batch, views, segments and image size may vary; the layout (views as their own axis or
+        not) is the example batch's, by default [B, T, C, H, W]."""
+        views = [None] if example is not None and example["imgs"].ndim == 6 else []
+        return {"inputs": {"imgs": InputSpec([None] + views + [None, 3 * self.seglen, None, None], "float32")},
+                "outputs": ["logits", "probs"]}
 
     def forward(self, batch):
         imgs = split_views(batch["imgs"], self.num_views, self.training, "StNet")

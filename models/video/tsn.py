@@ -12,6 +12,7 @@ PaddleVideo 2.x does for its TenCrop x 25-segment test (the 250 crops enter the 
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
+from paddle.static import InputSpec
 
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
@@ -26,11 +27,11 @@ def split_views(imgs, num_views, training, model):
         out = imgs
     elif imgs.ndim == 5:
         views = 1 if training else num_views
-        b, n = imgs.shape[:2]
-        if n % views:
+        n = imgs.shape[1]
+        if paddle.in_dynamic_mode() and n % views:   # exported programs see shapes as tensors
             raise ConfigError(f"{model}: imgs has {n} frames per video, not a multiple of "
                               f"num_views={views}")
-        out = imgs.reshape([b, views, n // views] + list(imgs.shape[2:]))
+        out = imgs.reshape([-1, views, n // views] + list(imgs.shape[2:]))
     else:
         raise ConfigError(f"{model}: imgs must be [B, T, C, H, W] or [B, V, T, C, H, W], "
                           f"got shape {list(imgs.shape)}")
@@ -85,6 +86,14 @@ class TSN(nn.Layer):
 
     def head(self, feat):
         return self.fc(self.dropout(feat) if self.dropout is not None else feat)
+
+    def export_spec(self, example=None):
+        """Batch, views, segments and image size may vary; the layout (views as their own axis or
+        not) is the example batch's, by default [B, T, C, H, W]."""
+        ch = self.backbone.stem[0].conv._in_channels
+        views = [None] if example is not None and example["imgs"].ndim == 6 else []
+        return {"inputs": {"imgs": InputSpec([None] + views + [None, ch, None, None], "float32")},
+                "outputs": ["logits", "probs"]}
 
     def forward(self, batch):
         imgs = split_views(batch["imgs"], self.num_views, self.training, "TSN")
