@@ -1,6 +1,7 @@
 """Kinetics reader, video transforms, demo data and list preparation, on real files made here."""
 import importlib.util
 import inspect
+import json
 import os
 import shutil
 import subprocess
@@ -423,9 +424,20 @@ def test_demo_data_is_real_video_and_idempotent(tmp_path):
         assert len(ds) == 10 and sorted(set(ds.labels.tolist())) == list(range(5))
         vr = decord.VideoReader(ds.describe(0))
         assert len(vr) == (24 if demo == "motion" else 16) and vr[0].shape == (64, 80, 3)
-    stamp = os.path.getmtime(os.path.join(out["motion"], "DONE"))
+    stamps = {demo: os.path.getmtime(os.path.join(folder, "DONE")) for demo, folder in out.items()}
     demo_kinetics.make(str(tmp_path), seed=1, num_train=10, num_val=5)
-    assert os.path.getmtime(os.path.join(out["motion"], "DONE")) == stamp
+    assert {demo: os.path.getmtime(os.path.join(folder, "DONE")) for demo, folder in out.items()} == stamps
+    # a new version of one demo rewrites that demo only
+    with open(os.path.join(out["appearance"], "DONE")) as f:
+        assert json.load(f)["version"] == demo_kinetics.VERSIONS["appearance"]
+    with open(os.path.join(out["motion"], "DONE")) as f:
+        old = json.load(f)
+    with open(os.path.join(out["motion"], "DONE"), "w") as f:
+        json.dump(dict(old, version=old["version"] - 1), f)
+    demo_kinetics.make(str(tmp_path), seed=1, num_train=10, num_val=5)
+    with open(os.path.join(out["motion"], "DONE")) as f:
+        assert json.load(f) == old
+    assert os.path.getmtime(os.path.join(out["appearance"], "DONE")) == stamps["appearance"]
 
 
 def test_motion_demo_frames_change_only_when_the_class_moves():
@@ -434,6 +446,20 @@ def test_motion_demo_frames_change_only_when_the_class_moves():
         v = dk.motion_video(label, np.random.default_rng([5, label])).astype(np.float32)
         moved = (np.abs(np.diff(v, axis=0)).max(-1) > 80).mean()  # far above the frame noise
         assert (moved > 0.005) == (name != "static"), (name, moved)
+
+
+def test_motion_demo_sprites_differ_from_the_background_in_luminance():
+    """The sprite stands out in luminance, not only in colour (a colour-only edge is blurred by the
+    codecs' 4:2:0 chroma). A moving sprite covers each pixel in few frames, so the per-pixel median over
+    time is the background; by construction the sprite is >= 22 grey levels of luma away from it
+    (background 99-155 once flattened, dark sprites <= 77, light ones >= 178), ~60 typically."""
+    dk = load_script("demo_kinetics")
+    luma = np.array([0.299, 0.587, 0.114], np.float32)
+    for i in range(30):
+        v = dk.motion_video(1 + i % 3, np.random.default_rng([6, i])).astype(np.float32)  # up/down/horizontal
+        d = v - np.median(v, axis=0)
+        sprite = np.abs(d).max(-1) > 60
+        assert np.median(np.abs(d @ luma)[sprite]) > 40, i
 
 
 def test_for_inputs_reads_raw_files_and_folders(tmp_path, videos):
