@@ -12,7 +12,10 @@ and ~0.93).
 wrap-around canvas are drawn from the same distribution for every class, so each single frame has
 the same distribution whatever the class: per-frame accuracy cannot beat chance (0.2). A few
 consecutive frames (StNet's super-image) show the motion. The classes are closed under a
-horizontal flip, so `RandomFlip` is a valid augmentation.
+horizontal flip, so `RandomFlip` is a valid augmentation. The sprite is dark or light on a
+flattened background, so it differs from it in luminance and not only in colour (version 2; in
+version 1 a fifth of the sprites were nearly isoluminant with their background, and the StNet
+demo got about half of those wrong).
 
 Layout of each dataset: `videos/<split>/<class>/<split>_<n>.{mp4,avi}`, `train.list` and
 `val.list` ("relpath label"), `label_names.txt`, and a `DONE` marker holding the parameters
@@ -36,6 +39,7 @@ SHAPES = ["disc", "square", "triangle", "cross", "ring"]
 HIDDEN, HALF_HIDDEN = 0.45, 0.3  # per-frame occlusion probabilities in the appearance demo
 MOTION_CLASSES = ["static", "up", "down", "horizontal", "rotate"]
 DEMOS = {"appearance": "kinetics_appearance", "motion": "kinetics_motion"}
+VERSIONS = {"appearance": 1, "motion": 2}  # bumped when a demo's videos change: the old ones are rewritten
 
 
 def _background(rng):
@@ -139,9 +143,14 @@ def motion_video(label, rng, num_frames=24):
     """Frames of one motion-demo video: the sprite moves on a torus, so its position in any one
     frame is uniform whatever the class."""
     kind = MOTION_CLASSES[label]
-    bg, col = _background(rng), _colour(rng)
-    if rng.random() < 0.5:  # dark sprites too, so brightness says nothing
+    # a flattened background and a dark or light sprite: the sprite's edges show in luminance, not
+    # only in colour, which the codecs' 4:2:0 chroma blurs (colour-only sprites were the ones the
+    # StNet demo missed most)
+    bg, col = 128 + (_background(rng) - 128) * 0.4, _colour(rng)
+    if rng.random() < 0.5:  # dark and light sprites alike, so brightness says nothing
         col = col * 0.3
+    else:
+        col = 255 - (255 - col) * 0.3
     sprite = str(rng.choice(["bar", "triangle", "ell", "tee"]))
     r = int(rng.integers(10, 15))
     angle = rng.uniform(0, 360)
@@ -193,10 +202,10 @@ def _make_one(out, demo, seed, num_train, num_val, avi_fraction):
 
 def make(root, seed=0, num_train=200, num_val=60, avi_fraction=0.2, demos=("appearance", "motion")):
     """Write the demo datasets under `root`; returns {demo: folder}. Idempotent per parameters."""
-    params = {"seed": seed, "num_train": num_train, "num_val": num_val,
-              "avi_fraction": avi_fraction, "size": [H, W], "version": 1}
     out = {}
     for demo in demos:
+        params = {"seed": seed, "num_train": num_train, "num_val": num_val,
+                  "avi_fraction": avi_fraction, "size": [H, W], "version": VERSIONS[demo]}
         folder = os.path.join(root, DEMOS[demo])
         done = os.path.join(folder, "DONE")
         out[demo] = folder

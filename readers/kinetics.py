@@ -22,6 +22,7 @@ from readers.fields import declare
 
 MODES = {"train": True, "val": False, "valid": False, "test": False, "infer": False}
 BACKENDS = ("decord", "cv2", "pyav")
+BACKEND_MODULES = {"decord": "decord", "cv2": "cv2", "pyav": "av"}  # PyAV imports as `av`
 VIDEO_EXTS = (".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v", ".flv", ".mpg", ".mpeg")
 
 
@@ -133,11 +134,18 @@ class _PyAVVideo(_SequentialVideo):
         self.num_frames = n
 
     def _iter(self, last, wanted):
+        """A packet FFmpeg rejects ends the stream, as it ends cv2's grab(): a cut file is then
+        re-sampled or reported as truncated by read_video, whichever backend read it."""
         with self.av.open(self.path) as container:
-            for i, frame in enumerate(container.decode(video=0)):
-                if last is not None and i > last:
+            frames = container.decode(video=0)
+            i = 0
+            while last is None or i <= last:
+                try:
+                    frame = next(frames)
+                except (StopIteration, self.av.error.FFmpegError):
                     return
                 yield i, frame.to_ndarray(format="rgb24") if i in wanted else None
+                i += 1
 
 
 _OPENERS = {"decord": _DecordVideo, "cv2": _Cv2Video, "pyav": _PyAVVideo}
@@ -319,7 +327,7 @@ class KineticsDataset(SampleDataset):
             raise ConfigError("Kinetics.backend 'pyav' needs PyAV (pip install av); "
                               "or use 'decord' / 'cv2'")
         order = [backend] + [b for b in ("decord", "cv2") if b != backend]
-        return tuple(b for b in order if b == "cv2" or _module_available(b))
+        return tuple(b for b in order if b == "cv2" or _module_available(BACKEND_MODULES[b]))
 
     def _read_list(self, list_file, data_root):
         if not os.path.isfile(list_file):

@@ -249,6 +249,32 @@ def test_stnet_train_step_and_views():
     np.testing.assert_allclose(out["probs"].numpy().sum(-1), 1.0, rtol=1e-5)
 
 
+def test_stnet_multi_view_output_is_the_view_average():
+    """Views (crops, clips) are separate videos to the temporal blocks and the Xception; the eval output
+    is their softmax averaged, whether the batch is [B, V, T, C, H, W] or [B, V*T, C, H, W] with
+    num_views=V (view-major, as the reader stacks them)."""
+    paddle.seed(0)
+    model = StNet(num_classes=5, seglen=2, backbone={"name": "ResNet", "depth": 18}, num_views=3)
+    model.eval()
+    views = paddle.randn([2, 3, 4, 6, 32, 32])  # [B, V, T, 3*seglen, H, W]
+    with paddle.no_grad():
+        out6 = model({"imgs": views})
+        out5 = model({"imgs": views.reshape([2, 12, 6, 32, 32])})
+        per_view = [model({"imgs": views[:, v:v + 1]}) for v in range(3)]
+    probs = np.stack([p["probs"].numpy() for p in per_view])          # [V, B, C]
+    logits = np.stack([p["logits"].numpy() for p in per_view])
+    assert np.abs(probs[0] - probs[1]).max() > 1e-3      # the views do differ: the average is not trivial
+    assert out6["probs"].shape == [2, 5] and out6["logits"].shape == [2, 5]
+    np.testing.assert_allclose(out6["probs"].numpy(), probs.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out6["logits"].numpy(), logits.mean(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out5["probs"].numpy(), out6["probs"].numpy(), rtol=1e-5, atol=1e-6)
+    # probabilities are averaged, not the logits before one softmax
+    z = logits.mean(0)
+    softmax_of_mean = np.exp(z - z.max(-1, keepdims=True))
+    softmax_of_mean /= softmax_of_mean.sum(-1, keepdims=True)
+    assert np.abs(softmax_of_mean - probs.mean(0)).max() > 1e-4
+
+
 def test_stnet_temporal_block_sees_time():
     """The conv3d mixes neighbouring segments only: changing the last segment leaves the first alone."""
     paddle.seed(1)
