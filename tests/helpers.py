@@ -8,7 +8,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, GLOG_minloglevel="2", PYTHONUNBUFFERED="1")  # conftest set the MKL choice
 
 
-def tool(name, *args, check=True, timeout=600, env=None):
+def tool(name, *args, check=True, timeout=1500, env=None):
     """Run tools/<name>.py with args; returns the CompletedProcess (text)."""
     cmd = [sys.executable, os.path.join(ROOT, "tools", name + ".py"), *map(str, args)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env or ENV)
