@@ -79,7 +79,7 @@ class BLEU(IndexedMetric):
         hyp_tok = [tok if tok is not None else self.dataset.moses_tokenize(text)
                    for text, tok in zip(rows.get("hyp", []), rows.get("hyp_tok", []))]
         bleu = self.sacrebleu.metrics.BLEU(tokenize=self.tokenize, lowercase=self.lowercase)
-        bleu_tok = self.sacrebleu.metrics.BLEU(tokenize="none", lowercase=self.lowercase)
+        bleu_tok = self.sacrebleu.metrics.BLEU(tokenize="none", lowercase=self.lowercase, force=True)
         out = {"bleu": bleu.corpus_score(list(rows.get("hyp", [])), [ref_detok]).score,
                "bleu_tok": bleu_tok.corpus_score(hyp_tok, [ref_tok]).score}
         log.info("BLEU on %d sentences: bleu %.2f (sacrebleu %s), bleu_tok %.2f (Moses-tokenised, sacrebleu %s)",

@@ -69,7 +69,7 @@ class SentencePieceTokenizer:
             if sp_id < 0 or self.tokens[sp_id] != token:
                 have = f"'{self.tokens[sp_id]}' (id {sp_id})" if sp_id >= 0 else "none"
                 raise ConfigError(f"spm_model {model_file}: its {role} piece is {have}, the reader expects "
-                                  f"'{token}'; train it with tools/spm_train.py (<s>/<e>/<unk> = 0/1/2) or set "
+                                  f"'{token}'; train it with data/spm_train.py (<s>/<e>/<unk> = 0/1/2) or set "
                                   f"reader {role}_token")
         self.unk_id = self.sp.unk_id()
 
