@@ -112,9 +112,10 @@ class Text(OutputWriter):
             texts = [detok for detok, _ in decode_rows(preds, self.dataset)]
         else:
             raise ConfigError(f"infer Text: predictions have no 'text' nor 'ids' (keys: {sorted(preds)})")
+        empty = getattr(self.dataset, "source_is_empty", lambda i: False)
         out = []
         for index, text in zip(meta["index"], texts):
-            text = str(text).replace("\n", " ")
+            text = "" if empty(int(index)) else str(text).replace("\n", " ")   # an empty line stays empty
             self.lines[int(index)] = text
             out.append(text)
         return out

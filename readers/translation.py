@@ -272,6 +272,10 @@ class Translation(SampleDataset):
         src = self.src.lengths + 1
         return src if self.tgt is None else np.stack([src, self.tgt.lengths + 1], axis=1)
 
+    def source_is_empty(self, index):
+        """An empty input line (inference keeps them, so that output lines match input lines)."""
+        return self.src.lengths[index] == 0
+
     def data_faults(self):
         return {"records_lost": self.empty, "summary": self._summary}
 

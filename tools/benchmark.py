@@ -29,6 +29,10 @@ from engine.cpu import cpu_info
 # (name, config, overrides, batch size, note): what `make bench` measures for the README.
 YT8M_DEMO = ["reader.train.files=[data/youtube8m_demo/train.list]", "reader.train.num_workers=0"]
 PCA_DEMO = ["reader.train.transforms.0.eigenvalues_file=data/youtube8m_demo/yt8m_pca/eigenvals.npy"]
+TRANSFORMER_ON_DEMO = [f"reader.train.{k}={v}" for k, v in (
+    ("src_file", "data/translation_demo/train.en"), ("tgt_file", "data/translation_demo/train.xx"),
+    ("spm_model", "data/translation_demo/spm.model"), ("vocab", "null"), ("input_format", "raw"),
+    ("sampler", "null"), ("num_workers", 0))]
 BENCH_TABLE = [
     ("AttentionLSTM", "configs/video/attention_lstm/attention_lstm_bilstm_10e_youtube8m.yaml",
      YT8M_DEMO, 16, "full-size model on the demo TFRecords (10-150 frames, mean 50)"),
@@ -46,6 +50,16 @@ BENCH_TABLE = [
      ["reader.train.list_file=data/kinetics_demo/kinetics_motion/train.list",
       "reader.train.label_names=data/kinetics_demo/kinetics_motion/label_names.txt"], 2,
      "full-size model, 7 segments x 5 frames x 224, on the 80x64 demo videos"),
+    # translation: training tokens/s (target tokens) and decoding sentences/s (eval forwards on
+    # source-only batches) with the decoder's cache, then without it (-o model.use_cache=false)
+    *[(f"Transformer-{size}{'-nocache' if not cache else ''}", cfg, ovr + ([] if cache else ["model.use_cache=false"]),
+       bs, note, ["--tokens", "tgt_out", "--drop-keys", "tgt_in", "tgt_out"])
+      for size, cfg, ovr, bs, note in (
+          ("base", "configs/nlp/transformer/transformer_base_30e_wmt14ende.yaml", TRANSFORMER_ON_DEMO, 64,
+           "full-size base (vocabulary 33712), beam 5, on 64 demo sentences (15 source / 20 target subwords)"),
+          ("demo", "configs/nlp/transformer/transformer_demo.yaml", ["reader.train.sampler=null"], 64,
+           "demo model (2+2 layers, d 128, vocabulary 320), beam 4, on 64 demo sentences"))
+      for cache in (True, False)],
 ]
 
 
@@ -221,7 +235,8 @@ def main():
         for name, note, r in rows:
             workers = " / ".join(f"{v['samples_per_s']:.0f} ({w.split('_')[1]})" for w, v in r["reader"].items())
             share = " / ".join(f"{100 * v['share_of_train_step']:.1f}%" for v in r["reader"].values())
-            print(f"| {name} | {r['batch_size']} | {note} | {r['params']:,} | {r['train_samples_per_s']:.2f} | "
+            tokens = f" ({r['train_tokens_per_s']:.0f} tokens/s)" if r.get("train_tokens_per_s") else ""
+            print(f"| {name} | {r['batch_size']} | {note} | {r['params']:,} | {r['train_samples_per_s']:.2f}{tokens} | "
                   f"{r['eval_samples_per_s']:.2f} | {workers} | {share} | {r['peak_memory_mb']:.0f} |")
         return
     if not args.config:
