@@ -420,3 +420,36 @@ def test_averaged_demo_checkpoints_evaluate(transformer_demo_run):
     loader, dataset, _ = builder.build_loader(cfg, "val")
     metrics = evaluate(model, loader, builder.build_metric(cfg, dataset))
     assert metrics["bleu"] >= 50 and metrics["num_samples"] == 400
+
+
+def test_entries_carry_their_vocabulary_as_an_asset(tmp_path, monkeypatch):
+    """`vocab: ENTRY:vocab` takes the file out of the download the entry names (here placed by hand in
+    the cache, as an offline user would), checks the member's md5, and reads it."""
+    import dataclasses
+    import hashlib
+    import tarfile
+    from engine import pretrained
+    base = WEIGHTS.get("transformer_base_wmt14ende")
+    assert base.assets["vocab"]["archive_member"] == "WMT14.en-de/wmt14_ende_data_bpe/vocab_all.bpe.33708"
+    member = tmp_path / "v" / "vocab.txt"
+    member.parent.mkdir()
+    _write(member, ["<s>", "<e>", "<unk>", "the", "dog"])
+    archive = tmp_path / "cache" / "assets-toy" / "toy.tar.gz"
+    archive.parent.mkdir(parents=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(member, arcname="toy/vocab.txt")
+    md5 = hashlib.md5(member.read_bytes()).hexdigest()
+    entry = dataclasses.replace(base, name="toy_entry", assets={"vocab": {
+        "urls": ["https://example.invalid/toy.tar.gz"], "archive_member": "toy/vocab.txt", "member_md5": md5}})
+    monkeypatch.setitem(WEIGHTS._items, "toy_entry", entry)
+    monkeypatch.setenv("PADDLE_ZOO_HOME", str(tmp_path))
+    monkeypatch.setattr(pretrained, "cache_dir", lambda: str(tmp_path / "cache"))
+    path = pretrained.resolve_asset("toy_entry:vocab", progress=False)
+    assert path.endswith(os.path.join("assets-toy", "toy", "toy", "vocab.txt"))
+    ds = Translation(src_file=_write(tmp_path / "a.en", ["the dog"]), vocab="toy_entry:vocab", input_format="bpe")
+    assert ds[0]["src_ids"].tolist() == [3, 4, 1]
+    entry.assets["vocab"]["member_md5"] = "0" * 32
+    with pytest.raises(ConfigError, match="expects 0000"):
+        pretrained.resolve_asset("toy_entry:vocab", progress=False)
+    with pytest.raises(ConfigError, match="carries no asset 'codes'"):
+        pretrained.resolve_asset("toy_entry:codes")

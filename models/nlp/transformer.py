@@ -565,10 +565,15 @@ def _pack(hyps, pad_id):
 
 
 # ---------------------------------------------------------------- pretrained entries (PaddleNLP releases)
-_WMT14_VOCAB = ("the WMT14 en-de BPE vocabulary vocab_all.bpe.33708 (md5 2fc775b7df37368e936a8e1f63846bb0, "
-                "as paddlenlp/datasets/wmt14ende.py names it), member WMT14.en-de/wmt14_ende_data_bpe/"
-                "vocab_all.bpe.33708 of https://bj.bcebos.com/paddlenlp/datasets/WMT14.en-de.tar.gz (the "
-                "dataset archive; its BPE-split newstest files are what the recipe reads)")
+# the vocabulary of PaddleNLP's WMT14 en-de data, as paddlenlp/datasets/wmt14ende.py names it (a member of
+# the dataset archive; the member's md5 from the same file)
+_WMT14_ASSETS = {"vocab": {
+    "urls": ["https://bj.bcebos.com/paddlenlp/datasets/WMT14.en-de.tar.gz",
+             "https://paddlenlp.bj.bcebos.com/datasets/WMT14.en-de.tar.gz"],
+    "archive_member": "WMT14.en-de/wmt14_ende_data_bpe/vocab_all.bpe.33708",
+    "member_md5": "2fc775b7df37368e936a8e1f63846bb0"}}
+_WMT14_VOCAB = ("the WMT14 en-de BPE vocabulary vocab_all.bpe.33708 (asset 'vocab': reader `vocab: "
+                "transformer_base_wmt14ende:vocab`, a member of PaddleNLP's WMT14.en-de.tar.gz dataset archive)")
 _NO_CODES = ("PaddleNLP's source names no BPE codes file for raw text: translate its BPE-split files "
              "(input_format: bpe), or give codes learnt as its gen_data.sh does (Moses tokenizer.perl -l LANG, "
              "subword-nmt learn_bpe -s 32000 on the tokenised en+de training text) with input_format: raw")
@@ -593,6 +598,7 @@ WEIGHTS.add(PretrainedEntry(
           "embeddings are aliases of the source ones.",
     reproduced="a state dict built from the official parameter table loads with no missing or unexpected keys; "
                "the file was not downloaded here",
+    assets=_WMT14_ASSETS,
 ))
 
 WEIGHTS.add(PretrainedEntry(
@@ -610,4 +616,5 @@ WEIGHTS.add(PretrainedEntry(
     notes="PaddleNLP's source names no download for its big model's weights (only the BLEU it reached); a "
           f"file trained with its recipe loads as the base one does. It needs {_WMT14_VOCAB}.",
     reproduced="not run (no released file)",
+    assets=_WMT14_ASSETS,
 ))
