@@ -78,6 +78,7 @@ def test_sinusoid_table_and_scaled_embeddings():
     p, i = 3, 1
     assert table[p, i] == pytest.approx(np.sin(p / 10000 ** (i / 3)), abs=1e-6)
     assert table[p, 4 + i] == pytest.approx(np.cos(p / 10000 ** (i / 3)), abs=1e-6)
+    assert m.src_pos_embedding(paddle.to_tensor([[1, 2]])).stop_gradient   # never trained
     emb = m.src_word_embedding(paddle.to_tensor([[5, 0]])).numpy()
     assert np.allclose(emb[0, 0], m.src_word_embedding.word_embedding.weight.numpy()[5] * np.sqrt(8), atol=1e-6)
     assert not emb[0, 1].any()   # the pad id (<s>, 0) embeds to zeros, as PaddleNLP's padding_idx
@@ -371,6 +372,9 @@ def test_demo_reaches_bleu_50_and_beats_word_for_word(transformer_demo_run, demo
           f"monotone word-for-word baseline {baseline:.2f}")
     assert metrics["bleu"] >= 50 and metrics["num_samples"] == 400
     assert baseline <= 0.6 * metrics["bleu"]
+    assert {"bleu", "bleu_tok", "loss", "ppl"} <= set(metrics) and 1.0 <= metrics["ppl"] < 2.0
+    log = open(os.path.join(str(transformer_demo_run), "train.log")).read()
+    assert "sacrebleu nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in log   # the signature
 
 
 def test_demo_model_decodes_alike_with_and_without_cache(transformer_demo_run, demo_corpus):
