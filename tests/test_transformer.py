@@ -55,12 +55,52 @@ def test_base_has_the_official_parameter_count_and_loads_the_official_table():
         assert float(own[key].numpy().ravel()[0]) == values[key]
 
 
+@pytest.mark.parametrize("normalize_before", [True, False])
+def test_same_outputs_as_paddle_nn_transformer_wired_as_paddlenlp(normalize_before):
+    """PaddleNLP's TransformerModel is paddle.nn.Transformer between its embeddings and the tied
+    projection: with our weights copied into paddle's layers (same names under `transformer.`), paddle's
+    forward, wired as PaddleNLP's (embeddings x sqrt(d), positions (word != pad) * arange, -1e9 on pad
+    keys, paddle's causal mask), gives our logits."""
+    paddle.seed(2)
+    d, heads = 16, 4
+    ours = Transformer(src_vocab_size=32, trg_vocab_size=32, d_model=d, d_inner_hid=24, n_head=heads,
+                       num_encoder_layers=2, num_decoder_layers=2, max_length=20, dropout=0.0,
+                       normalize_before=normalize_before)
+    ours.eval()
+    ref = paddle.nn.Transformer(d, heads, 2, 2, 24, dropout=0.0, normalize_before=normalize_before)
+    ref.eval()
+    state = {k[len("transformer."):]: v for k, v in ours.state_dict().items() if k.startswith("transformer.")}
+    assert set(state) == set(ref.state_dict())
+    ref.set_state_dict(state)
+    src = paddle.to_tensor([[5, 9, 3, 1, 0, 0], [7, 8, 6, 4, 2, 1]])
+    tgt = paddle.to_tensor([[0, 11, 12, 0], [0, 13, 14, 15]])
+    tgt_mask = paddle.to_tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+
+    def embed(words, pos, ids):
+        positions = (ids != 0).astype("int64") * paddle.arange(ids.shape[1], dtype="int64")
+        return words.word_embedding(ids) * d ** 0.5 + pos.pos_encoder(positions)
+
+    bias = (src == 0).astype("float32").unsqueeze([1, 2]) * -1e9
+    out = ref(embed(ours.src_word_embedding, ours.src_pos_embedding, src),
+              embed(ours.trg_word_embedding, ours.trg_pos_embedding, tgt), src_mask=bias,
+              tgt_mask=ref.generate_square_subsequent_mask(4), memory_mask=bias)
+    expected = paddle.matmul(out, ours.trg_word_embedding.word_embedding.weight, transpose_y=True).numpy()
+    memory, memory_bias = ours.encode(src, (src != 0).astype("float32"))
+    got = ours.decode_train(tgt, tgt_mask, memory, memory_bias).numpy()
+    # row 0's last target position is padding (its embedding input differs: PaddleNLP gives it position 0
+    # and the zero <s>/pad embedding, as we do); compare every real position
+    np.testing.assert_allclose(got[0, :3], expected[0, :3], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-5, atol=1e-5)
+
+
 def test_presets_and_post_norm_layout():
     with paddle.LazyGuard():
         big = Transformer(d_model=1024, d_inner_hid=4096, n_head=16, max_length=1025)
         post = Transformer(normalize_before=False, weight_sharing=False)
+        paper = Transformer(normalize_before=False, final_norm=False)
     keys = set(post.state_dict())
-    assert "transformer.encoder.norm.weight" not in keys and "linear.weight" in keys    # post-norm, untied
+    assert "transformer.encoder.norm.weight" in keys and "linear.weight" in keys     # paddle's post-norm, untied
+    assert "transformer.decoder.norm.weight" not in set(paper.state_dict())           # the paper's post-norm
     assert "trg_word_embedding.word_embedding.weight" in keys
     d, f = 1024, 4096
     enc_layer = 4 * (d * d + d) + d * f + f + f * d + d + 2 * 2 * d

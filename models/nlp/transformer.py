@@ -6,8 +6,9 @@ Facts carried over from PaddleNLP (`paddlenlp/transformers/transformer/modeling.
 Normal(0, d_model**-0.5), with `padding_idx` = the pad id (0 = `<s>` there, so `<s>` embeds to zeros);
 a sinusoid table in an `nn.Embedding` (tensor2tensor layout: sin in the first half of the channels,
 cos in the second) whose output is stop-gradient, so it is a parameter that never changes; pad
-positions get position 0; pre-norm layers (`normalize_before`) with a final LayerNorm on encoder and
-decoder, or the paper's post-norm; weight sharing ties source and target embeddings and the output
+positions get position 0; pre-norm layers (`normalize_before`) or the paper's post-norm, each stack
+ending in a LayerNorm as paddle.nn.Transformer builds it in both modes (`final_norm: false` drops it:
+the paper's post-norm exactly); weight sharing ties source and target embeddings and the output
 projection (`logits = h @ E^T`); label-smoothed cross entropy over the non-pad tokens,
 q = (1 - eps) * one_hot + eps / V.
 
@@ -213,11 +214,10 @@ class DecoderLayer(_Sublayers):
 
 
 class Encoder(nn.Layer):
-    def __init__(self, num_layers, normalize_before, d_model, **layer_args):
+    def __init__(self, num_layers, final_norm, d_model, **layer_args):
         super().__init__()
-        self.layers = nn.LayerList([EncoderLayer(d_model=d_model, normalize_before=normalize_before, **layer_args)
-                                    for _ in range(num_layers)])
-        self.norm = nn.LayerNorm(d_model) if normalize_before else None
+        self.layers = nn.LayerList([EncoderLayer(d_model=d_model, **layer_args) for _ in range(num_layers)])
+        self.norm = nn.LayerNorm(d_model) if final_norm else None
 
     def forward(self, x, bias):
         for layer in self.layers:
@@ -226,11 +226,10 @@ class Encoder(nn.Layer):
 
 
 class Decoder(nn.Layer):
-    def __init__(self, num_layers, normalize_before, d_model, **layer_args):
+    def __init__(self, num_layers, final_norm, d_model, **layer_args):
         super().__init__()
-        self.layers = nn.LayerList([DecoderLayer(d_model=d_model, normalize_before=normalize_before, **layer_args)
-                                    for _ in range(num_layers)])
-        self.norm = nn.LayerNorm(d_model) if normalize_before else None
+        self.layers = nn.LayerList([DecoderLayer(d_model=d_model, **layer_args) for _ in range(num_layers)])
+        self.norm = nn.LayerNorm(d_model) if final_norm else None
 
     def memory_kv(self, memory):
         return [layer.cross_attn.project_kv(memory) for layer in self.layers]
@@ -254,6 +253,9 @@ class Transformer(nn.Layer):
     """Encoder-decoder Transformer; defaults are the base model with PaddleNLP's WMT14 en-de layout
     (pre-norm, shared 33712-entry vocabulary, position table of 257 = max_length 256 + 1).
 
+    `final_norm`: the LayerNorm after each stack, which paddle.nn.Transformer (and so PaddleNLP) has
+    with pre-norm and post-norm layers alike; the paper's post-norm has none (false).
+
     Batch keys: `src_ids` [B, S] (source tokens + `<e>`), `tgt_in` [B, T] (`<s>` + target) and
     `tgt_out` [B, T] (target + `<e>`), padded with `pad_id`, with the `<key>_mask` a PadSequences
     collate adds. Train mode returns {loss (label-smoothed, per target token), nll}; eval mode returns
@@ -269,7 +271,7 @@ class Transformer(nn.Layer):
                  act_dropout: float = None, normalize_before: bool = True, weight_sharing: bool = True,
                  max_length: int = 257, bos_id: int = 0, eos_id: int = 1, pad_id: int = 0,
                  label_smooth_eps: float = 0.1, beam_size: int = 5, alpha: float = 0.6,
-                 max_len_a: float = 1.0, max_len_b: int = 50, use_cache: bool = True):
+                 max_len_a: float = 1.0, max_len_b: int = 50, use_cache: bool = True, final_norm: bool = True):
         super().__init__()
         if weight_sharing and src_vocab_size != trg_vocab_size:
             raise ConfigError(f"Transformer: weight_sharing needs one joint vocabulary, but src_vocab_size "
@@ -299,7 +301,8 @@ class Transformer(nn.Layer):
                           attn_dropout=dropout if attn_dropout is None else attn_dropout,
                           act_dropout=dropout if act_dropout is None else act_dropout,
                           normalize_before=normalize_before)
-        self.transformer = _Body(Encoder(num_encoder_layers, **layer_args), Decoder(num_decoder_layers, **layer_args))
+        self.transformer = _Body(Encoder(num_encoder_layers, final_norm, **layer_args),
+                                 Decoder(num_decoder_layers, final_norm, **layer_args))
         self.weight_sharing = weight_sharing
         if not weight_sharing:
             self.linear = nn.Linear(d_model, trg_vocab_size, bias_attr=False)
