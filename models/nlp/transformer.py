@@ -504,12 +504,17 @@ class _CachedSteps:
         self.memory_kv = model.transformer.decoder.memory_kv(memory)
         self.memory_bias = memory_bias
         self.caches = [{} for _ in model.transformer.decoder.layers]
+        self.sentence = np.arange(memory.shape[0])   # the source sentence of each row
 
     def select(self, rows):
-        """Keep (and reorder, repeat) the given rows of every state tensor."""
+        """Keep (and reorder, repeat) the given rows of every state tensor. The memory's keys/values are
+        gathered only when the rows' sentences change (not when beams of one sentence swap places)."""
         idx = paddle.to_tensor(rows)
-        self.memory_kv = [(paddle.index_select(k, idx), paddle.index_select(v, idx)) for k, v in self.memory_kv]
-        self.memory_bias = paddle.index_select(self.memory_bias, idx)
+        sentence = self.sentence[rows]
+        if not np.array_equal(sentence, self.sentence):
+            self.memory_kv = [(paddle.index_select(k, idx), paddle.index_select(v, idx)) for k, v in self.memory_kv]
+            self.memory_bias = paddle.index_select(self.memory_bias, idx)
+        self.sentence = sentence
         for cache in self.caches:
             for key in list(cache):
                 cache[key] = paddle.index_select(cache[key], idx)
