@@ -308,11 +308,9 @@ class Transformer(nn.Layer):
             self.linear = nn.Linear(d_model, trg_vocab_size, bias_attr=False)
 
     # ------------------------------------------------------------------------------- pieces
-    def _embed(self, words, pos, ids, mask=None):
-        if mask is None:
-            positions = pos
-        else:
-            positions = paddle.arange(ids.shape[1], dtype="int64").unsqueeze(0) * mask.astype("int64")
+    def _embed(self, words, pos, ids, mask):
+        """Word + position embeddings; pad positions get position 0 (PaddleNLP: (word != pad) * arange)."""
+        positions = paddle.arange(ids.shape[1], dtype="int64").unsqueeze(0) * mask.astype("int64")
         x = words(ids) + pos(positions)
         return F.dropout(x, self.dropout) if self.dropout and self.training else x
 
