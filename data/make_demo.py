@@ -1,6 +1,6 @@
 """Generate the small demo datasets (real formats) that the demo recipes and the tests train on.
 
-python data/make_demo.py [youtube8m] [kinetics] [--root data]   (default: all)
+python data/make_demo.py [youtube8m] [kinetics] [translation] [--root data]   (default: all)
 Each dataset is written once; a `DONE` marker makes later calls no-ops.
 """
 import argparse
@@ -21,7 +21,12 @@ def _kinetics(root):
     return demo_kinetics.make(os.path.join(root, "kinetics_demo"))
 
 
-GENERATORS = {"youtube8m": _youtube8m, "kinetics": _kinetics}
+def _translation(root):
+    from data import demo_translation
+    return demo_translation.make(os.path.join(root, "translation_demo"))
+
+
+GENERATORS = {"youtube8m": _youtube8m, "kinetics": _kinetics, "translation": _translation}
 
 
 def main(argv=None):

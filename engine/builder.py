@@ -81,5 +81,6 @@ def check_agreement(model, dataset, split="train"):
     inner = getattr(model, "_layers", model)
     want, have = getattr(inner, "num_classes", None), getattr(dataset, "num_classes", None)
     if want is not None and have is not None and int(want) != int(have):
-        raise ConfigError(f"model.num_classes is {want} but reader.{split} ({type(dataset).__name__}) "
-                          f"has {have} classes; make them agree (e.g. -o model.num_classes={have})")
+        key = getattr(inner, "num_classes_key", "num_classes")   # e.g. a vocabulary size
+        raise ConfigError(f"model.{key} is {want} but reader.{split} ({type(dataset).__name__}) "
+                          f"has {have} classes; make them agree (e.g. -o model.{key}={have})")

@@ -13,6 +13,7 @@ COMPONENT_MODULES = [
     "readers.kinetics",
     "readers.transforms",
     "readers.video_transforms",
+    "readers.translation",
     "metrics.youtube8m",
     "metrics.classification",
     "metrics.segmentation",
@@ -24,6 +25,7 @@ COMPONENT_MODULES = [
     "models.video.attention_cluster",
     "models.video.tsn",
     "models.video.stnet",
+    "models.nlp.transformer",
 ]
 
 _loaded = False

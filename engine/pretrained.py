@@ -38,6 +38,9 @@ class PretrainedEntry:
     archive_member: str = None     # file to take out of a .tar/.tar.gz/.zip download
     notes: str = ""
     reproduced: str = "not run"    # what was run on our machines (README "reproduced here" column)
+    assets: dict = dataclasses.field(default_factory=dict)  # other files the weights need on raw input
+    # (vocabulary, BPE codes): name -> {"urls": [...], "archive_member": path or None, "sha256"/"md5": of the
+    # download, "member_md5": of the member}; readers take them as "ENTRY:NAME" (see `resolve_asset`)
 
 
 WEIGHTS = Registry("pretrained weight")
@@ -290,6 +293,32 @@ def resolve_weights(spec, progress=True, root=None):
         return path, None
     raise ConfigError(f"weights '{spec}': no such file, nor a pretrained entry name"
                       f"{did_you_mean(spec, WEIGHTS.names())} (list them: tools/download.py --list)")
+
+
+def resolve_asset(spec, progress=True, root=None):
+    """'ENTRY:NAME' -> the local path of an asset that pretrained entry carries, downloaded (and taken
+    out of its archive) into the cache once, shared by the entries naming the same download; any other
+    `spec` is returned as it is (a path)."""
+    name, _, asset = str(spec).partition(":")
+    if not asset or name not in WEIGHTS or os.path.exists(spec):
+        return spec
+    entry = WEIGHTS.get(name)
+    if asset not in entry.assets:
+        raise ConfigError(f"pretrained entry '{name}' carries no asset '{asset}'{did_you_mean(asset, entry.assets)}; "
+                          f"it has: {', '.join(entry.assets) or 'none'}")
+    a = entry.assets[asset]
+    root = os.path.abspath(os.path.expanduser(os.fspath(root))) if root else cache_dir()
+    fake = PretrainedEntry(name="assets-" + archive_stem(url_filename(a["urls"][0])), model=entry.model,
+                           urls=list(a["urls"]), sha256=a.get("sha256"), md5=a.get("md5"),
+                           archive_member=a.get("archive_member"))
+    path = _entry_file(fake, root, progress)
+    want = a.get("member_md5")
+    if want:
+        from engine.download import file_hash
+        got = file_hash(path, "md5")
+        if got != want:
+            raise ConfigError(f"{path} ({spec}) has md5 {got}, {entry.name} expects {want}")
+    return path
 
 
 def load_weights_file(path, trust=False):

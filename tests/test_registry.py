@@ -110,7 +110,7 @@ def test_pretrained_entries_are_well_formed(name):
     assert e.urls or e.notes, "an entry without a release says why"
     assert e.sha256 is None or re.fullmatch(r"[0-9a-f]{64}", e.sha256)
     assert e.md5 is None or re.fullmatch(r"[0-9a-f]{32}", e.md5)
-    assert all(0.0 <= v <= 1.0 for v in e.metrics.values()), e.metrics
+    assert all(0.0 <= v <= (100.0 if k.startswith("bleu") else 1.0) for k, v in e.metrics.items()), e.metrics  # BLEU 0-100
     if e.metrics:
         assert e.metrics_source and e.dataset
     if e.config:

@@ -1,7 +1,7 @@
 """Throughput of a recipe on this machine: reader alone, model alone (train and eval), peak memory.
 
 python tools/benchmark.py -c CONFIG [-o k=v ...] [--steps N] [--batch-size B] [--workers 0 2]
-                          [--synthetic] [--json PATH]
+                          [--synthetic] [--tokens KEY] [--drop-keys KEY ...] [--json PATH]
 python tools/benchmark.py --table     # the README's table (BENCH_TABLE below), JSON under benchmarks/results/
 python tools/benchmark.py --show      # the same table from the committed JSON
 python tools/benchmark.py -c CONFIG --backend inference [--batch-sizes 1 8] [--weights W]
@@ -14,6 +14,11 @@ reader_time / (reader_time + model_time) for a reader with the given workers fee
 `--backend inference` times prediction instead: the dynamic model in eval mode against the same
 model exported by tools/export.py and run by Paddle Inference, with oneDNN on and off, on a val batch
 of each size; it reports the latency per batch (p50, p90) and samples/s.
+
+`--tokens KEY` also reports tokens/s, counting the batch's `KEY_len` (e.g. the target tokens of a
+translation batch); `--drop-keys` removes batch keys before the eval forwards (e.g. the targets, so
+that a translation model's eval times decoding alone). A row of BENCH_TABLE may end with such
+extra arguments.
 """
 import _bootstrap  # noqa: F401  (environment before paddle)
 
@@ -31,6 +36,10 @@ from engine.cpu import cpu_info
 # (name, config, overrides, batch size, note): what `make bench` measures for the README.
 YT8M_DEMO = ["reader.train.files=[data/youtube8m_demo/train.list]", "reader.train.num_workers=0"]
 PCA_DEMO = ["reader.train.transforms.0.eigenvalues_file=data/youtube8m_demo/yt8m_pca/eigenvals.npy"]
+TRANSFORMER_ON_DEMO = [f"reader.train.{k}={v}" for k, v in (
+    ("src_file", "data/translation_demo/train.en"), ("tgt_file", "data/translation_demo/train.xx"),
+    ("spm_model", "data/translation_demo/spm.model"), ("vocab", "null"), ("input_format", "raw"),
+    ("sampler", "null"), ("num_workers", 0))]
 BENCH_TABLE = [
     ("AttentionLSTM", "configs/video/attention_lstm/attention_lstm_bilstm_10e_youtube8m.yaml",
      YT8M_DEMO, 16, "full-size model on the demo TFRecords (10-150 frames, mean 50)"),
@@ -48,6 +57,18 @@ BENCH_TABLE = [
      ["reader.train.list_file=data/kinetics_demo/kinetics_motion/train.list",
       "reader.train.label_names=data/kinetics_demo/kinetics_motion/label_names.txt"], 2,
      "full-size model, 7 segments x 5 frames x 224, on the 80x64 demo videos"),
+    # translation: training tokens/s (target tokens) and decoding sentences/s (eval forwards on
+    # source-only batches) with the decoder's cache, then without it (-o model.use_cache=false). The
+    # weights are untrained, so every hypothesis runs to the length limit, set to |source| + 5.
+    *[(f"Transformer-{size}{'-nocache' if not cache else ''}", cfg,
+       ovr + ["model.max_len_a=1.0", "model.max_len_b=5"] + ([] if cache else ["model.use_cache=false"]),
+       bs, note, ["--tokens", "tgt_out", "--drop-keys", "tgt_in", "tgt_out"])
+      for size, cfg, ovr, bs, note in (
+          ("base", "configs/nlp/transformer/transformer_base_30e_wmt14ende.yaml", TRANSFORMER_ON_DEMO, 32,
+           "full-size base (vocabulary 33712), beam 5, demo sentences (15 source / 20 target subwords)"),
+          ("demo", "configs/nlp/transformer/transformer_demo.yaml", ["reader.train.sampler=null"], 64,
+           "demo model (2+2 layers, d 128, vocabulary 320), beam 4, demo sentences"))
+      for cache in (True, False)],
 ]
 
 
@@ -80,11 +101,12 @@ def _time_reader(cfg, batch_size, workers, steps, seed):
 
 def _batches(cfg, batch_size, steps, seed):
     from engine import builder
-    loader, _, _ = builder.build_loader(cfg, "train", seed, batch_size=batch_size)
+    loader, _, sampler = builder.build_loader(cfg, "train", seed, batch_size=batch_size)
+    fixed = type(sampler).__name__ == "Epoch"   # other samplers make batches of their own sizes
     out = []
     while len(out) < min(steps, 4):
         for batch in loader:
-            if len(batch["index"]) == batch_size:
+            if not fixed or len(batch["index"]) == batch_size:
                 out.append(batch)
             if len(out) >= min(steps, 4):
                 break
@@ -97,8 +119,13 @@ def _synthetic(batch):
                 and k.split("_")[-1] not in ("mask", "labels") else v) for k, v in batch.items()}
 
 
-def _time_model(cfg, batches, steps, train):
-    """Train steps through the trainer's own TrainStep (what training runs), or eval forwards."""
+def _count(batch, tokens):
+    return int(batch[tokens + "_len"].sum().item()) if tokens else len(batch["index"])
+
+
+def _time_model(cfg, batches, steps, train, tokens=None):
+    """Train steps through the trainer's own TrainStep (what training runs), or eval forwards.
+    Returns (samples/s, s/step, parameters, tokens/s or None)."""
     import paddle
     from engine import builder, trainer
     model = builder.build_model(cfg["model"])
@@ -123,10 +150,11 @@ def _time_model(cfg, batches, steps, train):
     out.numpy()  # wait for the last step (asynchronous devices)
     elapsed = time.perf_counter() - tic
     n = sum(len(batches[i % len(batches)]["index"]) for i in range(steps))
-    return n / elapsed, elapsed / steps, builder.count_params(model)
+    n_tokens = sum(_count(batches[i % len(batches)], tokens) for i in range(steps)) if tokens else None
+    return n / elapsed, elapsed / steps, builder.count_params(model), n_tokens / elapsed if tokens else None
 
 
-def bench(config_path, overrides, steps, batch_size, workers, synthetic):
+def bench(config_path, overrides, steps, batch_size, workers, synthetic, tokens=None, drop_keys=()):
     import paddle
     from engine import config, runtime
     from engine.components import load_all
@@ -152,11 +180,18 @@ def bench(config_path, overrides, steps, batch_size, workers, synthetic):
     batches = _batches(cfg, bs, steps, seed)
     if synthetic:
         batches = [_synthetic(b) for b in batches]
-    train_sps, train_step, params = _time_model(cfg, batches, steps, train=True)
-    eval_sps, eval_step, _ = _time_model(cfg, batches, steps, train=False)
+    if tokens and tokens + "_len" not in batches[0]:
+        from engine.registry import ConfigError
+        raise ConfigError(f"--tokens {tokens}: the batch has no '{tokens}_len' (a PadSequences key)")
+    train_sps, train_step, params, train_tps = _time_model(cfg, batches, steps, train=True, tokens=tokens)
+    eval_batches = [{k: v for k, v in b.items() if k not in drop_keys} for b in batches]
+    eval_sps, eval_step, _, eval_tps = _time_model(cfg, eval_batches, steps, train=False,
+                                                   tokens=tokens if tokens not in drop_keys else None)
     result.update(params=params, train_samples_per_s=train_sps, train_s_per_step=train_step,
                   eval_samples_per_s=eval_sps, eval_s_per_step=eval_step,
-                  peak_memory_mb=runtime.peak_memory_mb())
+                  peak_memory_mb=runtime.peak_memory_mb(), drop_keys_in_eval=list(drop_keys))
+    if tokens:
+        result.update(tokens_key=tokens, train_tokens_per_s=train_tps, eval_tokens_per_s=eval_tps)
     for w, r in result["reader"].items():
         r["share_of_train_step"] = r["s_per_batch"] / (r["s_per_batch"] + train_step)
     return result
@@ -269,6 +304,8 @@ def _print(result):
     print(f"{result['config']} batch {result['batch_size']}, {result['threads']} threads on {result['cpu']}")
     print(f"  train {result['train_samples_per_s']:.2f} samples/s ({result['train_s_per_step']:.3f} s/step), "
           f"eval {result['eval_samples_per_s']:.2f} samples/s, peak memory {result['peak_memory_mb']:.0f} MB")
+    if result.get("tokens_key"):
+        print(f"  train {result['train_tokens_per_s']:.0f} {result['tokens_key']} tokens/s")
     for w, r in result["reader"].items():
         print(f"  reader {w}: {r['samples_per_s']:.1f} samples/s, "
               f"{100 * r['share_of_train_step']:.1f}% of a train step")
@@ -282,6 +319,8 @@ def main():
     p.add_argument("--batch-size", type=int)
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--synthetic", action="store_true", help="random features of the real batch shapes")
+    p.add_argument("--tokens", metavar="KEY", help="also count tokens/s from the batch's KEY_len")
+    p.add_argument("--drop-keys", nargs="+", default=[], metavar="KEY", help="batch keys removed before eval forwards")
     p.add_argument("--json", help="write the result here")
     p.add_argument("--table", action="store_true", help="run BENCH_TABLE, write benchmarks/results/*.json")
     p.add_argument("--show", action="store_true", help="print the table from benchmarks/results/*.json")
@@ -305,13 +344,14 @@ def main():
         return
     if args.table or args.show:
         rows = []
-        for name, cfg_path, overrides, bs, note in BENCH_TABLE:
+        for name, cfg_path, overrides, bs, note, *extra in BENCH_TABLE:
             out = os.path.join(_bootstrap.ROOT, "benchmarks", "results", f"{name.lower()}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "-c", cfg_path, "--batch-size", str(bs),
                    "--steps", str(args.steps), "--json", os.path.relpath(out, _bootstrap.ROOT),
                    "--workers", *map(str, args.workers)]
             for o in overrides:
                 cmd += ["-o", o]
+            cmd += [a for args_ in extra for a in args_]
             if args.table and (not args.only or name in args.only):
                 subprocess.run(cmd, check=True, cwd=_bootstrap.ROOT)  # one process each: clean peak memory
             if os.path.isfile(out):
@@ -323,12 +363,14 @@ def main():
         for name, note, r in rows:
             workers = " / ".join(f"{v['samples_per_s']:.0f} ({w.split('_')[1]})" for w, v in r["reader"].items())
             share = " / ".join(f"{100 * v['share_of_train_step']:.1f}%" for v in r["reader"].values())
-            print(f"| {name} | {r['batch_size']} | {note} | {r['params']:,} | {r['train_samples_per_s']:.2f} | "
+            tokens = f" ({r['train_tokens_per_s']:.0f} tokens/s)" if r.get("train_tokens_per_s") else ""
+            print(f"| {name} | {r['batch_size']} | {note} | {r['params']:,} | {r['train_samples_per_s']:.2f}{tokens} | "
                   f"{r['eval_samples_per_s']:.2f} | {workers} | {share} | {r['peak_memory_mb']:.0f} |")
         return
     if not args.config:
         p.error("-c CONFIG is required (or --table)")
-    result = bench(args.config, args.override, args.steps, args.batch_size, args.workers, args.synthetic)
+    result = bench(args.config, args.override, args.steps, args.batch_size, args.workers, args.synthetic,
+                   args.tokens, args.drop_keys)
     _print(result)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
