@@ -24,6 +24,7 @@ COMPONENT_MODULES = [
     "models.video.attention_cluster",
     "models.video.tsn",
     "models.video.stnet",
+    "models.nlp.bert",
 ]
 
 _loaded = False
