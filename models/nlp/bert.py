@@ -19,6 +19,7 @@ outside the tools.
 """
 import json
 import os
+import warnings
 
 import numpy as np
 import paddle
@@ -59,6 +60,13 @@ def set_attention(fn):
     global attention_fn
     previous, attention_fn = attention_fn, fn
     return previous
+
+
+def softmax_ce(logits, label):
+    """Per-row softmax cross-entropy in one fused kernel (paddle calls the API deprecated, not the op)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return F.softmax_with_cross_entropy(logits, label)
 
 
 # ------------------------------------------------------------------------------------- layers
@@ -310,12 +318,12 @@ class BertForPretraining(_BertTask):
         target = paddle.masked_select(labels, valid)
         mlm_logits, nsp_logits = self.heads(seq, pooled, sel)
         n = max(int(sel.shape[0]), 1)
-        mlm_loss = F.softmax_with_cross_entropy(mlm_logits, target.unsqueeze(1)).sum() / n
+        mlm_loss = softmax_ce(mlm_logits, target.unsqueeze(1)).sum() / n
         out = {"mlm_loss": mlm_loss}
         loss = mlm_loss
         if "next_sentence_label" in batch:
             nsp_label = _tensor(batch["next_sentence_label"]).astype("int64").reshape([-1, 1])
-            out["nsp_loss"] = F.softmax_with_cross_entropy(nsp_logits, nsp_label).mean()
+            out["nsp_loss"] = softmax_ce(nsp_logits, nsp_label).mean()
             loss = loss + out["nsp_loss"]
         out["loss"] = loss
         if self.training:
@@ -384,7 +392,7 @@ class BertForSequenceClassification(_BertTask):
             if self.num_classes == 1:
                 out["loss"] = F.mse_loss(logits.reshape([-1]), label.astype(logits.dtype).reshape([-1]))
             else:
-                out["loss"] = F.softmax_with_cross_entropy(logits, label.astype("int64").reshape([-1, 1])).mean()
+                out["loss"] = softmax_ce(logits, label.astype("int64").reshape([-1, 1])).mean()
         elif self.training:
             raise ConfigError("BertForSequenceClassification: training needs 'label' in the batch")
         return out
@@ -430,8 +438,7 @@ for _name, _url in PADDLENLP_URLS.items():
         metrics=({"accuracy": 0.9266} if _name == "bert-base-uncased" else {}),
         metrics_source=(GLUE_SOURCE + "; SST-2 accuracy, fine-tuned" if _name == "bert-base-uncased" else ""),
         dataset=("GLUE SST-2 dev" if _name == "bert-base-uncased" else ""),
-        config=("configs/nlp/bert/bert_base_3e_glue_sst2.yaml" if _name == "bert-base-uncased"
-                else "configs/nlp/bert/bert_base_1000k_pretrain.yaml" if _name != "bert-large-uncased" else ""),
+        config=("configs/nlp/bert/bert_base_3e_glue_sst2.yaml" if _name == "bert-base-uncased" else ""),
         notes="PaddleNLP says these were converted from huggingface/transformers; the BOS links have "
               "failed before (PaddleNLP#9833): a Hugging Face folder (config.json, vocab.txt, "
               "model.safetensors) loads too. The vocab.txt is not part of this file.",
