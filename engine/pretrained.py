@@ -153,9 +153,10 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
 def load_entry_state(model, state, entry, strict=False, log=print):
     """Map a source state dict with `entry` and load it; returns the report (with ignored keys).
 
-    Head keys: the entry's, else the model's `head_keys` class attribute."""
+    Head keys: the entry's, else the model's `head_keys` class attribute; the model's declared
+    `foreign_keys` are dropped (reported as ignored)."""
     inner = getattr(model, "_layers", model)
-    mapped, ignored = map_keys(state, entry)
+    mapped, ignored = Layout(entry.name, entry, foreign_keys=list(getattr(inner, "foreign_keys", ()))).map(state)
     report = load_state(model, mapped, list(entry.head_keys) or list(getattr(inner, "head_keys", ())),
                         strict=strict, log=log, what=entry.name, layout=entry.name)
     report["ignored"] = ignored
