@@ -6,7 +6,9 @@ Both come from one small grammar, so what a model must learn is known:
   two verbs, while determiners, adverbs and prepositions are drawn at random. So a masked noun is
   predictable from its adjective, its verb or the other sentences of the document, an adjective or
   verb from its noun, a place from the document, and the next sentence of a document is about the
-  same noun as the one before (what NSP can learn); frequency alone predicts little
+  same noun as the one before (what NSP can learn). Half of the documents count ("... five times
+  ...", then six, seven ...), so the order of the number words is learnable from context, as the
+  pair task below needs; frequency alone predicts little
   (`stats.json` records the most frequent token's share of the maskable tokens).
 - Pair task (`glue/{train,dev,test}.tsv`, RTE's columns: index, sentence1, sentence2, label):
   sentence 1 says that something happens N times (two .. eleven), sentence 2 that something happens
@@ -71,12 +73,18 @@ def sentence(rng, kind, noun, place=None):
 
 
 def _documents(rng, n_docs):
-    """A document: one noun and one place throughout (so other sentences tell a masked one)."""
+    """A document: one noun and one place throughout (so other sentences tell a masked one); half
+    of them count: "... N times ...", N one more in every sentence."""
     docs = []
     for _ in range(n_docs):
         kind = _pick(rng, sorted(KINDS))
         noun, place = _pick(rng, sorted(KINDS[kind])), _pick(rng, PLACES)
-        docs.append([sentence(rng, kind, noun, place) for _ in range(int(rng.integers(3, 8)))])
+        n = int(rng.integers(3, 8))
+        if rng.random() < 0.5:
+            start = int(rng.integers(1, len(NUMBERS) - n + 2))
+            docs.append([_counted(rng, start + k, kind, noun) for k in range(n)])
+        else:
+            docs.append([sentence(rng, kind, noun, place) for _ in range(n)])
     return docs
 
 
@@ -93,9 +101,9 @@ def _pairs(rng, n):
     return rows
 
 
-def _counted(rng, count):
-    kind = _pick(rng, sorted(KINDS))
-    noun = _pick(rng, sorted(KINDS[kind]))
+def _counted(rng, count, kind=None, noun=None):
+    kind = kind or _pick(rng, sorted(KINDS))
+    noun = noun or _pick(rng, sorted(KINDS[kind]))
     adj1, adj2, verb1, verb2 = KINDS[kind][noun]
     return " ".join([_pick(rng, DETS), _pick(rng, (adj1, adj2)), noun, _pick(rng, (verb1, verb2)),
                      NUMBERS[count - 1], "times", _pick(rng, ADVS)]) + " ."
