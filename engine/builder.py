@@ -83,3 +83,8 @@ def check_agreement(model, dataset, split="train"):
     if want is not None and have is not None and int(want) != int(have):
         raise ConfigError(f"model.num_classes is {want} but reader.{split} ({type(dataset).__name__}) "
                           f"has {have} classes; make them agree (e.g. -o model.num_classes={have})")
+    want, have = getattr(inner, "vocab_size", None), getattr(dataset, "vocab_size", None)
+    if want is not None and have is not None and int(want) != int(have):
+        raise ConfigError(f"model.vocab_size is {want} but the vocabulary of reader.{split} ({type(dataset).__name__}) "
+                          f"has {have} tokens: the vocab file does not match the model's (and its weights') "
+                          f"embedding table")
