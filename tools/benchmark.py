@@ -25,6 +25,8 @@ from engine.cpu import cpu_info
 # (name, config, overrides, batch size, note): what `make bench` measures for the README.
 YT8M_DEMO = ["reader.train.files=[data/youtube8m_demo/train.list]", "reader.train.num_workers=0"]
 PCA_DEMO = ["reader.train.transforms.0.eigenvalues_file=data/youtube8m_demo/yt8m_pca/eigenvals.npy"]
+BERT_DEMO = ["reader.train.files=[data/bert_demo/corpus/train.txt]",
+             "reader.train.vocab_file=data/bert_demo/vocab_30522.txt", "reader.train.collate.max_len=128"]
 BENCH_TABLE = [
     ("AttentionLSTM", "configs/video/attention_lstm/attention_lstm_bilstm_10e_youtube8m.yaml",
      YT8M_DEMO, 16, "full-size model on the demo TFRecords (10-150 frames, mean 50)"),
@@ -42,6 +44,12 @@ BENCH_TABLE = [
      ["reader.train.list_file=data/kinetics_demo/kinetics_motion/train.list",
       "reader.train.label_names=data/kinetics_demo/kinetics_motion/label_names.txt"], 2,
      "full-size model, 7 segments x 5 frames x 224, on the 80x64 demo videos"),
+    # BERT-base pretraining (MLM + NSP) at sequence length 128 (padded: tokens/s = samples/s x 128),
+    # pairs and masks made by the reader from the demo corpus, with a vocab of BERT-base's size
+    ("BERT-base", "configs/nlp/bert/bert_base_1000k_pretrain.yaml", BERT_DEMO, 8,
+     "full-size pretraining model, seq 128 (padded), 20 masked tokens max, demo corpus"),
+    ("BERT-base-recompute", "configs/nlp/bert/bert_base_1000k_pretrain.yaml", BERT_DEMO + ["model.recompute=true"], 8,
+     "the same with recompute (activation checkpointing) of every encoder layer"),
 ]
 
 

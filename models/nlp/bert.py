@@ -444,7 +444,7 @@ for _name, _url in PADDLENLP_URLS.items():
               "model.safetensors) loads too. The vocab.txt is not part of this file.",
         reproduced=("PaddleNLP-named golden weights reproduce the reference pooled, MLM and NSP outputs "
                     "(tests); the file itself was not downloaded here" if _name == "bert-base-uncased"
-                    else "key map tested on the PaddleNLP parameter table; not downloaded here"),
+                    else "same key names as bert-base-uncased, whose PaddleNLP table is tested; not downloaded here"),
     ))
 
 
