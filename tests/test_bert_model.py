@@ -341,3 +341,20 @@ def test_tokenizer_presets_and_bad_vocab(tmp_path):
     bad.write_text("a\nb\n")
     with pytest.raises(ConfigError, match="not a BERT vocabulary"):
         BertTokenizer(str(bad))
+
+
+def test_load_bert_reads_our_task_files_as_an_encoder(tmp_path):
+    """Our pretraining run's weights, read by the bare encoder (bert. taken off, cls.* dropped) and
+    by the classifier (cls.* dropped, classifier new), as `load_bert` and train.pretrained do."""
+    paddle.seed(3)
+    src = B.BertForPretraining(**TINY)
+    path = str(tmp_path / "model.pdparams")
+    paddle.save(src.state_dict(), path)
+    logs = []
+    enc = B.load_bert(path, log=logs.append, **TINY)
+    assert any("layout 'task-model'" in line for line in logs), logs
+    assert any("dropped 7 keys of another task's head" in line for line in logs), logs
+    np.testing.assert_array_equal(enc.pooler.dense.weight.numpy(), src.bert.pooler.dense.weight.numpy())
+    clf = B.load_bert(path, task="classification", num_classes=3, **TINY)
+    np.testing.assert_array_equal(clf.bert.encoder.layers[1].linear2.weight.numpy(),
+                                  src.bert.encoder.layers[1].linear2.weight.numpy())

@@ -531,7 +531,14 @@ def check_hf_folder(folder, model_cfg):
                               f"{model_cfg['vocab_size']} rows (vocab_size): vocab and weights do not match")
 
 
-BertModel.weight_layouts = classmethod(lambda cls: [hf_layout("")])
+def task_file_layout():
+    """Our (and PaddleNLP's) task-model files read by the bare encoder: `bert.` taken off; the heads
+    left are BertModel's foreign keys."""
+    return PretrainedEntry(name="task-model", model="", urls=[], source="a BERT task model's file (bert.* keys)",
+                           key_map=[(r"bert\.(.*)", r"\1")], ignore_keys=PADDLENLP_IGNORE)
+
+
+BertModel.weight_layouts = classmethod(lambda cls: [task_file_layout(), hf_layout("")])
 BertModel.check_weights_folder = lambda self, folder: check_hf_folder(folder, self.config)
 
 
@@ -560,8 +567,13 @@ def load_bert(name_or_folder, task="encoder", log=None, **overrides):
     elif spec in WEIGHTS:
         args = dict(WEIGHTS.get(spec).model_args)
     args.update(overrides)
+    log = log or (lambda *a: None)
+    if task == "encoder" and spec in WEIGHTS:   # the releases are pretraining files: take their encoder
+        model = BertForPretraining(**args)
+        load_pretrained(model, spec, strict=True, log=log)
+        return model.bert.eval()
     model = TASKS[task](**args)
-    load_pretrained(model, spec, strict=task == "encoder", log=log or (lambda *a: None))
+    load_pretrained(model, spec, strict=task == "encoder", log=log)
     model.eval()
     return model
 
