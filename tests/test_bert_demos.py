@@ -61,7 +61,7 @@ def test_bad_input_through_the_tools_is_one_line(bert_demo, tmp_path):
     assert_one_line_error(proc, "no sentences")
     proc = tool("train", "-c", BERT_GLUE_DEMO, "--output", tmp_path / "b", "-o", "reader.train.max_seq_length=80",
                 "-o", "train.epochs=1", check=False)
-    assert_one_line_error(proc, "80 tokens, more than max_position_embeddings 64")
+    assert_one_line_error(proc, "reader.train.max_seq_length is 80, more than the model's 64 positions")
     proc = tool("train", "-c", BERT_GLUE_DEMO, "--output", tmp_path / "c", "-o",
                 f"reader.train.vocab_file={os.path.join(bert_demo, 'vocab_30522.txt')}", check=False)
     assert_one_line_error(proc, "model.vocab_size is 170 but the vocabulary of reader.train (GLUE) has 30522 tokens")

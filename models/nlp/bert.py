@@ -270,6 +270,11 @@ class _BertTask(nn.Layer):
     def check_weights_folder(self, folder):
         check_hf_folder(folder, self.config)
 
+    @property
+    def max_seq_length(self):
+        """The longest input the position table takes (checked against the reader's)."""
+        return self.config["max_position_embeddings"]
+
 
 @MODELS.register("BertForPretraining")
 class BertForPretraining(_BertTask):
