@@ -271,3 +271,15 @@ def test_submission_files(tmp_path, vocab):
     assert [os.path.basename(f) for f in files] == ["MNLI-m.tsv", "MNLI-mm.tsv"]
     assert open(files[0]).read() == "index\tprediction\n7\tcontradiction\n8\tneutral\n"
     assert open(files[1]).read() == "index\tprediction\n9\tentailment\n"
+
+
+def test_pretraining_scores_writer(tmp_path, corpus, vocab):
+    ds = P.BertPretrainText.for_inputs([corpus], vocab_file=vocab, max_seq_length=32)
+    w = M.PretrainingScores()
+    w.open(str(tmp_path), ds)
+    lines = w.write({"nsp_logits": np.array([[0.0, 0.0], [np.log(3.0), 0.0]]), "mlm_correct": np.array([1.0, 2.0]),
+                     "mlm_total": np.array([3.0, 2.0])}, {"index": np.array([1, 0]), "id": [ds.describe(1), ds.describe(0)]})
+    assert lines[0] == f"{ds.describe(1)}: 1/3 masked tokens, P(is next) 0.5" and ds.describe(0).endswith("corpus.txt:1")
+    (path,) = w.close()
+    rows = [__import__("json").loads(line) for line in open(path)]
+    assert [r["id"] for r in rows] == [ds.describe(0), ds.describe(1)] and rows[0]["p_is_next"] == 0.75
