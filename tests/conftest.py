@@ -75,5 +75,5 @@ def bert_glue_run(bert_pretrain_run, tmp_path_factory):
     """The GLUE demo fine-tuned once from the pretraining demo's final/ (as BERT is used)."""
     out = tmp_path_factory.mktemp("bert_glue_demo")
     tool("train", "-c", BERT_GLUE_DEMO, "--output", out,
-         "-o", f"train.pretrained={bert_pretrain_run / 'final' / 'model.pdparams'}")
+         "-o", f"train.pretrained={bert_pretrain_run / 'final'}")   # the folder, as the README says
     return out

@@ -517,7 +517,11 @@ def read_hf_config(folder):
 
 
 def check_hf_folder(folder, model_cfg):
-    """One line when a Hugging Face folder's config.json or vocab.txt disagrees with the model."""
+    """One line when a Hugging Face folder's config.json or vocab.txt disagrees with the model.
+    Our own folders (final/, checkpoints: model.pdparams, no config.json) have nothing to check."""
+    if not os.path.isfile(os.path.join(folder, "config.json")) and \
+            not os.path.isfile(os.path.join(folder, "model.safetensors")):
+        return
     cfg = read_hf_config(folder)
     for key in CONFIG_KEYS:
         if key not in cfg:
