@@ -361,3 +361,59 @@ def test_load_bert_reads_our_task_files_as_an_encoder(tmp_path):
     clf = B.load_bert(path, task="classification", num_classes=3, **TINY)
     np.testing.assert_array_equal(clf.bert.encoder.layers[1].linear2.weight.numpy(),
                                   src.bert.encoder.layers[1].linear2.weight.numpy())
+
+
+def _to_hf(state):
+    """Our names -> Hugging Face BertForPreTraining names (the reference's table), Linear weights
+    transposed to [out, in]; the tied decoder saved as HF does (weight = word embeddings)."""
+    import re
+    rules = [(r"bert\.embeddings\.layer_norm\.(.*)", r"bert.embeddings.LayerNorm.\1"),
+             (r"bert\.encoder\.layers\.(\d+)\.self_attn\.q_proj\.(.*)", r"bert.encoder.layer.\1.attention.self.query.\2"),
+             (r"bert\.encoder\.layers\.(\d+)\.self_attn\.k_proj\.(.*)", r"bert.encoder.layer.\1.attention.self.key.\2"),
+             (r"bert\.encoder\.layers\.(\d+)\.self_attn\.v_proj\.(.*)", r"bert.encoder.layer.\1.attention.self.value.\2"),
+             (r"bert\.encoder\.layers\.(\d+)\.self_attn\.out_proj\.(.*)", r"bert.encoder.layer.\1.attention.output.dense.\2"),
+             (r"bert\.encoder\.layers\.(\d+)\.norm1\.(.*)", r"bert.encoder.layer.\1.attention.output.LayerNorm.\2"),
+             (r"bert\.encoder\.layers\.(\d+)\.linear1\.(.*)", r"bert.encoder.layer.\1.intermediate.dense.\2"),
+             (r"bert\.encoder\.layers\.(\d+)\.linear2\.(.*)", r"bert.encoder.layer.\1.output.dense.\2"),
+             (r"bert\.encoder\.layers\.(\d+)\.norm2\.(.*)", r"bert.encoder.layer.\1.output.LayerNorm.\2"),
+             (r"cls\.predictions\.transform\.(weight|bias)", r"cls.predictions.transform.dense.\1"),
+             (r"cls\.predictions\.layer_norm\.(.*)", r"cls.predictions.transform.LayerNorm.\1"),
+             (r"cls\.predictions\.decoder_bias", r"cls.predictions.bias")]
+    out = {}
+    for key, value in state.items():
+        value = value.numpy()
+        if value.ndim == 2 and "embeddings" not in key:
+            value = value.T
+        for pattern, repl in rules:
+            if re.fullmatch(pattern, key):
+                key = re.sub(pattern, repl, key)
+                break
+        out[key] = np.ascontiguousarray(value)
+    out["cls.predictions.decoder.weight"] = out["bert.embeddings.word_embeddings.weight"]
+    out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"]
+    out["bert.embeddings.position_ids"] = np.arange(16, dtype=np.int64)[None]
+    return out
+
+
+def test_hugging_face_pretraining_file_round_trips(tmp_path):
+    """An HF BertForPreTraining checkpoint (heads included) in a folder loads with the same outputs."""
+    from safetensors.numpy import save_file
+    paddle.seed(4)
+    src = B.BertForPretraining(**TINY)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    save_file(_to_hf(src.state_dict()), str(folder / "model.safetensors"))
+    cfg = {k: src.config[k] for k in B.CONFIG_KEYS}
+    (folder / "config.json").write_text(json.dumps(dict(cfg, model_type="bert")))
+    dst = B.BertForPretraining(**TINY)
+    logs = []
+    report = load_pretrained(dst, str(folder), strict=True, log=logs.append)
+    assert report["layout"] == "huggingface" and report["missing"] == [] and report["unexpected"] == []
+    assert sorted(report["ignored"]) == ["bert.embeddings.position_ids", "cls.predictions.decoder.bias",
+                                         "cls.predictions.decoder.weight"]
+    src.eval()
+    dst.eval()
+    batch = _tiny_batch()
+    a, b = src(batch), dst(batch)
+    for k in ("loss", "nsp_logits", "mlm_correct"):
+        np.testing.assert_allclose(a[k].numpy(), b[k].numpy(), rtol=1e-6, atol=1e-6)
