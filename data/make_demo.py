@@ -1,6 +1,6 @@
 """Generate the small demo datasets (real formats) that the demo recipes and the tests train on.
 
-python data/make_demo.py [youtube8m] [kinetics] [translation] [--root data]   (default: all)
+python data/make_demo.py [youtube8m] [kinetics] [translation] [bert] [--root data]   (default: all)
 Each dataset is written once; a `DONE` marker makes later calls no-ops.
 """
 import argparse
@@ -26,7 +26,12 @@ def _translation(root):
     return demo_translation.make(os.path.join(root, "translation_demo"))
 
 
-GENERATORS = {"youtube8m": _youtube8m, "kinetics": _kinetics, "translation": _translation}
+def _bert(root):
+    from data import demo_bert
+    return demo_bert.make(os.path.join(root, "bert_demo"))
+
+
+GENERATORS = {"youtube8m": _youtube8m, "kinetics": _kinetics, "translation": _translation, "bert": _bert}
 
 
 def main(argv=None):

@@ -84,3 +84,12 @@ def check_agreement(model, dataset, split="train"):
         key = getattr(inner, "num_classes_key", "num_classes")   # e.g. a vocabulary size
         raise ConfigError(f"model.{key} is {want} but reader.{split} ({type(dataset).__name__}) "
                           f"has {have} classes; make them agree (e.g. -o model.{key}={have})")
+    want, have = getattr(inner, "vocab_size", None), getattr(dataset, "vocab_size", None)
+    if want is not None and have is not None and int(want) != int(have):
+        raise ConfigError(f"model.vocab_size is {want} but the vocabulary of reader.{split} ({type(dataset).__name__}) "
+                          f"has {have} tokens: the vocab file does not match the model's (and its weights') "
+                          f"embedding table")
+    want, have = getattr(inner, "max_seq_length", None), getattr(dataset, "max_seq_length", None)
+    if want is not None and have is not None and int(have) > int(want):
+        raise ConfigError(f"reader.{split}.max_seq_length is {have}, more than the model's {want} positions "
+                          f"(its position table): lower it, or build the model with more positions")

@@ -14,11 +14,14 @@ COMPONENT_MODULES = [
     "readers.transforms",
     "readers.video_transforms",
     "readers.translation",
+    "readers.bert_pretrain",
+    "readers.glue",
     "metrics.youtube8m",
     "metrics.classification",
     "metrics.segmentation",
     "metrics.detection",
     "metrics.translation",
+    "metrics.glue",
     "models.vision.resnet",
     "models.video.attention_lstm",
     "models.video.nextvlad",
@@ -26,6 +29,7 @@ COMPONENT_MODULES = [
     "models.video.tsn",
     "models.video.stnet",
     "models.nlp.transformer",
+    "models.nlp.bert",
 ]
 
 _loaded = False

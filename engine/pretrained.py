@@ -157,9 +157,10 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
 def load_entry_state(model, state, entry, strict=False, log=print):
     """Map a source state dict with `entry` and load it; returns the report (with ignored keys).
 
-    Head keys: the entry's, else the model's `head_keys` class attribute."""
+    Head keys: the entry's, else the model's `head_keys` class attribute; the model's declared
+    `foreign_keys` are dropped (reported as ignored)."""
     inner = getattr(model, "_layers", model)
-    mapped, ignored = map_keys(state, entry)
+    mapped, ignored = Layout(entry.name, entry, foreign_keys=list(getattr(inner, "foreign_keys", ()))).map(state)
     report = load_state(model, mapped, list(entry.head_keys) or list(getattr(inner, "head_keys", ())),
                         strict=strict, log=log, what=entry.name, layout=entry.name)
     report["ignored"] = ignored
@@ -171,17 +172,26 @@ def load_entry_state(model, state, entry, strict=False, log=print):
 @dataclasses.dataclass
 class Layout:
     """One way to read a file's keys: our native names, or an entry's key map (its keys put under
-    `prefix` when the entry is for the model's backbone)."""
+    `prefix` when the entry is for the model's backbone). `foreign_keys` (regexes of OUR names,
+    declared by the model as the heads of another task, e.g. a pretraining head in a file loaded
+    for fine-tuning) are dropped after mapping and reported with the ignored keys."""
     name: str
     entry: PretrainedEntry = None
     prefix: str = ""
     head_keys: list = ()
+    foreign_keys: list = ()
 
     def map(self, state):
         if self.entry is None:
-            return dict(state), []
-        mapped, ignored = map_keys(state, self.entry)
-        return {self.prefix + k: v for k, v in mapped.items()}, ignored
+            mapped, ignored = dict(state), []
+        else:
+            mapped, ignored = map_keys(state, self.entry)
+            mapped = {self.prefix + k: v for k, v in mapped.items()}
+        foreign = [re.compile(p) for p in self.foreign_keys]
+        for key in [k for k in mapped if any(p.fullmatch(k) for p in foreign)]:
+            del mapped[key]
+            ignored.append(key)
+        return mapped, ignored
 
     def describe(self):
         if self.entry is None:
@@ -196,15 +206,26 @@ def _registry_name(cls):
 
 def model_layouts(model):
     """The layouts a bare file may use for `model`, in order of preference: native, the entries of
-    its registry name, then the entries of its `backbone` class (loaded under `backbone.`)."""
+    its registry name, the entries of the registry names in its `layout_models` (models whose files
+    it also reads, e.g. a fine-tuning model reading pretraining releases), the unregistered layouts
+    of its `weight_layouts()` (e.g. another framework's names), then the entries of its `backbone`
+    class (loaded under `backbone.`). The model's `foreign_keys` apply to all of them."""
     inner = getattr(model, "_layers", model)
     own_heads = list(getattr(inner, "head_keys", ()))
-    layouts = {"native": Layout("native", head_keys=own_heads)}
+    foreign = list(getattr(inner, "foreign_keys", ()))
+    layouts = {"native": Layout("native", head_keys=own_heads, foreign_keys=foreign)}
     entries = list(WEIGHTS._items.values())  # registration order
     name = _registry_name(type(inner))
     for e in entries:
         if name is not None and e.model == name:
-            layouts[e.name] = Layout(e.name, e, "", list(e.head_keys) or own_heads)
+            layouts[e.name] = Layout(e.name, e, "", list(e.head_keys) or own_heads, foreign)
+    for other in getattr(inner, "layout_models", ()):
+        for e in entries:
+            if e.model == other and other != name and e.name not in layouts:
+                layouts[e.name] = Layout(e.name, e, "", own_heads, foreign)
+    extra = getattr(inner, "weight_layouts", None)
+    for e in (extra() if extra else ()):
+        layouts.setdefault(e.name, Layout(e.name, e, "", list(e.head_keys) or own_heads, foreign))
     backbone = getattr(inner, "backbone", None)
     bb_name = _registry_name(type(backbone)) if backbone is not None else None
     if bb_name is not None and bb_name != name:
@@ -321,21 +342,47 @@ def resolve_asset(spec, progress=True, root=None):
     return path
 
 
+FOLDER_FILES = ("model.safetensors", "model.pdparams", "model_state.pdparams")
+
+
+def weights_in_folder(folder):
+    """The weights file of a folder: a Hugging Face folder's model.safetensors, a checkpoint's or
+    `final/`'s model.pdparams, a PaddleNLP folder's model_state.pdparams."""
+    for name in FOLDER_FILES:
+        if os.path.isfile(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    names = sorted(os.listdir(folder))
+    torch_files = [n for n in names if n.endswith((".bin", ".pt", ".pth"))]
+    if torch_files:
+        raise ConfigError(f"weights folder {folder} has only a PyTorch file ({torch_files[0]}), which is read "
+                          f"with torch's unpickler: save it as model.safetensors (safetensors.torch.save_file) "
+                          f"and load that")
+    raise ConfigError(f"weights folder {folder} has none of {', '.join(FOLDER_FILES)}"
+                      + (" (Paddle 1.x per-variable folders are not supported)" if names else " (it is empty)"))
+
+
 def load_weights_file(path, trust=False):
-    """A `.pdparams` or `.npz` file as a dict of numpy arrays, read as data (engine.weightfile: the
-    pickle's allow-list; `trust` reads a file the user trusts in full)."""
+    """A `.pdparams`, `.npz` or `.safetensors` file (or a folder holding one) as a dict of numpy
+    arrays, read as data: `.pdparams` through engine.weightfile's allow-list (`trust` reads a file
+    the user trusts in full); the other two formats never execute code."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        raise ConfigError(f"weights {path} is a folder; expected a .pdparams file "
-                          "(Paddle 1.x per-variable folders are not supported)")
+        path = weights_in_folder(path)
     if not os.path.isfile(path):
         raise ConfigError(f"weights file not found: {path}")
     low = path.lower()
     if re.search(r"\.(zip|tar|tgz|tar\.gz|tar\.bz2|tar\.xz)$", low):
         raise ConfigError(f"weights {path} is an archive: extract it and give the .pdparams file "
                           "inside (an entry does this with archive_member)")
+    if low.endswith(".safetensors"):   # a format that holds only tensors: never executes code
+        try:
+            from safetensors.numpy import load_file
+            return load_file(path)
+        except Exception as e:  # noqa: BLE001 - a truncated or foreign file
+            raise ConfigError(f"cannot read weights file {path} (corrupt or not safetensors): "
+                              f"{type(e).__name__}: {' '.join(str(e).split())[:160]}") from None
     if not low.endswith((".npz", ".pdparams")):
-        raise ConfigError(f"unsupported weights file {path}: expected .pdparams or .npz")
+        raise ConfigError(f"unsupported weights file {path}: expected .pdparams, .npz or .safetensors")
     return read_state(path, trust)
 
 
@@ -356,6 +403,8 @@ def load_pretrained(model, spec, strict=False, log=print, progress=True, weights
         raise ConfigError(f"weights format '{weights_format}' is not a layout of {type(inner).__name__} "
                           f"weights{did_you_mean(weights_format, layouts)}; choose one of: {', '.join(layouts)}")
     path, entry = resolve_weights(spec, progress=progress)
+    if os.path.isdir(path) and hasattr(inner, "check_weights_folder"):
+        inner.check_weights_folder(path)   # e.g. a Hugging Face config.json against the recipe's model
     state = load_weights_file(path, trust)
     what = os.path.basename(path)
     if weights_format is not None:
@@ -368,7 +417,8 @@ def load_pretrained(model, spec, strict=False, log=print, progress=True, weights
             cls = MODELS.get(entry.model) if entry.model in MODELS else None
             if isinstance(cls, type) and not isinstance(inner, cls):
                 log(f"warning: '{entry.name}' is for model {entry.model}, not {type(inner).__name__}")
-            layout = Layout(entry.name, entry, "", list(entry.head_keys) or list(getattr(inner, "head_keys", ())))
+            layout = Layout(entry.name, entry, "", list(entry.head_keys) or list(getattr(inner, "head_keys", ())),
+                            list(getattr(inner, "foreign_keys", ())))
         mapped, ignored = layout.map(state)
         log(f"loading pretrained '{entry.name}' ({layout.describe()}) from {path}")
     else:
@@ -379,6 +429,10 @@ def load_pretrained(model, spec, strict=False, log=print, progress=True, weights
         else:
             log(f"loading weights from {path}: no layout finds any of the model's {total} tensors in it "
                 f"(tried {', '.join(layouts)})")
+    dropped = [k for k in ignored if any(re.fullmatch(p, k) for p in layout.foreign_keys)]
+    if dropped:
+        log(f"{what}: dropped {len(dropped)} keys of another task's head, which {type(inner).__name__} "
+            f"declares foreign ({_first(dropped)})")
     report = load_state(model, mapped, layout.head_keys, strict=strict, log=log, what=what,
                         layout=layout.name, hint=hint)
     report["ignored"] = ignored

@@ -62,4 +62,29 @@ def transformer_demo_run(tmp_path_factory):
     demo_translation.make(os.path.join(_ROOT, "data", "translation_demo"))
     out = tmp_path_factory.mktemp("transformer_demo")
     tool("train", "-c", TRANSFORMER_DEMO, "--output", out)
+BERT_PRETRAIN_DEMO = "configs/nlp/bert/bert_pretrain_demo.yaml"
+BERT_GLUE_DEMO = "configs/nlp/bert/bert_glue_demo.yaml"
+
+
+@pytest.fixture(scope="session")
+def bert_demo():
+    """The generated BERT demo data (grammar corpus, pair task, vocab), written once."""
+    from data import demo_bert
+    return demo_bert.make(os.path.join(_ROOT, "data", "bert_demo"))
+
+
+@pytest.fixture(scope="session")
+def bert_pretrain_run(bert_demo, tmp_path_factory):
+    """The BERT pretraining demo trained once; the fine-tuning tests start from its final/."""
+    out = tmp_path_factory.mktemp("bert_pretrain_demo")
+    tool("train", "-c", BERT_PRETRAIN_DEMO, "--output", out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def bert_glue_run(bert_pretrain_run, tmp_path_factory):
+    """The GLUE demo fine-tuned once from the pretraining demo's final/ (as BERT is used)."""
+    out = tmp_path_factory.mktemp("bert_glue_demo")
+    tool("train", "-c", BERT_GLUE_DEMO, "--output", out,
+         "-o", f"train.pretrained={bert_pretrain_run / 'final'}")   # the folder, as the README says
     return out

@@ -40,6 +40,8 @@ TRANSFORMER_ON_DEMO = [f"reader.train.{k}={v}" for k, v in (
     ("src_file", "data/translation_demo/train.en"), ("tgt_file", "data/translation_demo/train.xx"),
     ("spm_model", "data/translation_demo/spm.model"), ("vocab", "null"), ("input_format", "raw"),
     ("sampler", "null"), ("num_workers", 0))]
+BERT_DEMO = ["reader.train.files=[data/bert_demo/corpus/train.txt]",
+             "reader.train.vocab_file=data/bert_demo/vocab_30522.txt", "reader.train.collate.max_len=128"]
 BENCH_TABLE = [
     ("AttentionLSTM", "configs/video/attention_lstm/attention_lstm_bilstm_10e_youtube8m.yaml",
      YT8M_DEMO, 16, "full-size model on the demo TFRecords (10-150 frames, mean 50)"),
@@ -69,6 +71,12 @@ BENCH_TABLE = [
           ("demo", "configs/nlp/transformer/transformer_demo.yaml", ["reader.train.sampler=null"], 64,
            "demo model (2+2 layers, d 128, vocabulary 320), beam 4, demo sentences"))
       for cache in (True, False)],
+    # BERT-base pretraining (MLM + NSP) at sequence length 128 (padded: tokens/s = samples/s x 128),
+    # pairs and masks made by the reader from the demo corpus, with a vocab of BERT-base's size
+    ("BERT-base", "configs/nlp/bert/bert_base_1000k_pretrain.yaml", BERT_DEMO, 8,
+     "full-size pretraining model, seq 128 (padded), 20 masked tokens max, demo corpus"),
+    ("BERT-base-recompute", "configs/nlp/bert/bert_base_1000k_pretrain.yaml", BERT_DEMO + ["model.recompute=true"], 8,
+     "the same with recompute (activation checkpointing) of every encoder layer"),
 ]
 
 

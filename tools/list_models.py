@@ -34,9 +34,10 @@ def main():
         rows.append((cfg["model"]["name"], os.path.relpath(path, _bootstrap.ROOT), count))
     print("models: " + ", ".join(m for m in MODELS.names()))
     width = max((len(r[1]) for r in rows), default=10)
-    print(f"{'model':<18} {'config':<{width}} {'trainable params':>16}")
+    name_width = max((len(r[0]) for r in rows), default=18)
+    print(f"{'model':<{name_width}} {'config':<{width}} {'trainable params':>16}")
     for name, path, count in rows:
-        print(f"{name:<18} {path:<{width}} {count:>16}")
+        print(f"{name:<{name_width}} {path:<{width}} {count:>16}")
 
 
 if __name__ == "__main__":

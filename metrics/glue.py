@@ -1,0 +1,216 @@
+"""GLUE metrics, BERT pretraining metrics, and the GLUE submission files for tools/infer.py.
+
+Definitions (GLUE paper / HF `glue_compute_metrics`): accuracy; f1 of the positive class 1 (MRPC,
+QQP); Matthews correlation of the binary predictions (CoLA; 0 when a row or column of the confusion
+matrix is empty, as sklearn); Pearson and Spearman correlation of the predicted and true scores
+(STS-B; Spearman = Pearson of the ranks, ties at their average rank, as scipy's spearmanr). MNLI:
+`accuracy` on the matched dev set and `accuracy_mm` on the mismatched one (the reader tags them).
+Pretraining: `mlm_acc` = masked tokens predicted right / masked tokens, `nsp_acc` = share of pairs
+whose next-sentence label is predicted right.
+"""
+import json
+import os
+
+import numpy as np
+
+from engine.registry import METRICS, OUTPUTS, ConfigError
+from metrics.base import IndexedMetric, OutputWriter, to_numpy
+
+
+def accuracy(pred, label):
+    return float(np.mean(pred == label)) if len(label) else 0.0
+
+
+def f1(pred, label):
+    tp = float(np.sum((pred == 1) & (label == 1)))
+    fp = float(np.sum((pred == 1) & (label != 1)))
+    fn = float(np.sum((pred != 1) & (label == 1)))
+    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+
+
+def mcc(pred, label):
+    tp = float(np.sum((pred == 1) & (label == 1)))
+    tn = float(np.sum((pred != 1) & (label != 1)))
+    fp = float(np.sum((pred == 1) & (label != 1)))
+    fn = float(np.sum((pred != 1) & (label == 1)))
+    den = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    return float((tp * tn - fp * fn) / den) if den else 0.0
+
+
+def pearson(x, y):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    x, y = x - x.mean(), y - y.mean()
+    den = np.sqrt((x * x).sum() * (y * y).sum())
+    return float((x * y).sum() / den) if den else 0.0
+
+
+def average_ranks(x):
+    """Ranks 1..n, ties at their average rank."""
+    x = np.asarray(x)
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x), np.float64)
+    xs = x[order]
+    start = 0
+    for i in range(1, len(x) + 1):
+        if i == len(x) or xs[i] != xs[start]:
+            ranks[order[start:i]] = (start + 1 + i) / 2.0
+            start = i
+    return ranks
+
+
+def spearman(x, y):
+    return pearson(average_ranks(x), average_ranks(y))
+
+
+FUNCS = {"accuracy": accuracy, "f1": f1, "mcc": mcc}
+
+
+@METRICS.register("GLUE")
+class GLUEMetric(IndexedMetric):
+    """The metrics of the evaluated GLUE task (taken from the dataset, or `task`), over preds['logits']."""
+
+    def __init__(self, task: str = None):
+        super().__init__()
+        self.task = None
+        if task is not None:
+            from readers.glue import get_task
+            self.task = get_task(task)
+
+    def set_dataset(self, dataset):
+        super().set_dataset(dataset)
+        task = getattr(dataset, "task", None)
+        if self.task is None:
+            if task is None:
+                raise ConfigError(f"metric GLUE: reader {type(dataset).__name__} names no GLUE task; "
+                                  f"set metric.task")
+            self.task = task
+        elif task is not None and task.name != self.task.name:
+            raise ConfigError(f"metric GLUE: metric.task is {self.task.name} but the reader reads {task.name}")
+
+    def names(self):
+        if self.task is None:
+            raise ConfigError("metric GLUE: no task (set metric.task, or evaluate a GLUE reader)")
+        return list(self.task.metrics) + ["num_samples"]
+
+    def update(self, preds, batch):
+        logits = to_numpy(preds["logits"])
+        if self.task is not None and self.task.labels is None:
+            pred = logits.reshape(len(logits), -1)[:, 0].astype(np.float64)
+            label = to_numpy(batch["label"]).astype(np.float64).reshape(-1)
+        else:
+            pred = logits.argmax(axis=-1).astype(np.int64)
+            label = to_numpy(batch["label"]).astype(np.int64).reshape(-1)
+        subset = to_numpy(batch["subset"]).reshape(-1) if "subset" in batch else np.zeros(len(pred), np.int64)
+        self.add(batch["index"], pred=pred, label=label, subset=subset)
+
+    def accumulate(self):
+        index, rows = self.collect()
+        out = {name: 0.0 for name in self.names()}
+        out["num_samples"] = int(len(index))
+        if not len(index):
+            return out
+        pred, label, subset = rows["pred"], rows["label"], rows["subset"]
+        if self.task.labels is None:
+            out.update(pearson=pearson(pred, label), spearman=spearman(pred, label))
+            return out
+        for name in self.task.metrics:
+            if name == "accuracy_mm":
+                out[name] = accuracy(pred[subset == 1], label[subset == 1])
+            elif name == "accuracy" and "accuracy_mm" in self.task.metrics:
+                out[name] = accuracy(pred[subset == 0], label[subset == 0])
+            else:
+                out[name] = FUNCS[name](pred, label)
+        return out
+
+
+@METRICS.register("Pretraining")
+class PretrainingMetric(IndexedMetric):
+    """mlm_acc and nsp_acc from BertForPretraining's eval outputs (mlm_correct, mlm_total, nsp_logits)."""
+
+    def names(self):
+        return ["mlm_acc", "nsp_acc", "num_samples"]
+
+    def update(self, preds, batch):
+        nsp = to_numpy(preds["nsp_logits"]).argmax(axis=-1)
+        self.add(batch["index"], mlm_correct=to_numpy(preds["mlm_correct"]).astype(np.float64),
+                 mlm_total=to_numpy(preds["mlm_total"]).astype(np.float64),
+                 nsp_hit=(nsp == to_numpy(batch["next_sentence_label"]).reshape(-1)).astype(np.float64))
+
+    def accumulate(self):
+        index, rows = self.collect()
+        if not len(index):
+            return {"mlm_acc": 0.0, "nsp_acc": 0.0, "num_samples": 0}
+        total = rows["mlm_total"].sum()
+        return {"mlm_acc": float(rows["mlm_correct"].sum() / total) if total else 0.0,
+                "nsp_acc": float(rows["nsp_hit"].mean()), "num_samples": int(len(index))}
+
+
+@OUTPUTS.register("GLUESubmission")
+class GLUESubmission(OutputWriter):
+    """The GLUE leaderboard's files: `<TASK>.tsv` (MNLI: MNLI-m.tsv and MNLI-mm.tsv) with the header
+    `index\\tprediction` and one row per test example in file order; predictions are label names
+    (0/1 for the binary tasks, entailment/... for the NLI tasks) or the score for STS-B."""
+
+    def open(self, output_dir, dataset, label_names=None):
+        super().open(output_dir, dataset, label_names)
+        self.task = getattr(dataset, "task", None)
+        if self.task is None:
+            raise ConfigError(f"infer GLUESubmission: reader {type(dataset).__name__} is not a GLUE reader")
+        self.rows = {}
+
+    def write(self, preds, meta):
+        logits = np.asarray(preds["logits"])
+        lines = []
+        subsets = meta.get("subset")
+        for j, (index, guid) in enumerate(zip(meta["index"], meta["guid"])):
+            if self.task.labels is None:
+                value = f"{float(logits[j].reshape(-1)[0]):.3f}"
+            else:
+                value = self.task.labels[int(logits[j].argmax())]
+            subset = int(subsets[j]) if subsets is not None else 0
+            self.rows[int(index)] = (subset, guid, value)
+            lines.append(f"{guid}\t{value}")
+        return lines
+
+    def close(self):
+        names = self.task.submission or (f"{self.task.name}.tsv",)
+        written = []
+        for subset, name in enumerate(names):
+            rows = [r for i, r in sorted(self.rows.items()) if r[0] == subset]
+            if not rows:
+                continue
+            path = os.path.join(self.output_dir, name)
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.write("index\tprediction\n")
+                f.writelines(f"{guid}\t{value}\n" for _, guid, value in rows)
+            os.replace(path + ".tmp", path)
+            written.append(path)
+        return written
+
+
+@OUTPUTS.register("PretrainingScores")
+class PretrainingScores(OutputWriter):
+    """`pretraining_scores.jsonl`: per instance its source (file:line), masked tokens predicted right
+    of those masked, and the probability that B follows A (NSP class 0)."""
+
+    def open(self, output_dir, dataset, label_names=None):
+        super().open(output_dir, dataset, label_names)
+        self.rows = {}
+
+    def write(self, preds, meta):
+        logits = np.asarray(preds["nsp_logits"], np.float64)
+        p_next = np.exp(logits[:, 0] - np.logaddexp(logits[:, 0], logits[:, 1]))
+        lines = []
+        for j, (index, name) in enumerate(zip(meta["index"], meta["id"])):
+            row = {"id": name, "mlm_correct": int(preds["mlm_correct"][j]), "mlm_total": int(preds["mlm_total"][j]),
+                   "p_is_next": round(float(p_next[j]), 4)}
+            self.rows[int(index)] = row
+            lines.append(f"{name}: {row['mlm_correct']}/{row['mlm_total']} masked tokens, P(is next) {row['p_is_next']}")
+        return lines
+
+    def close(self):
+        path = os.path.join(self.output_dir, "pretraining_scores.jsonl")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(self.rows[i]) + "\n" for i in sorted(self.rows))
+        os.replace(path + ".tmp", path)
+        return [path]
