@@ -1,0 +1,88 @@
+"""From head outputs to detections: box decoding, per-class NMS, top-k, mask pasting.
+
+Facts from PaddleDetection 2.x (ppdet/modeling/layers.py RCNNBox + MultiClassNMS, post_process.py
+BBoxPostProcess / MaskPostProcess / paste_mask; configs/mask_rcnn/_base_/mask_rcnn_r50_fpn.yml):
+class probabilities are the softmax without the background column; each RoI's class deltas are
+decoded with weights (10, 10, 5, 5) and clipped to the input image; candidates with a score above
+0.05 go through NMS at IoU 0.5 per class and the best 100 per image are kept; boxes are divided by
+the resize scale and clipped to the original image; masks: sigmoid of the class channel, pasted
+into the original image by bilinear sampling at pixel centres (zero outside the 28x28 grid), then
+thresholded at 0.5.
+"""
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from models.vision.mask_rcnn import box_ops
+
+
+def detect(logits, deltas, rois, image_size, num_classes, weights=(10.0, 10.0, 5.0, 5.0),
+           score_thresh=0.05, nms_thresh=0.5, max_per_image=100):
+    """One image: (boxes [K, 4] input pixels, scores [K], labels [K] int64), best first.
+
+    logits [N, C+1], deltas [N, 4C], rois [N, 4], image_size (h, w) of the image inside the padding.
+    """
+    h, w = float(image_size[0]), float(image_size[1])
+    probs = F.softmax(logits, axis=-1)[:, :num_classes]
+    boxes = box_ops.decode(deltas, rois, weights)                          # [N, C, 4]
+    boxes = paddle.stack([boxes[..., 0].clip(0, w), boxes[..., 1].clip(0, h),
+                          boxes[..., 2].clip(0, w), boxes[..., 3].clip(0, h)], axis=-1)
+    flat_scores = probs.reshape([-1])
+    keep = paddle.nonzero(flat_scores > score_thresh).reshape([-1])
+    if keep.shape[0] == 0:
+        return paddle.zeros([0, 4]), paddle.zeros([0]), paddle.zeros([0], "int64")
+    cand = paddle.gather(boxes.reshape([-1, 4]), keep)
+    scores = paddle.gather(flat_scores, keep)
+    labels = keep % num_classes
+    kept = paddle.vision.ops.nms(cand, nms_thresh, scores, labels, list(range(num_classes)),
+                                 top_k=max_per_image)
+    return paddle.gather(cand, kept), paddle.gather(scores, kept), paddle.gather(labels, kept)
+
+
+def to_original(boxes, scale_factor, orig_size):
+    """Input-pixel boxes [K, 4] (numpy) -> original image pixels, clipped to it.
+    scale_factor (sy, sx): original -> input; orig_size (h, w)."""
+    sy, sx = float(scale_factor[0]), float(scale_factor[1])
+    out = np.asarray(boxes, np.float32) / np.array([sx, sy, sx, sy], np.float32)
+    out[:, 0::2] = np.clip(out[:, 0::2], 0, orig_size[1])
+    out[:, 1::2] = np.clip(out[:, 1::2], 0, orig_size[0])
+    return out
+
+
+def _axis_weights(lo, hi, size, grid):
+    """Bilinear weights [n, grid] for the pixel centres in [first, first + n) of one image axis
+    sampling a `grid`-cell mask spread over [lo, hi]; zero outside the grid (grid_sample's zero
+    padding, align_corners=False). Returns (first, weights)."""
+    first = max(int(np.floor(lo - (hi - lo) / grid)) - 1, 0)
+    last = min(int(np.ceil(hi + (hi - lo) / grid)) + 1, size)
+    centres = np.arange(first, last, dtype=np.float64) + 0.5
+    u = (centres - lo) / max(hi - lo, 1e-6) * grid - 0.5           # continuous mask coordinate
+    i0 = np.floor(u).astype(np.int64)
+    f = u - i0
+    weights = np.zeros((len(centres), grid), np.float64)
+    rows = np.arange(len(centres))
+    for idx, wt in ((i0, 1.0 - f), (i0 + 1, f)):
+        ok = (idx >= 0) & (idx < grid)
+        weights[rows[ok], idx[ok]] += wt[ok]
+    return first, weights
+
+
+def paste_masks(masks, boxes, height, width, threshold=0.5):
+    """Masks [K, M, M] (probabilities) into boxes [K, 4] of an image height x width: uint8 [K, h, w].
+
+    Bilinear interpolation with zero padding is separable, so each mask is Wy @ mask @ Wx^T over
+    the rows and columns near its box (the same values as paddle's grid_sample in
+    PaddleDetection's paste_mask), then >= threshold.
+    """
+    masks = np.asarray(masks, np.float64)
+    out = np.zeros((len(masks), height, width), np.uint8)
+    for k, (m, (x0, y0, x1, y1)) in enumerate(zip(masks, np.asarray(boxes, np.float64))):
+        if x1 <= x0 or y1 <= y0:
+            continue
+        top, wy = _axis_weights(y0, y1, height, m.shape[0])
+        left, wx = _axis_weights(x0, x1, width, m.shape[1])
+        if not len(wy) or not len(wx):
+            continue
+        pasted = wy @ m @ wx.T
+        out[k, top:top + len(wy), left:left + len(wx)] = pasted >= threshold
+    return out
