@@ -11,6 +11,8 @@ COMPONENT_MODULES = [
     "engine.optim",
     "readers.youtube8m",
     "readers.kinetics",
+    "readers.coco",
+    "readers.detection_transforms",
     "readers.transforms",
     "readers.video_transforms",
     "metrics.youtube8m",
@@ -24,6 +26,7 @@ COMPONENT_MODULES = [
     "models.video.attention_cluster",
     "models.video.tsn",
     "models.video.stnet",
+    "models.vision.mask_rcnn.model",
 ]
 
 _loaded = False

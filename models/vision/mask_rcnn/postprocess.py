@@ -35,7 +35,7 @@ def detect(logits, deltas, rois, image_size, num_classes, weights=(10.0, 10.0, 5
     scores = paddle.gather(flat_scores, keep)
     labels = keep % num_classes
     kept = paddle.vision.ops.nms(cand, nms_thresh, scores, labels, list(range(num_classes)),
-                                 top_k=max_per_image)
+                                 top_k=min(max_per_image, int(scores.shape[0])))
     return paddle.gather(cand, kept), paddle.gather(scores, kept), paddle.gather(labels, kept)
 
 
@@ -67,22 +67,27 @@ def _axis_weights(lo, hi, size, grid):
     return first, weights
 
 
-def paste_masks(masks, boxes, height, width, threshold=0.5):
-    """Masks [K, M, M] (probabilities) into boxes [K, 4] of an image height x width: uint8 [K, h, w].
+def paste_mask_probs(mask, box, height, width):
+    """One mask [M, M] (probabilities) pasted into `box` of a height x width image: float [h, w].
 
-    Bilinear interpolation with zero padding is separable, so each mask is Wy @ mask @ Wx^T over
-    the rows and columns near its box (the same values as paddle's grid_sample in
-    PaddleDetection's paste_mask), then >= threshold.
+    Bilinear interpolation with zero padding is separable, so the result is Wy @ mask @ Wx^T over
+    the rows and columns near the box, the same values as paddle's grid_sample at the pixel
+    centres in PaddleDetection's paste_mask.
     """
-    masks = np.asarray(masks, np.float64)
+    out = np.zeros((height, width), np.float64)
+    x0, y0, x1, y1 = (float(v) for v in box)
+    if x1 <= x0 or y1 <= y0:
+        return out
+    top, wy = _axis_weights(y0, y1, height, mask.shape[0])
+    left, wx = _axis_weights(x0, x1, width, mask.shape[1])
+    if len(wy) and len(wx):
+        out[top:top + len(wy), left:left + len(wx)] = wy @ np.asarray(mask, np.float64) @ wx.T
+    return out
+
+
+def paste_masks(masks, boxes, height, width, threshold=0.5):
+    """Masks [K, M, M] into boxes [K, 4] of a height x width image, >= threshold: uint8 [K, h, w]."""
     out = np.zeros((len(masks), height, width), np.uint8)
-    for k, (m, (x0, y0, x1, y1)) in enumerate(zip(masks, np.asarray(boxes, np.float64))):
-        if x1 <= x0 or y1 <= y0:
-            continue
-        top, wy = _axis_weights(y0, y1, height, m.shape[0])
-        left, wx = _axis_weights(x0, x1, width, m.shape[1])
-        if not len(wy) or not len(wx):
-            continue
-        pasted = wy @ m @ wx.T
-        out[k, top:top + len(wy), left:left + len(wx)] = pasted >= threshold
+    for k, (m, box) in enumerate(zip(masks, np.asarray(boxes, np.float64).reshape(-1, 4))):
+        out[k] = paste_mask_probs(m, box, height, width) >= threshold
     return out
