@@ -196,8 +196,8 @@ def coco_evaluate(coco_gt, results, image_ids=None, per_class=False, label_names
 def evaluate_results(ann_file, result_files, per_class=False):
     """Score results JSON files saved earlier: {iou_type: path} -> the metrics of `coco_evaluate`
     over every image of `ann_file`."""
-    from readers.coco import load_coco
-    coco_gt = load_coco(ann_file)
+    from readers.coco import COCODataset
+    coco_gt = COCODataset(ann_file).coco     # the annotations the reader keeps (bad ones dropped)
     results = {}
     for iou_type, path in result_files.items():
         if not os.path.isfile(path):

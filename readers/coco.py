@@ -6,7 +6,7 @@ Indexing reads the JSON once. Category ids need not be contiguous (COCO's run 1.
 class index i is the i-th category by id, and `cat_ids[i]` maps it back for results. Annotations
 that cannot be trained on are dropped and counted in one warning line: a degenerate box (width or
 height <= 0), or a non-crowd instance whose segmentation has no polygon of at least 3 points (an
-"empty polygon"). A non-crowd RLE mask is turned into polygons (its outer contours, through the
+"empty polygon"); evaluation (`coco`, which the COCO metric reads) leaves them out too. A non-crowd RLE mask is turned into polygons (its outer contours, through the
 pixel centres of the boundary pixels; see `rle_to_polygons`). Crowd regions are kept with
 `gt_crowd` = 1 so that the model can keep them out of its targets; COCOeval reads them from the
 JSON itself. An image listed in the JSON but missing on disk, or that cannot be decoded, is one
@@ -121,10 +121,10 @@ class COCODataset(SampleDataset):
         self.label_names = [str(c.get("name", c["id"])) for c in cats]
         self.num_classes = len(cats)
         self.dropped = {"degenerate box": 0, "empty polygon": 0}
-        self.items = []
+        self.items, dropped_ids = [], set()
         for image_id in sorted(self.coco.imgs):
             info = self.coco.imgs[image_id]
-            anns = self._clean(self.coco.imgToAnns.get(image_id, []), info)
+            anns = self._clean(self.coco.imgToAnns.get(image_id, []), info, dropped_ids)
             if skip_empty and not any(not a["iscrowd"] for a in anns):
                 continue
             self.items.append((image_id, info, anns))
@@ -132,18 +132,23 @@ class COCODataset(SampleDataset):
         if lost:
             log.warning("%s: dropped %s", ann_file, ", ".join(f"{v} annotation{'s' * (v > 1)} with a {k}"
                                                            for k, v in lost.items()))
+            # evaluation uses the same annotations (COCOeval cannot rasterise an empty polygon)
+            self.coco.dataset["annotations"] = [a for a in self.coco.dataset["annotations"]
+                                                if a["id"] not in dropped_ids]
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.coco.createIndex()
 
-    def _clean(self, anns, info):
+    def _clean(self, anns, info, dropped_ids):
         to_class = {c: i for i, c in enumerate(self.cat_ids)}
         out = []
         for a in anns:
             try:
                 x, y, w, h = (float(v) for v in a["bbox"])
             except (TypeError, ValueError):
-                self.dropped["degenerate box"] += 1
-                continue
+                x = y = w = h = float("nan")
             if not (w > 1e-5 and h > 1e-5 and np.isfinite([x, y, w, h]).all()):
                 self.dropped["degenerate box"] += 1
+                dropped_ids.add(a["id"])
                 continue
             crowd = int(bool(a.get("iscrowd", 0)))
             seg = a.get("segmentation")
@@ -157,6 +162,7 @@ class COCODataset(SampleDataset):
                 polygons = []
             if not crowd and not polygons:
                 self.dropped["empty polygon"] += 1
+                dropped_ids.add(a["id"])
                 continue
             out.append({"box": [x, y, x + w, y + h], "class": to_class[a["category_id"]], "iscrowd": crowd,
                         "polygons": polygons})
