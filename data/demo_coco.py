@@ -10,7 +10,10 @@ polygon; one partly hidden by a later object is stored as an uncompressed RLE of
 region (a cluster of small discs annotated as one `iscrowd: 1` RLE, which COCOeval ignores).
 Boxes and areas are those of the visible masks, as in COCO.
 
-Layout: `<root>/coco_demo/{train,val}/*.png`, `annotations/instances_{train,val}.json`,
+A third split, `bench` (8 images of 480x800 with larger objects, 800x1333 after the full recipe's
+resize), feeds tools/benchmark.py.
+
+Layout: `<root>/coco_demo/{train,val,bench}/*.png`, `annotations/instances_{train,val,bench}.json`,
 `label_names.txt`, and a `DONE` marker holding the parameters (a second `make` with the same
 parameters does nothing).
 
@@ -81,23 +84,23 @@ def bbox_of(mask):
     return [float(xs.min()), float(ys.min()), float(xs.max() + 1 - xs.min()), float(ys.max() + 1 - ys.min())]
 
 
-def make_image(rng, image_id, split):
-    """(RGB uint8 image, [annotation dicts without ids])."""
-    h, w = SIZES[rng.integers(len(SIZES))]
+def make_image(rng, sizes=SIZES, scale=1.0):
+    """(RGB uint8 image, [annotation dicts without ids]); `scale` multiplies the object sizes."""
+    h, w = sizes[rng.integers(len(sizes))]
     img = background(rng, h, w)
     painted = []                                         # (class index, full mask, polygon)
     n = 0 if rng.random() < 0.1 else int(rng.integers(1, 5))
     crowd = np.zeros((h, w), bool)
     if n and rng.random() < 0.1:                       # a crowd: a cluster of small discs, one RLE
-        cx, cy = rng.uniform(20, w - 20), rng.uniform(20, h - 20)
+        cx, cy = rng.uniform(20, w - 20) * 1.0, rng.uniform(20, h - 20) * 1.0
         for _ in range(6):
-            x, y = cx + rng.uniform(-14, 14), cy + rng.uniform(-14, 14)
-            disc = rasterize(shape_polygon("disc", x, y, rng.uniform(4, 7), 0.0), h, w)
+            x, y = cx + rng.uniform(-14, 14) * scale, cy + rng.uniform(-14, 14) * scale
+            disc = rasterize(shape_polygon("disc", x, y, rng.uniform(4, 7) * scale, 0.0), h, w)
             img[disc] = colour(rng, CLASSES[0][2])
             crowd |= disc
     for _ in range(n):
         c = int(rng.integers(len(CLASSES)))
-        r = rng.uniform(15, 36)
+        r = rng.uniform(15, 36) * scale
         cx, cy = rng.uniform(r * 0.6, w - r * 0.6), rng.uniform(r * 0.6, h - r * 0.6)
         poly = shape_polygon(CLASSES[c][0], cx, cy, r, rng.uniform(0, 2 * np.pi))
         poly[:, 0] = np.clip(poly[:, 0], 0, w)
@@ -128,25 +131,25 @@ def make_image(rng, image_id, split):
     return np.clip(img, 0, 255).astype(np.uint8), anns
 
 
-def write_split(root, split, num, rng, first_image_id):
+def write_split(root, split, num, rng, first_image_id, sizes=SIZES, scale=1.0):
     os.makedirs(os.path.join(root, split))
     images, annotations = [], []
     for k in range(num):
         image_id = first_image_id + k
-        img, anns = make_image(rng, image_id, split)
+        img, anns = make_image(rng, sizes, scale)
         name = f"{split}_{k:04d}.png"
         cv2.imwrite(os.path.join(root, split, name), img[:, :, ::-1])
         images.append({"id": image_id, "file_name": name, "height": img.shape[0], "width": img.shape[1]})
         for a in anns:
-            annotations.append(dict(a, id=len(annotations) + 1 + 100000 * (split == "val"), image_id=image_id))
+            annotations.append(dict(a, id=len(annotations) + 1 + first_image_id * 10, image_id=image_id))
     cats = [{"id": cid, "name": name, "supercategory": "shape"} for name, cid, _ in CLASSES]
     with open(os.path.join(root, "annotations", f"instances_{split}.json"), "w") as f:
         json.dump({"images": images, "annotations": annotations, "categories": cats}, f)
 
 
-def make(root, seed=0, num_train=240, num_val=60):
+def make(root, seed=0, num_train=240, num_val=60, num_bench=8):
     """Write the demo under `root/coco_demo`; returns the folder. Idempotent per parameters."""
-    params = {"seed": seed, "num_train": num_train, "num_val": num_val, "version": 1}
+    params = {"seed": seed, "num_train": num_train, "num_val": num_val, "num_bench": num_bench, "version": 2}
     folder = os.path.join(root, FOLDER)
     done = os.path.join(folder, "DONE")
     if os.path.isfile(done):
@@ -159,6 +162,8 @@ def make(root, seed=0, num_train=240, num_val=60):
     rng = np.random.default_rng(seed)
     write_split(tmp, "train", num_train, rng, 1)
     write_split(tmp, "val", num_val, rng, 10001)
+    # 480x800 images (800x1333 after the full recipe's resize) for tools/benchmark.py
+    write_split(tmp, "bench", num_bench, rng, 20001, sizes=[(480, 800)], scale=4.0)
     with open(os.path.join(tmp, "label_names.txt"), "w") as f:
         f.writelines(name + "\n" for name, _, _ in CLASSES)
     with open(os.path.join(tmp, "DONE"), "w") as f:

@@ -1,6 +1,6 @@
 """Generate the small demo datasets (real formats) that the demo recipes and the tests train on.
 
-python data/make_demo.py [youtube8m] [kinetics] [--root data]   (default: all)
+python data/make_demo.py [youtube8m] [kinetics] [coco] [--root data]   (default: all)
 Each dataset is written once; a `DONE` marker makes later calls no-ops.
 """
 import argparse
@@ -21,7 +21,12 @@ def _kinetics(root):
     return demo_kinetics.make(os.path.join(root, "kinetics_demo"))
 
 
-GENERATORS = {"youtube8m": _youtube8m, "kinetics": _kinetics}
+def _coco(root):
+    from data import demo_coco
+    return demo_coco.make(root)
+
+
+GENERATORS = {"youtube8m": _youtube8m, "kinetics": _kinetics, "coco": _coco}
 
 
 def main(argv=None):

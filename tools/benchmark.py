@@ -42,6 +42,12 @@ BENCH_TABLE = [
      ["reader.train.list_file=data/kinetics_demo/kinetics_motion/train.list",
       "reader.train.label_names=data/kinetics_demo/kinetics_motion/label_names.txt"], 2,
      "full-size model, 7 segments x 5 frames x 224, on the 80x64 demo videos"),
+    # the full R50-FPN recipe (frozen stem/res2/BN, 1000 train proposals, 512 RoIs, 100 detections
+    # with masks pasted at full size) on the demo's 480x800 bench images, resized to 800x1333
+    ("MaskRCNN-R50-FPN", "configs/vision/mask_rcnn/mask_rcnn_r50_fpn_1x_coco.yaml",
+     ["reader.train.ann_file=data/coco_demo/annotations/instances_bench.json",
+      "reader.train.image_dir=data/coco_demo/bench", "reader.train.transforms.0.short_sizes=[800]"], 1,
+     "full-size model, 800x1333 (8 synthetic 480x800 images, 1-4 objects each)"),
 ]
 
 
