@@ -277,6 +277,7 @@ WEIGHTS.add(PretrainedEntry(
     metrics={"bbox_ap": 0.406, "segm_ap": 0.366},
     metrics_source=_MODEL_ZOO,
     dataset="COCO val2017",
+    num_params=63060720,
     config="configs/vision/mask_rcnn/mask_rcnn_r101_fpn_1x_coco.yaml",
     reproduced="key map covers the R101 block names (res4b1..res4b22); not downloaded, COCO not run here",
 ))
@@ -309,6 +310,7 @@ WEIGHTS.add(PretrainedEntry(
     head_keys=_NEW_PARTS,
     model_args={"num_classes": 80, "backbone": {"depth": 101}},
     dataset="ImageNet-1k",
+    num_params=63060720,
     config="configs/vision/mask_rcnn/mask_rcnn_r101_fpn_1x_coco.yaml",
     reproduced="key map only; not downloaded here",
     notes="pretrain_weights of PaddleDetection's configs/mask_rcnn/mask_rcnn_r101_fpn_1x_coco.yml.",
