@@ -70,6 +70,7 @@ class Detections(OutputWriter):
                                   f"{len(scores)} scores, {len(labels)} labels"
                                   + (f", {len(masks)} masks" if masks is not None else ""))
             image_id = meta["image_id"][i] if "image_id" in meta else meta["id"][i]
+            image_id = image_id.item() if isinstance(image_id, np.generic) else image_id  # JSON
             for j in range(len(boxes)):
                 x1, y1, x2, y2 = (float(v) for v in boxes[j])
                 cat_ids = getattr(self.dataset, "cat_ids", None)
