@@ -141,8 +141,8 @@ class MaskRCNN(nn.Layer):
                 acc.append(v)
         all_rois, all_classes = np.concatenate(rois), np.concatenate(classes)
         if not len(all_classes):
-            zero = self.box_head.cls_score.weight.sum() * 0.0
-            return {"loss_bbox_cls": zero, "loss_bbox_reg": zero, "loss_mask": zero}
+            zero = _zero_loss(self.box_head)
+            return {"loss_bbox_cls": zero, "loss_bbox_reg": zero, "loss_mask": _zero_loss(self.mask_head)}
         roi_feats = self.box_roi(feats, [paddle.to_tensor(x) for x in rois])
         logits, deltas = self.box_head(roi_feats)
         losses = roi_heads.box_loss(logits, deltas, all_rois, all_classes, np.concatenate(target_boxes), C,
@@ -157,7 +157,7 @@ class MaskRCNN(nn.Layer):
             polys = targets["polygons"][i]
             fg_targets += [roi_heads.mask_target(polys[g], box, res) for g, box in zip(matched[i][fg], rois[i][fg])]
         if not fg_targets:
-            losses["loss_mask"] = self.mask_head.logits.weight.sum() * 0.0
+            losses["loss_mask"] = _zero_loss(self.mask_head)
             return losses
         mask_logits = self.mask_head(self.mask_roi(feats, [paddle.to_tensor(x) for x in fg_rois]))
         losses["loss_mask"] = roi_heads.mask_loss(mask_logits, np.concatenate(fg_classes), np.stack(fg_targets))
@@ -199,6 +199,11 @@ class MaskRCNN(nn.Layer):
             out["labels"].append(labels.reshape([-1]).astype("int64"))
             out["masks"].append(paddle.to_tensor(masks))
         return out
+
+
+def _zero_loss(layer):
+    """0 that still reaches every parameter of `layer`: data parallel expects a gradient for each."""
+    return paddle.add_n([p.sum() for p in layer.parameters()]) * 0.0
 
 
 # ------------------------------------------------------------------------------------- key maps
