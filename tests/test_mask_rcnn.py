@@ -119,7 +119,7 @@ def test_matcher_keeps_crowd_regions_out():
     assert labels.tolist() == [0, 0, 0]           # only crowd ground truth: all negative
 
 
-def test_subsample_caps_positives(monkeypatch):
+def test_subsample_caps_positives():
     fg, bg = box_ops.subsample(np.arange(10), np.arange(10, 300), 256, 0.5, use_random=False)
     assert len(fg) == 10 and len(bg) == 246
     paddle.seed(3)
