@@ -138,9 +138,9 @@ def test_bad_annotation_files_fail_in_one_line(tmp_path, coco):
     with pytest.raises(ConfigError, match="annotation 11 refers to image_id 99"):
         COCODataset(str(bad))
     (tmp_path / "trunc.json").write_text('{"images": [')
-    proc = tool("eval", "-c", "configs/vision/mask_rcnn/mask_rcnn_demo.yaml", "--weights", str(tmp_path / "none"),
-                "-o", f"reader.val.ann_file={tmp_path / 'trunc.json'}", check=False)
-    assert_one_line_error(proc)
+    proc = tool("train", "-c", "configs/vision/mask_rcnn/mask_rcnn_demo.yaml", "--output", tmp_path / "out",
+                "-o", f"reader.train.ann_file={tmp_path / 'trunc.json'}", check=False)
+    assert_one_line_error(proc, "trunc.json: not a valid JSON file")
 
 
 # ---------------------------------------------------------------------------------- transforms
