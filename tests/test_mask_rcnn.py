@@ -313,6 +313,16 @@ def test_key_maps_cover_the_official_tables():
     assert all(k.split(".")[0] in ("fpn", "rpn", "box_head", "mask_head") for k in report["missing"])
 
 
+def test_a_bare_paddledetection_file_is_recognised_by_its_keys():
+    from engine.pretrained import detect_layout, model_layouts
+    tab = table()
+    state = {k: np.zeros(shape, "float32") for k, shape, *_ in tab["params"]}
+    with paddle.LazyGuard():
+        model = MaskRCNN(num_classes=80)
+    layout, mapped, _, (found, total) = detect_layout(model, state, model_layouts(model))
+    assert layout.name == "mask_rcnn_r50_fpn_1x_coco" and found == total == 307
+
+
 def test_fine_tuning_to_other_classes_drops_only_the_class_layers():
     tab = table()
     model = MaskRCNN(num_classes=4, backbone={"depth": 50})
