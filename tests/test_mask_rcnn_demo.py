@@ -4,7 +4,7 @@ import json
 import os
 
 from tests.conftest import MASK_RCNN_DEMO
-from tests.helpers import read_metrics, tool
+from tests.helpers import launch, read_metrics, tool
 
 
 def test_demo_reaches_box_and_mask_ap(mask_rcnn_demo_run):
@@ -40,3 +40,13 @@ def test_infer_writes_detections_and_drawings(mask_rcnn_demo_run, tmp_path):
     assert {d["label"] for d in dets} <= {"disc", "square", "triangle", "star"}
     assert all(len(d["bbox"]) == 4 and "segmentation" in d for d in dets)
     assert os.path.isfile(tmp_path / "val_0000_det.png")
+
+
+def test_two_process_evaluation_equals_one_process(mask_rcnn_demo_run, tmp_path):
+    """60 images on 2 ranks (gloo): gathered detections give exactly the 1-process COCOeval numbers."""
+    launch(2, "eval", "-c", MASK_RCNN_DEMO, "--weights", os.path.join(mask_rcnn_demo_run, "final"),
+           "--output", tmp_path / "two", log_dir=tmp_path / "log")
+    two, one = read_metrics(tmp_path / "two"), read_metrics(mask_rcnn_demo_run)
+    assert two["num_samples"] == 60
+    for k, v in one.items():
+        assert two[k] == v, (k, two[k], v)
