@@ -205,6 +205,16 @@ def test_detect_nms_per_class_threshold_and_top_k():
     b, _, _ = postprocess.detect(paddle.to_tensor(np.log([[0.9, 0.1]]).astype("float32")), paddle.zeros([1, 4]),
                                  big, (40, 80), 1)
     np.testing.assert_allclose(b.numpy(), [[0, 0, 80, 40]])                  # clipped to the image
+    # zero-area boxes (clipped against an edge): the official kernel's IoU of two of them is 0/0 = NaN,
+    # which suppresses the weaker of two touching ones of one class; against a real box it is 0
+    rois = paddle.to_tensor(np.array([[0, -9, 10, -1], [5, -9, 15, -1], [20, -9, 30, -1], [0, 0, 10, 10],
+                                      [0, -9, 10, -1]], "float32"))
+    p = np.array([[0.9, 0.1], [0.8, 0.2], [0.7, 0.3], [0.6, 0.4], [0.1, 0.9]])
+    b, s, lab = postprocess.detect(paddle.to_tensor(np.log(p).astype("float32")), paddle.zeros([5, 4]), rois,
+                                   (100, 100), 1, score_thresh=0.05)
+    # 0.8 and 0.1 touch 0.9 (both zero-area): suppressed; 0.7 touches none; 0.6 is a real box
+    np.testing.assert_allclose(s.numpy(), [0.9, 0.7, 0.6], rtol=1e-5)
+    np.testing.assert_allclose(b.numpy()[:, 3], [0, 0, 10])
     np.testing.assert_allclose(postprocess.to_original(np.array([[10, 20, 30, 40]]), (2.0, 0.5), (15, 100)),
                                [[20, 10, 60, 15]])                           # (sy, sx) = (2, 0.5), clipped
 

@@ -192,12 +192,15 @@ class MaskRCNN(nn.Layer):
             k = boxes.shape[0]
             h, w = int(orig[i][0]), int(orig[i][1])
             boxes_orig = postprocess.to_original(boxes.numpy().reshape(-1, 4), scale[i], (h, w))
-            masks = postprocess.paste_masks(probs[start:start + k], boxes_orig, h, w, t["mask_thresh"])
+            # boxes empty after clipping are dropped, as PaddleDetection's results (label -1, skipped)
+            keep = np.flatnonzero((boxes_orig[:, 2] > boxes_orig[:, 0]) & (boxes_orig[:, 3] > boxes_orig[:, 1]))
+            masks = postprocess.paste_masks(probs[start:start + k][keep], boxes_orig[keep], h, w, t["mask_thresh"])
             start += k
-            out["boxes"].append(paddle.to_tensor(boxes_orig))
-            out["scores"].append(scores.reshape([-1]))
-            out["labels"].append(labels.reshape([-1]).astype("int64"))
+            out["boxes"].append(paddle.to_tensor(boxes_orig[keep]))
+            out["scores"].append(paddle.to_tensor(scores.numpy().reshape(-1)[keep]))
+            out["labels"].append(paddle.to_tensor(labels.numpy().reshape(-1)[keep].astype(np.int64)))
             out["masks"].append(paddle.to_tensor(masks))
+        out["bbox_num"] = paddle.to_tensor(np.array([b.shape[0] for b in out["boxes"]], np.int64))
         return out
 
 

@@ -5,7 +5,8 @@ BBoxPostProcess / MaskPostProcess / paste_mask; configs/mask_rcnn/_base_/mask_rc
 class probabilities are the softmax without the background column; each RoI's class deltas are
 decoded with weights (10, 10, 5, 5) and clipped to the input image; candidates with a score above
 0.05 go through NMS at IoU 0.5 per class and the best 100 per image are kept; boxes are divided by
-the resize scale and clipped to the original image; masks: sigmoid of the class channel, pasted
+the resize scale and clipped to the original image (a box left empty is dropped, as
+PaddleDetection's results skip it); masks: sigmoid of the class channel, pasted
 into the original image by bilinear sampling at pixel centres (zero outside the 28x28 grid), then
 thresholded at 0.5.
 """
@@ -34,9 +35,37 @@ def detect(logits, deltas, rois, image_size, num_classes, weights=(10.0, 10.0, 5
     cand = paddle.gather(boxes.reshape([-1, 4]), keep)
     scores = paddle.gather(flat_scores, keep)
     labels = keep % num_classes
-    kept = paddle.vision.ops.nms(cand, nms_thresh, scores, labels, list(range(num_classes)),
-                                 top_k=min(max_per_image, int(scores.shape[0])))
+    kept = _class_nms(cand, scores, labels, num_classes, nms_thresh)[:max_per_image]
+    kept = paddle.to_tensor(kept)
     return paddle.gather(cand, kept), paddle.gather(scores, kept), paddle.gather(labels, kept)
+
+
+def _class_nms(boxes, scores, labels, num_classes, thresh):
+    """Indices kept by per-class NMS, best score first, with the official kernel's rule for boxes of
+    zero area (clipped against an image edge): their IoU with each other is 0/0 = NaN, which fails
+    `IoU <= thresh`, so of touching zero-area boxes of one class only the best survives; against a
+    box of positive area their IoU is 0. Boxes of positive area go through paddle's nms."""
+    b = boxes.numpy()
+    flat = (b[:, 2] <= b[:, 0]) | (b[:, 3] <= b[:, 1])
+    solid = np.flatnonzero(~flat)
+    kept = []
+    if len(solid):
+        idx = paddle.to_tensor(solid)
+        k = paddle.vision.ops.nms(paddle.gather(boxes, idx), thresh, paddle.gather(scores, idx),
+                                  paddle.gather(labels, idx), list(range(num_classes)))
+        kept.append(solid[k.numpy()])
+    s, lab = scores.numpy(), labels.numpy()
+    thin = np.flatnonzero(flat)
+    thin = thin[np.argsort(-s[thin], kind="stable")]
+    kept_thin = []
+    for i in thin:
+        touching = [j for j in kept_thin if lab[j] == lab[i] and not (
+            b[i, 0] > b[j, 2] or b[i, 2] < b[j, 0] or b[i, 1] > b[j, 3] or b[i, 3] < b[j, 1])]
+        if not touching:
+            kept_thin.append(i)
+    kept.append(np.array(kept_thin, np.int64))
+    kept = np.concatenate(kept)
+    return kept[np.argsort(-s[kept], kind="stable")]
 
 
 def to_original(boxes, scale_factor, orig_size):
