@@ -1,6 +1,6 @@
 """Generate the small demo datasets (real formats) that the demo recipes and the tests train on.
 
-python data/make_demo.py [youtube8m] [kinetics] [translation] [bert] [--root data]   (default: all)
+python data/make_demo.py [youtube8m] [kinetics] [translation] [bert] [coco] [--root data]   (default: all)
 Each dataset is written once; a `DONE` marker makes later calls no-ops.
 """
 import argparse
@@ -31,7 +31,13 @@ def _bert(root):
     return demo_bert.make(os.path.join(root, "bert_demo"))
 
 
-GENERATORS = {"youtube8m": _youtube8m, "kinetics": _kinetics, "translation": _translation, "bert": _bert}
+def _coco(root):
+    from data import demo_coco
+    return demo_coco.make(root)
+
+
+GENERATORS = {"youtube8m": _youtube8m, "kinetics": _kinetics, "translation": _translation, "bert": _bert,
+              "coco": _coco}
 
 
 def main(argv=None):

@@ -11,6 +11,8 @@ COMPONENT_MODULES = [
     "engine.optim",
     "readers.youtube8m",
     "readers.kinetics",
+    "readers.coco",
+    "readers.detection_transforms",
     "readers.transforms",
     "readers.video_transforms",
     "readers.translation",
@@ -30,6 +32,7 @@ COMPONENT_MODULES = [
     "models.video.stnet",
     "models.nlp.transformer",
     "models.nlp.bert",
+    "models.vision.mask_rcnn.model",
 ]
 
 _loaded = False

@@ -87,4 +87,19 @@ def bert_glue_run(bert_pretrain_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("bert_glue_demo")
     tool("train", "-c", BERT_GLUE_DEMO, "--output", out,
          "-o", f"train.pretrained={bert_pretrain_run / 'final'}")   # the folder, as the README says
+MASK_RCNN_DEMO = "configs/vision/mask_rcnn/mask_rcnn_demo.yaml"
+
+
+@pytest.fixture(scope="session")
+def coco_demo():
+    """The generated COCO-format demo (written once, where `python data/make_demo.py coco` writes it)."""
+    from data import demo_coco
+    return demo_coco.make(os.path.join(_ROOT, "data"))
+
+
+@pytest.fixture(scope="session")
+def mask_rcnn_demo_run(coco_demo, tmp_path_factory):
+    """The Mask R-CNN demo recipe trained once; the eval and infer tests reuse its weights."""
+    out = tmp_path_factory.mktemp("mask_rcnn_demo")
+    tool("train", "-c", MASK_RCNN_DEMO, "--output", out, timeout=1800)
     return out

@@ -90,16 +90,23 @@ def test_demo_model_steps_and_round_trips(path, demo_data, tmp_path):
     opt.step()
     model.eval()
     with paddle.no_grad():
-        before = {k: v.numpy() for k, v in model(batch).items()}
+        before = {k: _arrays(v) for k, v in model(batch).items()}
     paddle.save(model.state_dict(), str(tmp_path / "m.pdparams"))
     fresh = builder.build_model(cfg["model"])
     fresh.set_state_dict(paddle.load(str(tmp_path / "m.pdparams")))
     fresh.eval()
     with paddle.no_grad():
-        after = {k: v.numpy() for k, v in fresh(batch).items()}
+        after = {k: _arrays(v) for k, v in fresh(batch).items()}
     assert before.keys() == after.keys()
     for k in before:
-        np.testing.assert_allclose(before[k], after[k], rtol=1e-6, atol=1e-6)
+        assert len(before[k]) == len(after[k]), k
+        for b, a in zip(before[k], after[k]):
+            np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+
+
+def _arrays(value):
+    """An eval output as a list of arrays: a tensor, or a list of per-sample tensors (detections)."""
+    return [v.numpy() for v in value] if isinstance(value, list) else [value.numpy()]
 
 
 @pytest.mark.parametrize("name", WEIGHTS.names())

@@ -77,6 +77,12 @@ BENCH_TABLE = [
      "full-size pretraining model, seq 128 (padded), 20 masked tokens max, demo corpus"),
     ("BERT-base-recompute", "configs/nlp/bert/bert_base_1000k_pretrain.yaml", BERT_DEMO + ["model.recompute=true"], 8,
      "the same with recompute (activation checkpointing) of every encoder layer"),
+    # the full R50-FPN recipe (frozen stem/res2/BN, 1000 train proposals, 512 RoIs, 100 detections
+    # with masks pasted at full size) on the demo's 480x800 bench images, resized to 800x1333
+    ("MaskRCNN-R50-FPN", "configs/vision/mask_rcnn/mask_rcnn_r50_fpn_1x_coco.yaml",
+     ["reader.train.ann_file=data/coco_demo/annotations/instances_bench.json",
+      "reader.train.image_dir=data/coco_demo/bench", "reader.train.transforms.0.short_sizes=[800]"], 1,
+     "full-size model, 800x1333 (8 synthetic 480x800 images, 1-4 objects each)"),
 ]
 
 

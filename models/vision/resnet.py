@@ -24,7 +24,6 @@ from engine.registry import MODELS, ConfigError
 DEPTHS = {18: ("basic", [2, 2, 2, 2]), 34: ("basic", [3, 4, 6, 3]),
           50: ("bottleneck", [3, 4, 6, 3]), 101: ("bottleneck", [3, 4, 23, 3]),
           152: ("bottleneck", [3, 8, 36, 3])}
-WIDTHS = [64, 128, 256, 512]
 # base dilation per stage for each output stride (PaddleSeg: OS8 -> {stage3: 2, stage4: 4})
 STAGE_DILATIONS = {32: [1, 1, 1, 1], 16: [1, 1, 1, 2], 8: [1, 1, 2, 4]}
 
@@ -109,6 +108,8 @@ class ResNet(nn.Layer):
         freeze_norm: BN scale/shift do not train either (implies norm_eval; PaddleDetection default).
         num_classes: > 0 adds global pooling + fc, and forward returns logits [N, num_classes]
             instead of the feature list (ImageNet classification).
+        base_channels: width of the stem and of stage 1 (64 in every kit; the stages double it);
+            smaller values make narrow trunks for demos and tests (no pretrained file fits them).
     """
 
     head_keys = [r"fc\.(weight|bias)"]  # the ImageNet classifier, if any: replaced when fine-tuning
@@ -116,7 +117,7 @@ class ResNet(nn.Layer):
     def __init__(self, depth: int = 50, variant: str = "b", in_channels: int = 3,
                  output_stride: int = 32, multi_grid: list = None, out_indices: list = None,
                  frozen_stages: int = -1, norm_eval: bool = False, freeze_norm: bool = False,
-                 num_classes: int = 0):
+                 num_classes: int = 0, base_channels: int = 64):
         super().__init__()
         if depth not in DEPTHS:
             raise ConfigError(f"ResNet: depth {depth} is not supported; choose one of {sorted(DEPTHS)}")
@@ -134,6 +135,10 @@ class ResNet(nn.Layer):
             raise ConfigError(f"ResNet: out_indices {out_indices} must be stage indices in 0..3")
         if frozen_stages not in (-1, 0, 1, 2, 3, 4):
             raise ConfigError(f"ResNet: frozen_stages {frozen_stages} must be in -1..4")
+        if base_channels < 8 or base_channels % 8:
+            raise ConfigError(f"ResNet: base_channels must be a multiple of 8, got {base_channels}")
+        widths = [base_channels * m for m in (1, 2, 4, 8)]
+        stem_w = [base_channels // 2, base_channels // 2, base_channels]   # vd: 32, 32, 64 at 64
         self.depth, self.variant, self.out_indices = depth, variant, out_indices
         block_cls = Bottleneck if kind == "bottleneck" else BasicBlock
         norm_eval = norm_eval or freeze_norm
@@ -141,17 +146,18 @@ class ResNet(nn.Layer):
         stem_frozen = frozen_stages >= 0
         gs = norm_eval or stem_frozen
         if variant == "b":
-            stem = [ConvBN(in_channels, 64, 7, 2, global_stats=gs)]
+            stem = [ConvBN(in_channels, base_channels, 7, 2, global_stats=gs)]
         else:
-            stem = [ConvBN(in_channels, 32, 3, 2, global_stats=gs), ConvBN(32, 32, 3, 1, global_stats=gs),
-                    ConvBN(32, 64, 3, 1, global_stats=gs)]
+            stem = [ConvBN(in_channels, stem_w[0], 3, 2, global_stats=gs),
+                    ConvBN(stem_w[0], stem_w[1], 3, 1, global_stats=gs),
+                    ConvBN(stem_w[1], stem_w[2], 3, 1, global_stats=gs)]
         self.stem = nn.Sequential(*stem)
         self.maxpool = nn.MaxPool2D(3, 2, padding=1)
 
-        self.stage_channels = [w * block_cls.expansion for w in WIDTHS]
+        self.stage_channels = [w * block_cls.expansion for w in widths]
         self.out_channels = [self.stage_channels[i] for i in out_indices]
-        cin = 64
-        for s, (n, width, base) in enumerate(zip(blocks, WIDTHS, STAGE_DILATIONS[output_stride])):
+        cin = base_channels
+        for s, (n, width, base) in enumerate(zip(blocks, widths, STAGE_DILATIONS[output_stride])):
             gs = norm_eval or frozen_stages >= s + 1
             layers = []
             for i in range(n):

@@ -1,0 +1,325 @@
+"""Mask R-CNN (ResNet + FPN) and its pretrained entries: PaddleDetection's MaskRCNN architecture.
+
+The stages live beside this file: fpn.py, rpn.py (anchors, proposals, RPN targets), roi_heads.py
+(RoIAlign, box and mask heads, RoI targets), postprocess.py (NMS, mask pasting), box_ops.py.
+
+Batch (readers/coco.py with PadImages): `image` float32 [B, 3, H, W] padded to a multiple of 32,
+`image_size` int64 [B, 2] (the resized image inside the padding), `scale_factor` float32 [B, 2]
+(sy, sx: original -> input), `orig_size` int64 [B, 2]; for training, ragged per image:
+`gt_boxes` [N, 4] (input pixels), `gt_classes` [N] (0..C-1), `gt_crowd` [N], and `gt_polygons`
+(metadata: per image, per instance, a list of [K, 2] parts).
+
+Train mode returns the losses (loss_rpn_cls, loss_rpn_reg, loss_bbox_cls, loss_bbox_reg,
+loss_mask and their sum `loss`). Eval mode returns, per image, `bbox_num` int64 [B], then lists of
+`boxes` [K, 4] (original image pixels), `scores` [K], `labels` [K] (class index 0..C-1) and
+`masks` uint8 [K, h, w] at the original image size.
+
+Parameter names (ours; `ppdet_key_map` reaches PaddleDetection's):
+    backbone.*                        the shared ResNet (models/vision/resnet.py)
+    fpn.lateral_convs.{0-3}, fpn.output_convs.{0-3}
+    rpn.head.{conv,objectness,deltas}
+    box_head.{fc6,fc7,cls_score,bbox_pred}
+    mask_head.convs.{0-3}, mask_head.deconv, mask_head.logits
+"""
+import numpy as np
+import paddle
+import paddle.nn as nn
+
+from engine.pretrained import WEIGHTS, PretrainedEntry
+from engine.registry import MODELS, ConfigError
+from models.vision.mask_rcnn import postprocess, roi_heads
+from models.vision.mask_rcnn.fpn import FPN
+from models.vision.mask_rcnn.rpn import RPN
+from models.vision.resnet import build_backbone, resnet_key_map
+
+# PaddleDetection's ResNet for Mask R-CNN: freeze_at 0 (stem + res2, our frozen_stages 1) and
+# freeze_norm (every BN's scale/shift frozen, running statistics used in training)
+DEFAULT_BACKBONE = {"name": "ResNet", "depth": 50, "variant": "b", "out_indices": [0, 1, 2, 3],
+                    "frozen_stages": 1, "freeze_norm": True}
+RPN_DEFAULTS = dict(anchor_sizes=[32, 64, 128, 256, 512], aspect_ratios=[0.5, 1.0, 2.0],
+                    strides=[4, 8, 16, 32, 64], batch_size_per_image=256, fg_fraction=0.5,
+                    positive_overlap=0.7, negative_overlap=0.3, use_random=True,
+                    train_pre_nms_top_n=2000, train_post_nms_top_n=1000,
+                    test_pre_nms_top_n=1000, test_post_nms_top_n=1000, nms_thresh=0.7, min_size=0.0)
+ROI_DEFAULTS = dict(batch_size_per_image=512, fg_fraction=0.25, fg_thresh=0.5, bg_thresh=0.5,
+                    use_random=True, box_resolution=7, mask_resolution=14, sampling_ratio=0,
+                    aligned=False, box_weights=[10.0, 10.0, 5.0, 5.0])
+TEST_DEFAULTS = dict(score_thresh=0.05, nms_thresh=0.5, max_per_image=100, mask_thresh=0.5)
+
+
+def _settings(what, given, defaults):
+    given = dict(given or {})
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ConfigError(f"MaskRCNN.{what}: unknown keys {unknown}; known: {', '.join(defaults)}")
+    return {**defaults, **given}
+
+
+@MODELS.register("MaskRCNN")
+class MaskRCNN(nn.Layer):
+    """Args:
+        num_classes: object classes (COCO: 80), without the background.
+        backbone: the ResNet config (default R50, PaddleDetection's freezing; `depth: 101` for R101).
+        fpn_channels: channels of the pyramid and of the RPN/RoI features (256).
+        rpn: anchor, target and proposal settings (keys of RPN_DEFAULTS).
+        roi: RoI sampling and pooling settings (keys of ROI_DEFAULTS); `aligned` False reproduces
+            the official model (see roi_heads.py).
+        box_fc: width of the box head's two FC layers (1024).
+        mask_convs, mask_channels: the mask head's 3x3 convolutions (4 x 256).
+        test: score_thresh, nms_thresh, max_per_image, mask_thresh (0.05, 0.5, 100, 0.5).
+        crowd_ignore_iou: > 0 ignores anchors and RoIs overlapping a crowd region more than this
+            (PaddleDetection's ignore_thresh; -1: crowd regions are only kept out of the matching).
+    """
+
+    # what fine-tuning to another num_classes replaces
+    head_keys = [r"box_head\.(cls_score|bbox_pred)\.(weight|bias)", r"mask_head\.logits\.(weight|bias)"]
+
+    def __init__(self, num_classes: int = 80, backbone: dict = None, fpn_channels: int = 256, rpn: dict = None,
+                 roi: dict = None, box_fc: int = 1024, mask_convs: int = 4, mask_channels: int = 256,
+                 test: dict = None, crowd_ignore_iou: float = -1.0):
+        super().__init__()
+        if num_classes < 1:
+            raise ConfigError(f"MaskRCNN: num_classes must be >= 1, got {num_classes}")
+        self.num_classes = num_classes
+        backbone = dict(DEFAULT_BACKBONE, **(backbone or {}))
+        self.backbone = build_backbone(backbone, out_indices=[0, 1, 2, 3])
+        self.fpn = FPN(self.backbone.out_channels, fpn_channels)
+        rpn_cfg = _settings("rpn", rpn, RPN_DEFAULTS)
+        if len(rpn_cfg["anchor_sizes"]) != 5 or len(rpn_cfg["strides"]) != 5:
+            raise ConfigError("MaskRCNN.rpn: anchor_sizes and strides need one value per level P2..P6")
+        self.rpn = RPN(fpn_channels, crowd_ignore_iou=crowd_ignore_iou, **rpn_cfg)
+        self.roi_cfg = _settings("roi", roi, ROI_DEFAULTS)
+        self.test_cfg = _settings("test", test, TEST_DEFAULTS)
+        self.crowd_ignore_iou = crowd_ignore_iou
+        r = self.roi_cfg
+        self.box_roi = roi_heads.MultiScaleRoIAlign(r["box_resolution"], sampling_ratio=r["sampling_ratio"],
+                                                    aligned=r["aligned"])
+        self.mask_roi = roi_heads.MultiScaleRoIAlign(r["mask_resolution"], sampling_ratio=r["sampling_ratio"],
+                                                     aligned=r["aligned"])
+        self.box_head = roi_heads.BoxHead(fpn_channels, r["box_resolution"], num_classes, box_fc)
+        self.mask_head = roi_heads.MaskHead(fpn_channels, num_classes, mask_channels, mask_convs)
+
+    # ------------------------------------------------------------------------------ forward
+    def features(self, image):
+        return self.fpn(self.backbone(image))
+
+    def forward(self, batch):
+        feats = self.features(batch["image"])
+        image_size = batch["image_size"]
+        if self.training:
+            targets = self._targets(batch)
+            proposals, losses = self.rpn(feats, image_size, targets)
+            losses.update(self._roi_losses(feats[:4], proposals, targets))
+            losses["loss"] = paddle.add_n([v for k, v in losses.items()])
+            return losses
+        proposals, _ = self.rpn(feats, image_size)
+        return self._predict(feats[:4], proposals, batch)
+
+    def _targets(self, batch):
+        for key in ("gt_boxes", "gt_classes", "gt_polygons"):
+            if key not in batch:
+                raise ConfigError(f"MaskRCNN: the training batch has no '{key}' (keys: {sorted(batch)}); "
+                                  f"list gt_boxes, gt_classes, gt_crowd as the collate's ragged keys")
+        boxes = [b.numpy().reshape(-1, 4) for b in batch["gt_boxes"]]
+        classes = [c.numpy().reshape(-1).astype(np.int64) for c in batch["gt_classes"]]
+        crowd = [c.numpy().reshape(-1).astype(bool) for c in batch["gt_crowd"]] if "gt_crowd" in batch \
+            else [np.zeros(len(b), bool) for b in boxes]
+        for c in classes:
+            if len(c) and (c.min() < 0 or c.max() >= self.num_classes):
+                raise ConfigError(f"MaskRCNN: a ground-truth class id {int(c.max())} is outside "
+                                  f"0..{self.num_classes - 1} (model.num_classes {self.num_classes})")
+        return {"boxes": boxes, "classes": classes, "crowd": crowd, "polygons": batch["gt_polygons"]}
+
+    def _roi_losses(self, feats, proposals, targets):
+        r, C = self.roi_cfg, self.num_classes
+        rois, classes, matched, target_boxes = [], [], [], []
+        for i, props in enumerate(proposals):
+            s = roi_heads.sample_rois(props.numpy(), targets["boxes"][i], targets["classes"][i],
+                                      targets["crowd"][i], C, r["batch_size_per_image"], r["fg_fraction"],
+                                      r["fg_thresh"], r["bg_thresh"], r["use_random"], self.crowd_ignore_iou)
+            for acc, v in zip((rois, classes, matched, target_boxes), s):
+                acc.append(v)
+        all_rois, all_classes = np.concatenate(rois), np.concatenate(classes)
+        if not len(all_classes):
+            zero = _zero_loss(self.box_head)
+            return {"loss_bbox_cls": zero, "loss_bbox_reg": zero, "loss_mask": _zero_loss(self.mask_head)}
+        roi_feats = self.box_roi(feats, [paddle.to_tensor(x) for x in rois])
+        logits, deltas = self.box_head(roi_feats)
+        losses = roi_heads.box_loss(logits, deltas, all_rois, all_classes, np.concatenate(target_boxes), C,
+                                    r["box_weights"])
+        # mask head: the foreground RoIs, targets rasterised from the matched instance's polygons
+        fg_rois, fg_classes, fg_targets = [], [], []
+        res = 2 * r["mask_resolution"]
+        for i in range(len(rois)):
+            fg = np.flatnonzero(classes[i] < C)
+            fg_rois.append(rois[i][fg])
+            fg_classes.append(classes[i][fg])
+            polys = targets["polygons"][i]
+            fg_targets += [roi_heads.mask_target(polys[g], box, res) for g, box in zip(matched[i][fg], rois[i][fg])]
+        if not fg_targets:
+            losses["loss_mask"] = _zero_loss(self.mask_head)
+            return losses
+        mask_logits = self.mask_head(self.mask_roi(feats, [paddle.to_tensor(x) for x in fg_rois]))
+        losses["loss_mask"] = roi_heads.mask_loss(mask_logits, np.concatenate(fg_classes), np.stack(fg_targets))
+        return losses
+
+    @paddle.no_grad()
+    def _predict(self, feats, proposals, batch):
+        t, C = self.test_cfg, self.num_classes
+        logits, deltas = self.box_head(self.box_roi(feats, proposals))
+        counts = [p.shape[0] for p in proposals]
+        starts = np.cumsum([0] + counts)
+        sizes = batch["image_size"].numpy()
+        dets = []
+        for i, props in enumerate(proposals):
+            a, b = int(starts[i]), int(starts[i + 1])
+            dets.append(postprocess.detect(logits[a:b], deltas[a:b], props, sizes[i], C,
+                                           self.roi_cfg["box_weights"], t["score_thresh"], t["nms_thresh"],
+                                           t["max_per_image"]))
+        boxes_in = [d[0] for d in dets]
+        if sum(b.shape[0] for b in boxes_in):
+            mask_logits = self.mask_head(self.mask_roi(feats, boxes_in))
+            probs = paddle.nn.functional.sigmoid(
+                roi_heads.select_class(mask_logits, paddle.concat([d[2] for d in dets]))).numpy()
+        else:
+            probs = np.zeros((0, 1, 1), np.float32)
+        scale = batch["scale_factor"].numpy() if "scale_factor" in batch else np.ones((len(dets), 2), np.float32)
+        orig = batch["orig_size"].numpy() if "orig_size" in batch else sizes
+        out = {"bbox_num": paddle.to_tensor(np.array([b.shape[0] for b in boxes_in], np.int64)),
+               "boxes": [], "scores": [], "labels": [], "masks": []}
+        start = 0
+        for i, (boxes, scores, labels) in enumerate(dets):
+            k = boxes.shape[0]
+            h, w = int(orig[i][0]), int(orig[i][1])
+            boxes_orig = postprocess.to_original(boxes.numpy().reshape(-1, 4), scale[i], (h, w))
+            # boxes empty after clipping are dropped, as PaddleDetection's results (label -1, skipped)
+            keep = np.flatnonzero((boxes_orig[:, 2] > boxes_orig[:, 0]) & (boxes_orig[:, 3] > boxes_orig[:, 1]))
+            masks = postprocess.paste_masks(probs[start:start + k][keep], boxes_orig[keep], h, w, t["mask_thresh"])
+            start += k
+            out["boxes"].append(paddle.to_tensor(boxes_orig[keep]))
+            out["scores"].append(paddle.to_tensor(scores.numpy().reshape(-1)[keep]))
+            out["labels"].append(paddle.to_tensor(labels.numpy().reshape(-1)[keep].astype(np.int64)))
+            out["masks"].append(paddle.to_tensor(masks))
+        out["bbox_num"] = paddle.to_tensor(np.array([b.shape[0] for b in out["boxes"]], np.int64))
+        return out
+
+
+def _zero_loss(layer):
+    """0 that still reaches every parameter of `layer`: data parallel expects a gradient for each."""
+    return paddle.add_n([p.sum() for p in layer.parameters()]) * 0.0
+
+
+# ------------------------------------------------------------------------------------- key maps
+def ppdet_key_map(depth=None):
+    """[(regex, replacement)] from PaddleDetection's MaskRCNN names to ours (every ResNet depth by
+    default: the block names of R50 and R101 cannot collide)."""
+    rules = resnet_key_map("ppdet", depth, "b", src_prefix=r"backbone\.", dst_prefix="backbone.")
+    for k in range(4):  # res2..res5 -> level index 0..3 (res5's lateral has no "_lateral" suffix)
+        lateral = "fpn_inner_res5_sum" if k == 3 else f"fpn_inner_res{k + 2}_sum_lateral"
+        rules += [(rf"neck\.{lateral}\.(weight|bias)", rf"fpn.lateral_convs.{k}.\g<1>"),
+                  (rf"neck\.fpn_res{k + 2}_sum\.(weight|bias)", rf"fpn.output_convs.{k}.\g<1>"),
+                  (rf"mask_head\.head\.upsample\.mask_inter_feat_{k + 1}\.(weight|bias)",
+                   rf"mask_head.convs.{k}.\g<1>")]
+    return rules + [
+        (r"rpn_head\.rpn_feat\.rpn_conv\.(weight|bias)", r"rpn.head.conv.\g<1>"),
+        (r"rpn_head\.rpn_rois_score\.(weight|bias)", r"rpn.head.objectness.\g<1>"),
+        (r"rpn_head\.rpn_rois_delta\.(weight|bias)", r"rpn.head.deltas.\g<1>"),
+        (r"bbox_head\.head\.(fc6|fc7)\.(weight|bias)", r"box_head.\g<1>.\g<2>"),
+        (r"bbox_head\.bbox_score\.(weight|bias)", r"box_head.cls_score.\g<1>"),
+        (r"bbox_head\.bbox_delta\.(weight|bias)", r"box_head.bbox_pred.\g<1>"),
+        (r"mask_head\.head\.upsample\.conv5_mask\.(weight|bias)", r"mask_head.deconv.\g<1>"),
+        (r"mask_head\.mask_fcn_logits\.(weight|bias)", r"mask_head.logits.\g<1>")]
+
+
+def ppdet_imagenet_key_map(depth=None):
+    """PaddleDetection's ImageNet backbone files: the ResNet alone, keys with or without 'backbone.'."""
+    return resnet_key_map("ppdet", depth, "b", src_prefix=r"(?:backbone\.)?", dst_prefix="backbone.")
+
+
+# ------------------------------------------------------------------------------------ pretrained
+_PPDET_SOURCE = ("PaddleDetection 2.x .pdparams (MaskRCNN: backbone.res2.res2a.branch2a.conv, neck.fpn_inner_"
+                 "res2_sum_lateral, rpn_head.rpn_feat.rpn_conv, bbox_head.head.fc6, mask_head.mask_fcn_logits); "
+                 "background is the last of the 81 box classes")
+_MODEL_ZOO = ("PaddleDetection configs/mask_rcnn/README.md (COCO val2017; 8 GPUs x 1 image, 1x = 12 epochs, "
+              "2x = 24)")
+_NEW_PARTS = [r"(fpn|rpn|box_head|mask_head)\..*"]   # what an ImageNet backbone file does not hold
+
+WEIGHTS.add(PretrainedEntry(
+    name="mask_rcnn_r50_fpn_1x_coco",
+    model="MaskRCNN",
+    urls=["https://paddledet.bj.bcebos.com/models/mask_rcnn_r50_fpn_1x_coco.pdparams"],
+    source=_PPDET_SOURCE,
+    key_map=ppdet_key_map(),
+    model_args={"num_classes": 80},
+    metrics={"bbox_ap": 0.392, "segm_ap": 0.356},
+    metrics_source=_MODEL_ZOO,
+    dataset="COCO val2017",
+    num_params=44120816,
+    config="configs/vision/mask_rcnn/mask_rcnn_r50_fpn_1x_coco.yaml",
+    reproduced="official backbone, FPN, RPN, box head and mask head outputs matched on golden weights; "
+               "demo recipe trained (see README); not downloaded, COCO not run here",
+))
+
+WEIGHTS.add(PretrainedEntry(
+    name="mask_rcnn_r50_fpn_2x_coco",
+    model="MaskRCNN",
+    urls=["https://paddledet.bj.bcebos.com/models/mask_rcnn_r50_fpn_2x_coco.pdparams"],
+    source=_PPDET_SOURCE,
+    key_map=ppdet_key_map(),
+    model_args={"num_classes": 80},
+    metrics={"bbox_ap": 0.405, "segm_ap": 0.367},
+    metrics_source=_MODEL_ZOO,
+    dataset="COCO val2017",
+    num_params=44120816,
+    config="configs/vision/mask_rcnn/mask_rcnn_r50_fpn_2x_coco.yaml",
+    reproduced="same architecture and key map as mask_rcnn_r50_fpn_1x_coco; not downloaded, COCO not run here",
+))
+
+WEIGHTS.add(PretrainedEntry(
+    name="mask_rcnn_r101_fpn_1x_coco",
+    model="MaskRCNN",
+    urls=["https://paddledet.bj.bcebos.com/models/mask_rcnn_r101_fpn_1x_coco.pdparams"],
+    source=_PPDET_SOURCE,
+    key_map=ppdet_key_map(),
+    model_args={"num_classes": 80, "backbone": {"depth": 101}},
+    metrics={"bbox_ap": 0.406, "segm_ap": 0.366},
+    metrics_source=_MODEL_ZOO,
+    dataset="COCO val2017",
+    num_params=63060720,
+    config="configs/vision/mask_rcnn/mask_rcnn_r101_fpn_1x_coco.yaml",
+    reproduced="key map covers the R101 block names (res4b1..res4b22); not downloaded, COCO not run here",
+))
+
+WEIGHTS.add(PretrainedEntry(
+    name="mask_rcnn_r50_imagenet_ppdet",
+    model="MaskRCNN",
+    urls=["https://paddledet.bj.bcebos.com/models/pretrained/ResNet50_cos_pretrained.pdparams"],
+    source="PaddleDetection ImageNet backbone .pdparams (ResNet-50 in ppdet names: conv1.conv1.conv, "
+           "res2.res2a.branch2a.conv/.norm; with or without 'backbone.')",
+    key_map=ppdet_imagenet_key_map(),
+    ignore_keys=[r"(?:backbone\.)?(?:fc|out)(?:_0)?\.(?:weight|bias|w_0|b_0)"],
+    head_keys=_NEW_PARTS,
+    model_args={"num_classes": 80},
+    dataset="ImageNet-1k",
+    num_params=44120816,
+    config="configs/vision/mask_rcnn/mask_rcnn_r50_fpn_1x_coco.yaml",
+    reproduced="backbone key map tested on the official MaskRCNN table; not downloaded here",
+    notes="pretrain_weights of PaddleDetection's configs/mask_rcnn/_base_/mask_rcnn_r50_fpn.yml: only the "
+          "backbone is loaded, the FPN and heads keep their initialisation.",
+))
+
+WEIGHTS.add(PretrainedEntry(
+    name="mask_rcnn_r101_imagenet_ppdet",
+    model="MaskRCNN",
+    urls=["https://paddledet.bj.bcebos.com/models/pretrained/ResNet101_pretrained.pdparams"],
+    source="PaddleDetection ImageNet backbone .pdparams (ResNet-101 in ppdet names; with or without 'backbone.')",
+    key_map=ppdet_imagenet_key_map(),
+    ignore_keys=[r"(?:backbone\.)?(?:fc|out)(?:_0)?\.(?:weight|bias|w_0|b_0)"],
+    head_keys=_NEW_PARTS,
+    model_args={"num_classes": 80, "backbone": {"depth": 101}},
+    dataset="ImageNet-1k",
+    num_params=63060720,
+    config="configs/vision/mask_rcnn/mask_rcnn_r101_fpn_1x_coco.yaml",
+    reproduced="key map only; not downloaded here",
+    notes="pretrain_weights of PaddleDetection's configs/mask_rcnn/mask_rcnn_r101_fpn_1x_coco.yml.",
+))

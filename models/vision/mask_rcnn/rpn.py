@@ -1,0 +1,175 @@
+"""Region proposal network: anchors, the shared head, anchor targets and losses, proposals.
+
+Facts from PaddleDetection 2.x (ppdet/modeling/proposal_generator/{anchor_generator,rpn_head,
+proposal_generator,target}.py and configs/mask_rcnn/_base_/mask_rcnn_r50_fpn.yml):
+- anchors: size 32 * 2^(l-2) at level Pl, aspect ratios h/w in [0.5, 1, 2]: w = sqrt(size^2 / r),
+  h = r w, centred at (x * stride, y * stride) (offset 0); order: position-major (y, x), then ratio;
+- one head shared by the levels: 3x3 conv + ReLU, 1x1 objectness (A channels) and deltas (4A,
+  channel = anchor * 4 + (dx, dy, dw, dh)), weights N(0, 0.01), biases 0;
+- targets: 256 anchors per image, at most half positive, IoU >= 0.7 positive (plus each ground
+  truth's best anchors), < 0.3 negative; losses: sigmoid cross-entropy summed over the sampled
+  anchors and L1 on the positives' deltas (weights 1), both divided by 256 x images;
+- proposals: per level and image, paddle's generate_proposals (top `pre_nms_top_n` scores, decode,
+  clip to the image, NMS 0.7); in training each level keeps its pre_nms_top_n survivors
+  (topk_after_collect), at test post_nms_top_n; then the image keeps its post_nms_top_n best over
+  all levels (train 2000 -> 1000, test 1000 -> 1000).
+"""
+import math
+
+import numpy as np
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+from models.vision.mask_rcnn import box_ops
+
+
+def cell_anchors(size, aspect_ratios):
+    """[A, 4] anchors of one size centred on (0, 0), one per aspect ratio (h / w)."""
+    out = []
+    for r in aspect_ratios:
+        w = math.sqrt(size * size / r)
+        h = r * w
+        out.append([-w / 2.0, -h / 2.0, w / 2.0, h / 2.0])
+    return np.array(out, np.float32)
+
+
+def grid_anchors(height, width, stride, cell):
+    """[height * width * A, 4] anchors of a feature map (position-major, then aspect ratio)."""
+    ys, xs = np.meshgrid(np.arange(height, dtype=np.float32) * stride,
+                         np.arange(width, dtype=np.float32) * stride, indexing="ij")
+    shifts = np.stack([xs.ravel(), ys.ravel(), xs.ravel(), ys.ravel()], 1)
+    return (shifts[:, None, :] + cell[None, :, :]).reshape(-1, 4)
+
+
+class AnchorGenerator:
+    """Anchors per FPN level, cached by feature-map size (no parameters, nothing in the state dict)."""
+
+    def __init__(self, sizes=(32, 64, 128, 256, 512), aspect_ratios=(0.5, 1.0, 2.0),
+                 strides=(4, 8, 16, 32, 64)):
+        self.sizes, self.strides = list(sizes), list(strides)
+        self.cells = [cell_anchors(s, aspect_ratios) for s in sizes]
+        self.num_anchors = len(aspect_ratios)
+        self._cache = {}
+
+    def __call__(self, shapes):
+        """numpy [H*W*A, 4] per level for feature maps of `shapes` [(H, W), ...]."""
+        out = []
+        for level, (h, w) in enumerate(shapes):
+            key = (level, int(h), int(w))
+            if key not in self._cache:
+                self._cache[key] = grid_anchors(int(h), int(w), self.strides[level], self.cells[level])
+            out.append(self._cache[key])
+        return out
+
+
+class RPNHead(nn.Layer):
+    """The convolutions shared by every level: objectness logits [B, A, H, W], deltas [B, 4A, H, W]."""
+
+    def __init__(self, channels, num_anchors):
+        super().__init__()
+        normal = lambda: paddle.ParamAttr(initializer=nn.initializer.Normal(0.0, 0.01))  # noqa: E731
+        self.conv = nn.Conv2D(channels, channels, 3, padding=1, weight_attr=normal())
+        self.objectness = nn.Conv2D(channels, num_anchors, 1, weight_attr=normal())
+        self.deltas = nn.Conv2D(channels, 4 * num_anchors, 1, weight_attr=normal())
+
+    def forward(self, feats):
+        scores, deltas = [], []
+        for f in feats:
+            x = F.relu(self.conv(f))
+            scores.append(self.objectness(x))
+            deltas.append(self.deltas(x))
+        return scores, deltas
+
+
+class RPN(nn.Layer):
+    """Head + anchors + targets + proposals. `forward(feats, image_size, targets)` returns
+    (proposals: list of [N_i, 4] tensors per image, losses: dict, empty in eval)."""
+
+    def __init__(self, channels=256, anchor_sizes=(32, 64, 128, 256, 512), aspect_ratios=(0.5, 1.0, 2.0),
+                 strides=(4, 8, 16, 32, 64), batch_size_per_image=256, fg_fraction=0.5,
+                 positive_overlap=0.7, negative_overlap=0.3, use_random=True,
+                 train_pre_nms_top_n=2000, train_post_nms_top_n=1000, test_pre_nms_top_n=1000,
+                 test_post_nms_top_n=1000, nms_thresh=0.7, min_size=0.0, crowd_ignore_iou=-1.0):
+        super().__init__()
+        self.anchors = AnchorGenerator(anchor_sizes, aspect_ratios, strides)
+        self.head = RPNHead(channels, self.anchors.num_anchors)
+        self.batch_size_per_image, self.fg_fraction = batch_size_per_image, fg_fraction
+        self.positive_overlap, self.negative_overlap = positive_overlap, negative_overlap
+        self.use_random, self.crowd_ignore_iou = use_random, crowd_ignore_iou
+        self.train_top_n = (train_pre_nms_top_n, train_post_nms_top_n)
+        self.test_top_n = (test_pre_nms_top_n, test_post_nms_top_n)
+        self.nms_thresh, self.min_size = nms_thresh, min_size
+
+    def forward(self, feats, image_size, targets=None):
+        scores, deltas = self.head(feats)
+        anchors = self.anchors([f.shape[-2:] for f in feats])
+        proposals = self.proposals(scores, deltas, anchors, image_size)
+        losses = self.loss(scores, deltas, anchors, targets) if self.training else {}
+        return proposals, losses
+
+    @paddle.no_grad()
+    def proposals(self, scores, deltas, anchors, image_size):
+        pre, post = self.train_top_n if self.training else self.test_top_n
+        per_level = pre if self.training else post   # PaddleDetection's topk_after_collect (train)
+        out = []
+        for i in range(scores[0].shape[0]):
+            boxes, probs = [], []
+            size = image_size[i:i + 1].astype("float32")
+            for s, d, a in zip(scores, deltas, anchors):
+                a = paddle.to_tensor(a)
+                rois, prob, _ = paddle.vision.ops.generate_proposals(
+                    s[i:i + 1].detach(), d[i:i + 1].detach(), size, a, paddle.ones_like(a),
+                    pre_nms_top_n=pre, post_nms_top_n=per_level, nms_thresh=self.nms_thresh,
+                    min_size=self.min_size, eta=1.0, pixel_offset=False, return_rois_num=True)
+                boxes.append(rois)
+                probs.append(prob.reshape([-1]))
+            boxes, probs = paddle.concat(boxes), paddle.concat(probs)
+            if probs.shape[0] > post:
+                probs, keep = paddle.topk(probs, post)
+                boxes = paddle.gather(boxes, keep)
+            out.append(boxes)
+        return out
+
+    def targets(self, anchors, gt_boxes, gt_crowd):
+        """(labels [N] int8 in {1, 0, -1}, regression targets [N, 4]) of one image's anchors."""
+        iou = box_ops.box_iou(gt_boxes, anchors)
+        matches, match_labels = box_ops.match(iou, self.positive_overlap, self.negative_overlap, True,
+                                              gt_crowd, self.crowd_ignore_iou)
+        fg, bg = box_ops.subsample(np.flatnonzero(match_labels == 1), np.flatnonzero(match_labels == 0),
+                                   self.batch_size_per_image, self.fg_fraction, self.use_random)
+        labels = np.full(len(anchors), -1, np.int8)
+        labels[bg] = 0
+        labels[fg] = 1
+        deltas = np.zeros((len(anchors), 4), np.float32)
+        if len(fg):
+            deltas[fg] = box_ops.encode(anchors[fg], np.asarray(gt_boxes)[matches[fg]])
+        return labels, deltas
+
+    def loss(self, scores, deltas, anchors, targets):
+        all_anchors = np.concatenate(anchors)
+        # [B, sum(H W A)] logits and [B, sum(H W A), 4] deltas, in the anchors' order
+        logits = paddle.concat([s.transpose([0, 2, 3, 1]).reshape([s.shape[0], -1]) for s in scores], axis=1)
+        pred = paddle.concat([d.transpose([0, 2, 3, 1]).reshape([d.shape[0], -1, 4]) for d in deltas], axis=1)
+        labels, regs = [], []
+        for boxes, crowd in zip(targets["boxes"], targets["crowd"]):
+            lab, reg = self.targets(all_anchors, boxes, crowd)
+            labels.append(lab)
+            regs.append(reg)
+        labels, regs = np.stack(labels).reshape(-1), np.stack(regs).reshape(-1, 4)
+        norm = float(self.batch_size_per_image * len(targets["boxes"]))
+        valid = np.flatnonzero(labels >= 0)
+        pos = np.flatnonzero(labels == 1)
+        flat_logits, flat_pred = logits.reshape([-1]), pred.reshape([-1, 4])
+        if len(valid):
+            loss_cls = F.binary_cross_entropy_with_logits(
+                paddle.gather(flat_logits, paddle.to_tensor(valid)),
+                paddle.to_tensor(labels[valid].astype(np.float32)), reduction="sum") / norm
+        else:
+            loss_cls = flat_logits.sum() * 0.0
+        if len(pos):
+            loss_reg = paddle.abs(paddle.gather(flat_pred, paddle.to_tensor(pos))
+                                  - paddle.to_tensor(regs[pos])).sum() / norm
+        else:
+            loss_reg = flat_pred.sum() * 0.0
+        return {"loss_rpn_cls": loss_cls, "loss_rpn_reg": loss_reg}
