@@ -67,7 +67,7 @@ def test_exported_program_matches_the_dynamic_model(path, tmp_path, yt8m_demo, k
 
 def test_infer_with_the_exported_model_writes_what_the_dynamic_one_writes(tsn_demo_run, attention_lstm_run,
                                                                           yt8m_demo, kinetics_demo, tmp_path):
-    videos = os.path.join(kinetics_demo["appearance"], "val")
+    videos = os.path.join(kinetics_demo["appearance"], "videos", "val", "red")
     shard = os.path.join(yt8m_demo, "tfrecord", "validate0000.tfrecord")
     runs, outs = [], {}
     for name, cfg, run, inputs in [("tsn", TSN_DEMO, tsn_demo_run, videos),
