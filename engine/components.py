@@ -19,6 +19,7 @@ COMPONENT_MODULES = [
     "metrics.detection",
     "metrics.translation",
     "models.vision.resnet",
+    "models.vision.deeplabv3",
     "models.video.attention_lstm",
     "models.video.nextvlad",
     "models.video.attention_cluster",

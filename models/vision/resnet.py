@@ -109,6 +109,9 @@ class ResNet(nn.Layer):
         freeze_norm: BN scale/shift do not train either (implies norm_eval; PaddleDetection default).
         num_classes: > 0 adds global pooling + fc, and forward returns logits [N, num_classes]
             instead of the feature list (ImageNet classification).
+        recompute: in training, keep only each stage's input and output and recompute the stage's
+            inside during backward (less activation memory, one more forward of the trunk); the
+            gradients and the BN running statistics are those of a plain step (`recompute_stage`).
     """
 
     head_keys = [r"fc\.(weight|bias)"]  # the ImageNet classifier, if any: replaced when fine-tuning
@@ -116,7 +119,7 @@ class ResNet(nn.Layer):
     def __init__(self, depth: int = 50, variant: str = "b", in_channels: int = 3,
                  output_stride: int = 32, multi_grid: list = None, out_indices: list = None,
                  frozen_stages: int = -1, norm_eval: bool = False, freeze_norm: bool = False,
-                 num_classes: int = 0):
+                 num_classes: int = 0, recompute: bool = False):
         super().__init__()
         if depth not in DEPTHS:
             raise ConfigError(f"ResNet: depth {depth} is not supported; choose one of {sorted(DEPTHS)}")
@@ -135,6 +138,7 @@ class ResNet(nn.Layer):
         if frozen_stages not in (-1, 0, 1, 2, 3, 4):
             raise ConfigError(f"ResNet: frozen_stages {frozen_stages} must be in -1..4")
         self.depth, self.variant, self.out_indices = depth, variant, out_indices
+        self.output_stride, self.recompute = output_stride, recompute
         block_cls = Bottleneck if kind == "bottleneck" else BasicBlock
         norm_eval = norm_eval or freeze_norm
 
@@ -183,12 +187,40 @@ class ResNet(nn.Layer):
     def forward(self, x):
         x = self.forward_stem(x)
         feats = []
+        remat = self.recompute and self.training and paddle.is_grad_enabled()
         for stage in self.stages:
-            x = stage(x)
+            x = recompute_stage(stage, x) if remat else stage(x)
             feats.append(x)
         if self.fc is not None:
             return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
         return [feats[i] for i in self.out_indices]
+
+
+def recompute_stage(stage, x):
+    """`stage(x)` whose inner activations are recomputed during backward instead of kept.
+
+    paddle's recompute runs the stage once without gradients and again inside backward; its BN
+    layers would then fold the batch into their running statistics twice, so the second run puts
+    them back. An input that needs no gradient (a frozen stem's output) is given one: otherwise
+    paddle's PyLayer would mark the output as constant and the stage would get no gradients.
+    """
+    from paddle.distributed.fleet.utils import recompute
+
+    def run(inp):
+        if not paddle.is_grad_enabled():   # the first run (under no_grad): a normal forward
+            return stage(inp)
+        norms = [m for m in stage.sublayers() if isinstance(m, nn.layer.norm._BatchNormBase)]
+        kept = [(m._mean.clone(), m._variance.clone()) for m in norms]
+        out = stage(inp)
+        for m, (mean, var) in zip(norms, kept):
+            m._mean.set_value(mean)
+            m._variance.set_value(var)
+        return out
+
+    if x.stop_gradient:
+        x = x.detach()
+        x.stop_gradient = False
+    return recompute(run, x)
 
 
 def build_backbone(cfg, **forced):
