@@ -1,6 +1,6 @@
 """Generate the small demo datasets (real formats) that the demo recipes and the tests train on.
 
-python data/make_demo.py [youtube8m] [kinetics] [--root data]   (default: all)
+python data/make_demo.py [youtube8m] [kinetics] [segmentation] [--root data]   (default: all)
 Each dataset is written once; a `DONE` marker makes later calls no-ops.
 """
 import argparse
@@ -21,7 +21,12 @@ def _kinetics(root):
     return demo_kinetics.make(os.path.join(root, "kinetics_demo"))
 
 
-GENERATORS = {"youtube8m": _youtube8m, "kinetics": _kinetics}
+def _segmentation(root):
+    from data import demo_segmentation
+    return demo_segmentation.make(os.path.join(root, "voc_demo"))
+
+
+GENERATORS = {"youtube8m": _youtube8m, "kinetics": _kinetics, "segmentation": _segmentation}
 
 
 def main(argv=None):

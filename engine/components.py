@@ -12,6 +12,8 @@ COMPONENT_MODULES = [
     "readers.youtube8m",
     "readers.kinetics",
     "readers.transforms",
+    "readers.image_transforms",
+    "readers.segmentation",
     "readers.video_transforms",
     "metrics.youtube8m",
     "metrics.classification",
