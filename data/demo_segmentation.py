@@ -3,9 +3,11 @@
 Classes: background, disc, square, triangle, cross. Each image (112-160 x 96-128 px) has a textured
 background (stripes, checks, blotches or a gradient, with noise) and 2-5 shapes of random colour,
 size and rotation; about half of them are placed touching or overlapping an earlier one (the later
-shape is in front, and the label follows what is visible). Colour says nothing about the class:
-only the outline does. As in VOC, a band of about two pixels along every object's visible outline
-is labelled 255 (ignored), and images are JPEG.
+shape is in front, and the label follows what is visible). Colour is a hint, not the answer: 75% of
+the shapes of a class have its typical hue (discs red, squares yellow-green, triangles cyan, crosses
+violet, +-15 degrees), the others any hue, so colour alone gets about 3 of 4 shapes right and only
+the outline settles the rest. As in VOC, a band of about two pixels along every object's visible
+outline is labelled 255 (ignored), and images are JPEG.
 
 Layout (what readers.segmentation.PascalVOC reads, with `label_names`):
     <root>/VOCdevkit/VOC2012/JPEGImages/<id>.jpg
@@ -25,7 +27,8 @@ import cv2
 import numpy as np
 
 CLASSES = ["background", "disc", "square", "triangle", "cross"]
-PARAMS = {"version": 1, "train": 240, "val": 48, "seed": 10}
+PARAMS = {"version": 2, "train": 240, "val": 48, "seed": 10, "typical_hue": 0.75}
+CLASS_HUES = [None, 0, 45, 90, 135]     # OpenCV hue (0-180) typical of each shape class
 
 
 def voc_palette():
@@ -78,7 +81,7 @@ def _shape_mask(kind, h, w, cx, cy, r, angle):
     return mask
 
 
-def make_image(rng):
+def make_image(rng, typical_hue=PARAMS["typical_hue"]):
     """(uint8 RGB image [h, w, 3], uint8 label [h, w]) of one random scene."""
     h, w = int(rng.integers(96, 129)), int(rng.integers(112, 161))
     img = _texture(rng, h, w)
@@ -98,7 +101,8 @@ def make_image(rng):
         m = _shape_mask(kind, h, w, cx, cy, r, rng.uniform(0, 2 * np.pi)).astype(bool)
         if m.sum() < 30:
             continue
-        colour = cv2.cvtColor(np.uint8([[[rng.integers(0, 180), rng.integers(120, 256), rng.integers(90, 256)]]]),
+        hue = CLASS_HUES[kind] + rng.uniform(-7.5, 7.5) if rng.random() < typical_hue else rng.uniform(0, 180)
+        colour = cv2.cvtColor(np.uint8([[[int(hue) % 180, rng.integers(120, 256), rng.integers(90, 256)]]]),
                               cv2.COLOR_HSV2RGB)[0, 0].astype(np.float32)
         fill = colour + rng.normal(0, 8, (h, w, 3))
         img[m] = fill[m]
@@ -135,7 +139,7 @@ def make(root, params=PARAMS):
     for split in ("train", "val"):
         ids = []
         for n in range(params[split]):
-            img, label = make_image(rng)
+            img, label = make_image(rng, params["typical_hue"])
             name = f"{split}_{n:04d}"
             cv2.imwrite(os.path.join(voc, "JPEGImages", name + ".jpg"), img[:, :, ::-1],
                         [cv2.IMWRITE_JPEG_QUALITY, 92])

@@ -49,3 +49,22 @@ def tsn_demo_run(kinetics_demo, tmp_path_factory):
     out = tmp_path_factory.mktemp("tsn_demo")
     tool("train", "-c", TSN_DEMO, "--output", out)
     return out
+
+
+DEEPLAB_DEMO = "configs/vision/deeplabv3/deeplabv3_demo.yaml"
+
+
+@pytest.fixture(scope="session")
+def voc_demo():
+    """The generated VOC-format segmentation demo (written once, where `python data/make_demo.py
+    segmentation` writes it); returns its VOCdevkit folder."""
+    from data import demo_segmentation
+    return demo_segmentation.make(os.path.join(_ROOT, "data", "voc_demo"))
+
+
+@pytest.fixture(scope="session")
+def deeplab_demo_run(voc_demo, tmp_path_factory):
+    """The DeepLabV3 demo recipe trained once; the eval and infer tests reuse its weights."""
+    out = tmp_path_factory.mktemp("deeplab_demo")
+    tool("train", "-c", DEEPLAB_DEMO, "--output", out)
+    return out

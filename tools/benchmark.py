@@ -24,6 +24,7 @@ from engine.cpu import cpu_info
 
 # (name, config, overrides, batch size, note): what `make bench` measures for the README.
 YT8M_DEMO = ["reader.train.files=[data/youtube8m_demo/train.list]", "reader.train.num_workers=0"]
+VOC_DEMO = ["reader.train.root=data/voc_demo/VOCdevkit", "reader.train.mode=train", "runtime.sync_bn=false"]
 PCA_DEMO = ["reader.train.transforms.0.eigenvalues_file=data/youtube8m_demo/yt8m_pca/eigenvals.npy"]
 BENCH_TABLE = [
     ("AttentionLSTM", "configs/video/attention_lstm/attention_lstm_bilstm_10e_youtube8m.yaml",
@@ -42,6 +43,11 @@ BENCH_TABLE = [
      ["reader.train.list_file=data/kinetics_demo/kinetics_motion/train.list",
       "reader.train.label_names=data/kinetics_demo/kinetics_motion/label_names.txt"], 2,
      "full-size model, 7 segments x 5 frames x 224, on the 80x64 demo videos"),
+    # the VOC recipe's transforms (512x512 padding crops) on the demo images, which they pad up to 512
+    ("DeepLabV3-R50-OS8", "configs/vision/deeplabv3/deeplabv3_r50vd_os8_40k_voc12aug.yaml", VOC_DEMO, 2,
+     "full-size R50-vd OS8, 21 classes, 512x512 crops (demo images padded up)"),
+    ("DeepLabV3-R50-OS8-recompute", "configs/vision/deeplabv3/deeplabv3_r50vd_os8_40k_voc12aug.yaml",
+     VOC_DEMO + ["model.backbone.recompute=true"], 2, "the same with backbone.recompute: true"),
 ]
 
 

@@ -97,13 +97,14 @@ def segmentation_loss(logits, label, ignore_index=255, ohem_thresh=None, ohem_mi
     mask = valid.astype(loss.dtype)
     if ohem_thresh is not None:
         num_valid = int(valid.astype("int64").sum().item())
-        if 0 < ohem_min_kept < num_valid:
+        if ohem_min_kept < num_valid:
             with paddle.no_grad():
                 prob = paddle.exp(-loss.detach())       # softmax probability of the true class
-                prob = paddle.where(valid, prob, paddle.full_like(prob, 2.0)).reshape([-1])
-                kth = paddle.kthvalue(prob, ohem_min_kept)[0].item()
-                thresh = max(float(ohem_thresh), kth)
-                mask = mask * (prob.reshape(mask.shape) < thresh).astype(mask.dtype)
+                prob = paddle.where(valid, prob, paddle.full_like(prob, 2.0))
+                thresh = float(ohem_thresh)
+                if ohem_min_kept > 0:
+                    thresh = max(thresh, paddle.kthvalue(prob.reshape([-1]), ohem_min_kept)[0].item())
+                mask = mask * (prob < thresh).astype(mask.dtype)
     mask.stop_gradient = True
     return (loss * mask).mean() / (mask.mean() + 1e-8)
 
@@ -290,11 +291,10 @@ for _name, _depth, _data, _dataset, _config, _ss, _flip, _ms, _folder in _RELEAS
     WEIGHTS.add(PretrainedEntry(
         name=_name,
         config=_config,
-        reproduced=("official PaddleSeg outputs matched on golden weights (R50-vd OS8, 19 classes); "
-                    "demo recipe trained (see README); not downloaded, not run on the dataset"
-                    if (_depth, _data) == (50, "cityscapes") else
-                    "key map tested on the official parameter table (R50-vd OS8); not downloaded, "
-                    "not run on the dataset"),
+        reproduced={50: "official PaddleSeg outputs matched on golden weights (R50-vd OS8, 19 classes); "
+                        "not downloaded, not run on the dataset",
+                    101: "key map of the R50 table (R101's bb_2_0..bb_2_22 follow the same rule, no "
+                         "official R101 table checked); not downloaded, not run on the dataset"}[_depth],
         model="DeepLabV3",
         urls=[f"https://bj.bcebos.com/paddleseg/dygraph/{_folder}/model.pdparams"],
         source="PaddleSeg dygraph .pdparams (backbone.conv1_1._conv, backbone.bb_0_0.conv0, "
