@@ -230,3 +230,19 @@ def test_recompute_gives_the_same_gradients_and_bn_statistics():
     ours, theirs = remat.state_dict(), plain.state_dict()
     for k in ours:                               # BN running statistics updated once, not twice
         np.testing.assert_array_equal(ours[k].numpy(), theirs[k].numpy(), err_msg=k)
+
+
+def test_recompute_under_data_parallel(tmp_path):
+    """2 processes (gloo): paddle's reentrant recompute fails inside DataParallel's gradient reducer;
+    the backbone's recompute gives the gradients of a plain step, the same on both ranks."""
+    import subprocess
+    from tests.helpers import ENV, ROOT
+    proc = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
+                           "--log_dir", str(tmp_path / "log"), os.path.join(ROOT, "tests", "dp_recompute_worker.py"),
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
+    logs = "".join(open(tmp_path / "log" / f).read()[-2000:] for f in os.listdir(tmp_path / "log")
+                   if f.startswith("workerlog")) if (tmp_path / "log").is_dir() else proc.stderr
+    assert proc.returncode == 0, logs
+    for rank in (0, 1):
+        got = json.load(open(tmp_path / f"rank{rank}.json"))
+        assert got["num_grads"] == 3 + 8 * 2 * 3 + 4 * 3   # stem, 8 blocks of 2 conv+BN, 4 shortcuts and got["ranks_agree"] and got["max_diff"] <= 1e-6, got

@@ -199,15 +199,17 @@ class ResNet(nn.Layer):
 def recompute_stage(stage, x):
     """`stage(x)` whose inner activations are recomputed during backward instead of kept.
 
-    paddle's recompute runs the stage once without gradients and again inside backward; its BN
-    layers would then fold the batch into their running statistics twice, so the second run puts
-    them back. An input that needs no gradient (a frozen stem's output) is given one: otherwise
-    paddle's PyLayer would mark the output as constant and the stage would get no gradients.
+    paddle's non-reentrant recompute (saved-tensor hooks: it works under paddle.DataParallel, where
+    the reentrant one fails in the gradient reducer) runs the stage again inside backward; its BN
+    layers would then fold the batch into their running statistics twice, so every run after the
+    first puts them back.
     """
     from paddle.distributed.fleet.utils import recompute
+    runs = []
 
     def run(inp):
-        if not paddle.is_grad_enabled():   # the first run (under no_grad): a normal forward
+        runs.append(1)
+        if len(runs) == 1:                 # the forward pass proper
             return stage(inp)
         norms = [m for m in stage.sublayers() if isinstance(m, nn.layer.norm._BatchNormBase)]
         kept = [(m._mean.clone(), m._variance.clone()) for m in norms]
@@ -217,10 +219,7 @@ def recompute_stage(stage, x):
             m._variance.set_value(var)
         return out
 
-    if x.stop_gradient:
-        x = x.detach()
-        x.stop_gradient = False
-    return recompute(run, x)
+    return recompute(run, x, use_reentrant=False)
 
 
 def build_backbone(cfg, **forced):
