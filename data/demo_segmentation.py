@@ -1,11 +1,11 @@
 """A small Pascal-VOC-format segmentation demo: shapes on textured backgrounds, palette label PNGs.
 
 Classes: background, disc, square, triangle, cross. Each image (112-160 x 96-128 px) has a textured
-background (stripes, checks, blotches or a gradient, with noise) and 3-6 shapes of random size
-(radius 14-26 px) and rotation; about half of them are placed touching or overlapping an earlier one (the later
-shape is in front, and the label follows what is visible). Colour is a hint, not the answer: 75% of
+background (stripes, checks, blotches or a gradient, with noise) and 2-4 shapes of random size
+(radius 14-28 px) and rotation; about half of them are placed touching or overlapping an earlier one (the later
+shape is in front, and the label follows what is visible). Colour is a hint, not the answer: 80% of
 the shapes of a class have its typical hue (discs red, squares yellow-green, triangles cyan, crosses
-violet, +-15 degrees), the others any hue, so colour alone gets about 3 of 4 shapes right and only
+violet, +-15 degrees), the others any hue, so colour alone gets about 4 of 5 shapes right and only
 the outline settles the rest. As in VOC, a band of about two pixels along every object's visible
 outline is labelled 255 (ignored), and images are JPEG.
 
@@ -27,7 +27,7 @@ import cv2
 import numpy as np
 
 CLASSES = ["background", "disc", "square", "triangle", "cross"]
-PARAMS = {"version": 4, "train": 240, "val": 48, "seed": 10, "typical_hue": 0.75}
+PARAMS = {"version": 5, "train": 240, "val": 48, "seed": 10, "typical_hue": 0.8}
 CLASS_HUES = [None, 0, 45, 90, 135]     # OpenCV hue (0-180) typical of each shape class
 
 
@@ -72,8 +72,8 @@ def _shape_mask(kind, h, w, cx, cy, r, angle):
     elif kind == 2:
         s = r * 0.85
         poly([(-s, -s), (s, -s), (s, s), (-s, s)])
-    elif kind == 3:
-        poly([(r * np.cos(t), r * np.sin(t)) for t in (-np.pi / 2, np.pi / 6, 5 * np.pi / 6)])
+    elif kind == 3:   # circumradius 1.35 r: about the area of the other shapes (2.4 r^2)
+        poly([(1.35 * r * np.cos(t), 1.35 * r * np.sin(t)) for t in (-np.pi / 2, np.pi / 6, 5 * np.pi / 6)])
     else:
         a, b = r, r * 0.33
         poly([(-a, -b), (a, -b), (a, b), (-a, b)])
@@ -88,9 +88,9 @@ def make_image(rng, typical_hue=PARAMS["typical_hue"]):
     label = np.zeros((h, w), np.uint8)
     owner = np.zeros((h, w), np.int32)          # which object is visible (0: background)
     placed = []
-    for k in range(1, int(rng.integers(3, 7)) + 1):
+    for k in range(1, int(rng.integers(2, 5)) + 1):
         kind = int(rng.integers(1, len(CLASSES)))
-        r = float(rng.uniform(14, 26))
+        r = float(rng.uniform(14, 28))
         if placed and rng.random() < 0.5:       # touch or overlap an earlier shape
             px, py, pr = placed[int(rng.integers(len(placed)))]
             a = rng.uniform(0, 2 * np.pi)

@@ -120,8 +120,8 @@ class SegmentationDataset(SampleDataset):
 
     def _setup(self, label_names, ignore_index, transforms, seed, skip_bad):
         SampleDataset.__init__(self, transforms=transforms, seed=seed, skip_bad=skip_bad)
-        if not 0 <= ignore_index <= 255:
-            raise ConfigError(f"{type(self).__name__}.ignore_index must be in 0..255, got {ignore_index}")
+        if ignore_index < 0:
+            raise ConfigError(f"{type(self).__name__}.ignore_index must be >= 0, got {ignore_index}")
         self.label_names = list(label_names)
         self.num_classes = len(self.label_names)
         if ignore_index < self.num_classes:
