@@ -33,9 +33,9 @@ def main():
     if os.path.isdir(weights):
         weights = os.path.join(weights, "model.pdparams")
     load_pretrained(model, weights, strict=True, weights_format=args.weights_format)
-    loader, _, _ = builder.build_loader(cfg, split, rt_cfg["seed"], rt["world_size"], rt["rank"])
+    loader, dataset, _ = builder.build_loader(cfg, split, rt_cfg["seed"], rt["world_size"], rt["rank"])
     amp = config.section(config.section(cfg, "train", config.TRAIN_KEYS), "amp", config.AMP_KEYS)
-    metrics = evaluate(model, loader, builder.build_metric(cfg), amp)
+    metrics = evaluate(model, loader, builder.build_metric(cfg, dataset), amp)   # the metric sees its dataset
     if rt["rank"] == 0:
         trainer.write_metrics(metrics, output)
         print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
