@@ -97,12 +97,13 @@ class MeanIoU(IndexedMetric):
         return keys
 
     def names(self):
-        return (["miou", "pixel_acc"] + self._keys() + (["miou_all_background"] if self.background_baseline else [])
-                + ["num_samples"])
+        baseline = ["miou_all_background"] if self.background_baseline else []
+        return ["miou", "pixel_acc"] + self._keys() + baseline + ["num_samples"]
 
     def update(self, preds, batch):
         if self.num_classes is None:
-            raise ConfigError("metric MeanIoU: num_classes unknown (the dataset does not say; set metric.num_classes)")
+            raise ConfigError("metric MeanIoU: num_classes unknown (the dataset does not say; "
+                              "set metric.num_classes)")
         if "label_map" not in preds:
             raise ConfigError(f"metric MeanIoU: predictions have no 'label_map' (keys: {sorted(preds)})")
         if "label" not in batch:

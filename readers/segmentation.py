@@ -262,7 +262,8 @@ class PascalVOC(SegmentationDataset):
         for list_name, label_dir in lists:
             path = os.path.join(sets, list_name)
             if not os.path.isfile(path):
-                hint = " (run data/prepare_voc_sbd.py to make the SBD trainaug set)" if list_name == "aug.txt" else ""
+                hint = " (run data/prepare_voc_sbd.py to make the SBD trainaug set)" \
+                    if list_name == "aug.txt" else ""
                 raise ConfigError(f"PascalVOC: image list not found: {path}{hint}")
             with open(path, encoding="utf-8") as f:
                 ids = [ln.strip() for ln in f if ln.strip()]

@@ -245,4 +245,5 @@ def test_recompute_under_data_parallel(tmp_path):
     assert proc.returncode == 0, logs
     for rank in (0, 1):
         got = json.load(open(tmp_path / f"rank{rank}.json"))
-        assert got["num_grads"] == 3 + 8 * 2 * 3 + 4 * 3   # stem, 8 blocks of 2 conv+BN, 4 shortcuts and got["ranks_agree"] and got["max_diff"] <= 1e-6, got
+        assert got["num_grads"] == 3 + 8 * 2 * 3 + 4 * 3, got   # stem, 8 blocks x 2 conv + BN, 4 shortcuts
+        assert got["ranks_agree"] and got["max_diff"] <= 1e-6, got
