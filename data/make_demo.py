@@ -1,6 +1,7 @@
 """Generate the small demo datasets (real formats) that the demo recipes and the tests train on.
 
-python data/make_demo.py [youtube8m] [kinetics] [translation] [bert] [coco] [--root data]   (default: all)
+python data/make_demo.py [youtube8m] [kinetics] [translation] [bert] [coco] [segmentation] [--root data]
+                                                                                         (default: all)
 Each dataset is written once; a `DONE` marker makes later calls no-ops.
 """
 import argparse
@@ -36,8 +37,13 @@ def _coco(root):
     return demo_coco.make(root)
 
 
+def _segmentation(root):
+    from data import demo_segmentation
+    return demo_segmentation.make(os.path.join(root, "voc_demo"))
+
+
 GENERATORS = {"youtube8m": _youtube8m, "kinetics": _kinetics, "translation": _translation, "bert": _bert,
-              "coco": _coco}
+              "coco": _coco, "segmentation": _segmentation}
 
 
 def main(argv=None):

@@ -102,4 +102,20 @@ def mask_rcnn_demo_run(coco_demo, tmp_path_factory):
     """The Mask R-CNN demo recipe trained once; the eval and infer tests reuse its weights."""
     out = tmp_path_factory.mktemp("mask_rcnn_demo")
     tool("train", "-c", MASK_RCNN_DEMO, "--output", out, timeout=1800)
+DEEPLAB_DEMO = "configs/vision/deeplabv3/deeplabv3_demo.yaml"
+
+
+@pytest.fixture(scope="session")
+def voc_demo():
+    """The generated VOC-format segmentation demo (written once, where `python data/make_demo.py
+    segmentation` writes it); returns its VOCdevkit folder."""
+    from data import demo_segmentation
+    return demo_segmentation.make(os.path.join(_ROOT, "data", "voc_demo"))
+
+
+@pytest.fixture(scope="session")
+def deeplab_demo_run(voc_demo, tmp_path_factory):
+    """The DeepLabV3 demo recipe trained once; the eval and infer tests reuse its weights."""
+    out = tmp_path_factory.mktemp("deeplab_demo")
+    tool("train", "-c", DEEPLAB_DEMO, "--output", out)
     return out

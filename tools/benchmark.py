@@ -35,6 +35,7 @@ from engine.cpu import cpu_info
 
 # (name, config, overrides, batch size, note): what `make bench` measures for the README.
 YT8M_DEMO = ["reader.train.files=[data/youtube8m_demo/train.list]", "reader.train.num_workers=0"]
+VOC_DEMO = ["reader.train.root=data/voc_demo/VOCdevkit", "reader.train.mode=train", "runtime.sync_bn=false"]
 PCA_DEMO = ["reader.train.transforms.0.eigenvalues_file=data/youtube8m_demo/yt8m_pca/eigenvals.npy"]
 TRANSFORMER_ON_DEMO = [f"reader.train.{k}={v}" for k, v in (
     ("src_file", "data/translation_demo/train.en"), ("tgt_file", "data/translation_demo/train.xx"),
@@ -83,6 +84,11 @@ BENCH_TABLE = [
      ["reader.train.ann_file=data/coco_demo/annotations/instances_bench.json",
       "reader.train.image_dir=data/coco_demo/bench", "reader.train.transforms.0.short_sizes=[800]"], 1,
      "full-size model, 800x1333 (8 synthetic 480x800 images, 1-4 objects each)"),
+    # the VOC recipe's transforms (512x512 padding crops) on the demo images, which they pad up to 512
+    ("DeepLabV3-R50-OS8", "configs/vision/deeplabv3/deeplabv3_r50vd_os8_40k_voc12aug.yaml", VOC_DEMO, 2,
+     "full-size R50-vd OS8, 21 classes, 512x512 crops (demo images padded up)"),
+    ("DeepLabV3-R50-OS8-recompute", "configs/vision/deeplabv3/deeplabv3_r50vd_os8_40k_voc12aug.yaml",
+     VOC_DEMO + ["model.backbone.recompute=true"], 2, "the same with backbone.recompute: true"),
 ]
 
 

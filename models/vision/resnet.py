@@ -110,6 +110,9 @@ class ResNet(nn.Layer):
             instead of the feature list (ImageNet classification).
         base_channels: width of the stem and of stage 1 (64 in every kit; the stages double it);
             smaller values make narrow trunks for demos and tests (no pretrained file fits them).
+        recompute: in training, keep only each stage's input and output and recompute the stage's
+            inside during backward (less activation memory, one more forward of the trunk); the
+            gradients and the BN running statistics are those of a plain step (`recompute_stage`).
     """
 
     head_keys = [r"fc\.(weight|bias)"]  # the ImageNet classifier, if any: replaced when fine-tuning
@@ -117,7 +120,7 @@ class ResNet(nn.Layer):
     def __init__(self, depth: int = 50, variant: str = "b", in_channels: int = 3,
                  output_stride: int = 32, multi_grid: list = None, out_indices: list = None,
                  frozen_stages: int = -1, norm_eval: bool = False, freeze_norm: bool = False,
-                 num_classes: int = 0, base_channels: int = 64):
+                 num_classes: int = 0, base_channels: int = 64, recompute: bool = False):
         super().__init__()
         if depth not in DEPTHS:
             raise ConfigError(f"ResNet: depth {depth} is not supported; choose one of {sorted(DEPTHS)}")
@@ -140,6 +143,7 @@ class ResNet(nn.Layer):
         widths = [base_channels * m for m in (1, 2, 4, 8)]
         stem_w = [base_channels // 2, base_channels // 2, base_channels]   # vd: 32, 32, 64 at 64
         self.depth, self.variant, self.out_indices = depth, variant, out_indices
+        self.output_stride, self.recompute = output_stride, recompute
         block_cls = Bottleneck if kind == "bottleneck" else BasicBlock
         norm_eval = norm_eval or freeze_norm
 
@@ -189,12 +193,39 @@ class ResNet(nn.Layer):
     def forward(self, x):
         x = self.forward_stem(x)
         feats = []
+        remat = self.recompute and self.training and paddle.is_grad_enabled()
         for stage in self.stages:
-            x = stage(x)
+            x = recompute_stage(stage, x) if remat else stage(x)
             feats.append(x)
         if self.fc is not None:
             return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
         return [feats[i] for i in self.out_indices]
+
+
+def recompute_stage(stage, x):
+    """`stage(x)` whose inner activations are recomputed during backward instead of kept.
+
+    paddle's non-reentrant recompute (saved-tensor hooks: it works under paddle.DataParallel, where
+    the reentrant one fails in the gradient reducer) runs the stage again inside backward; its BN
+    layers would then fold the batch into their running statistics twice, so every run after the
+    first puts them back.
+    """
+    from paddle.distributed.fleet.utils import recompute
+    runs = []
+
+    def run(inp):
+        runs.append(1)
+        if len(runs) == 1:                 # the forward pass proper
+            return stage(inp)
+        norms = [m for m in stage.sublayers() if isinstance(m, nn.layer.norm._BatchNormBase)]
+        kept = [(m._mean.clone(), m._variance.clone()) for m in norms]
+        out = stage(inp)
+        for m, (mean, var) in zip(norms, kept):
+            m._mean.set_value(mean)
+            m._variance.set_value(var)
+        return out
+
+    return recompute(run, x, use_reentrant=False)
 
 
 def build_backbone(cfg, **forced):
