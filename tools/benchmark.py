@@ -254,8 +254,9 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
                 def run():
                     if predictor is not None:
                         return predictor(batch)
-                    with paddle.no_grad():
-                        return {k: v.numpy() for k, v in model(batch).items()}   # to host, as the predictor
+                    with paddle.no_grad():   # to host, as the predictor (lists: one array per sample)
+                        return {k: [t.numpy() for t in v] if isinstance(v, list) else v.numpy()
+                                for k, v in model(batch).items()}
                 for _ in range(2):
                     run()
                 times = []
@@ -285,6 +286,17 @@ INFER_TABLE = [
     ("AttentionLSTM", "configs/video/attention_lstm/attention_lstm_bilstm_10e_youtube8m.yaml",
      ["reader.val.files=[data/youtube8m_demo/val.list]", "reader.val.num_workers=0"],
      [1, 16], "full-size, demo TFRecords (10-150 frames)"),
+    # the exported network is timed with the Python around it (engine/export.py "pipeline"): the
+    # arg-max for DeepLabV3; proposals to detections (NMS, top-100, mask head, pasting) for Mask R-CNN
+    ("DeepLabV3-R50-OS8", "configs/vision/deeplabv3/deeplabv3_r50vd_os8_40k_voc12aug.yaml",
+     ["reader.val.root=data/voc_demo/VOCdevkit", "reader.val.num_workers=0", "runtime.sync_bn=false",
+      "reader.val.transforms=[{name: Scale, short_size: 512}, {name: CenterCrop, size: 512}, "
+      "{name: Normalize, mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5]}]"],
+     [1, 4], "full-size R50-vd OS8, 21 classes, whole 512x512 image (demo images resized)"),
+    ("MaskRCNN-R50-FPN", "configs/vision/mask_rcnn/mask_rcnn_r50_fpn_1x_coco.yaml",
+     ["reader.val.ann_file=data/coco_demo/annotations/instances_bench.json",
+      "reader.val.image_dir=data/coco_demo/bench", "reader.val.num_workers=0"],
+     [1, 2], "full-size R50-FPN, 800x1333 (480x800 demo images resized), 1000 proposals, 100 detections"),
 ]
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
+from paddle.static import InputSpec
 
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
@@ -195,44 +196,19 @@ class DeepLabV3(nn.Layer):
         return self._up(self.head_logits(self.backbone(x)), x.shape[2:])
 
     def slide_logits(self, x):
-        """Sliding windows (PaddleSeg's rule): rows = ceil((H - h) / stride_h) + 1 (1 when H <= h),
-        the last window of a row or column shifted back inside the image; the logits are summed
-        where windows overlap and divided by the number of windows that cover each pixel."""
-        (cw, ch), (sw, sh) = self.slide
-        H, W = x.shape[2:]
-        rows = 1 if H <= ch else math.ceil((H - ch) / sh) + 1
-        cols = 1 if W <= cw else math.ceil((W - cw) / sw) + 1
-        total, count = 0, np.zeros([1, 1, H, W], np.float32)
-        for r in range(rows):
-            for c in range(cols):
-                y2, x2 = min(r * sh + ch, H), min(c * sw + cw, W)
-                y1, x1 = max(y2 - ch, 0), max(x2 - cw, 0)
-                window = self.logits(x[:, :, y1:y2, x1:x2])
-                total = total + F.pad(window, [x1, W - x2, y1, H - y2])
-                count[:, :, y1:y2, x1:x2] += 1
-        return total / paddle.to_tensor(count)
+        """Sliding-window logits of `x` (see `slide_logits` below)."""
+        return slide_logits(self.logits, x, *self.slide)
 
     def predict_logits(self, x):
         """Evaluation logits at the input size: whole image or sliding windows, averaged over the
         test scales and flips."""
-        H, W = x.shape[2:]
-        run = self.slide_logits if self.slide else self.logits
-        total, n = 0, 0
-        for s in self.test_scales:
-            size = [int(H * s + 0.5), int(W * s + 0.5)]
-            xs = x if size == [H, W] else F.interpolate(x, size, mode="bilinear", align_corners=self.align_corners)
-            for flip in ([False, True] if self.test_flip else [False]):
-                out = run(paddle.flip(xs, axis=[3]) if flip else xs)
-                out = paddle.flip(out, axis=[3]) if flip else out
-                total = total + (out if size == [H, W] else self._up(out, [H, W]))
-                n += 1
-        return total / n if n > 1 else total
+        return aggregate_logits(self.logits, x, self.test_scales, self.test_flip, self.slide, self.align_corners)
 
     # ------------------------------------------------------------------------------ forward
     def forward(self, batch):
         x = batch["image"]
         if not self.training:
-            return {"label_map": self.predict_logits(x).argmax(axis=1).astype("int32")}
+            return self.run_exported(self.run_program, batch, self.pipeline_settings())
         if "label" not in batch:
             raise ConfigError("DeepLabV3: the training batch has no 'label' (int [B, H, W])")
         label = batch["label"]
@@ -245,9 +221,77 @@ class DeepLabV3(nn.Layer):
         aux = self._loss(self._up(self.aux(feats[2]), x.shape[2:]), label)
         return {"loss": seg + self.aux_weight * aux, "loss_seg": seg, "loss_aux": aux}
 
+    # ------------------------------------------------------------------------------ inference
+    # The network (image -> logits at its size) is what tools/export.py exports; the windows,
+    # scales, flips and the arg-max are `run_exported`, the Python the eval forward runs around
+    # this model's own network and the predictor (engine/predictor.py) around the exported one.
+    def run_program(self, name, inputs):
+        return {"logits": self.logits(inputs["image"])}
+
+    def pipeline_settings(self):
+        return {"test_scales": list(self.test_scales), "test_flip": bool(self.test_flip),
+                "slide": [list(v) for v in self.slide] if self.slide else None,
+                "align_corners": bool(self.align_corners)}
+
+    def export_spec(self, example=None):
+        """Batch and image size may vary."""
+        ch = self.backbone.stem[0].conv._in_channels
+        return {"inputs": {"image": InputSpec([None, ch, None, None], "float32")}, "outputs": ["logits"],
+                "pipeline": self.pipeline_settings()}
+
+    @staticmethod
+    @paddle.no_grad()
+    def run_exported(run, batch, settings):
+        """`label_map` int32 [B, H, W] from the network `run("model", {"image": x}) -> {"logits": ...}`
+        applied to the whole image or its windows, at each test scale, flipped or not."""
+        image = batch["image"]
+        image = image if isinstance(image, paddle.Tensor) else paddle.to_tensor(image)
+        logits = aggregate_logits(lambda x: run("model", {"image": x})["logits"], image, settings["test_scales"],
+                                  settings["test_flip"], settings["slide"], settings["align_corners"])
+        return {"label_map": logits.argmax(axis=1).astype("int32")}
+
     def _loss(self, logits, label):
         thresh = self.ohem_thresh if self.loss_name == "ohem" else None
         return segmentation_loss(logits, label, self.ignore_index, thresh, self.ohem_min_kept)
+
+
+def slide_logits(run, x, crop, stride):
+    """Sliding windows (PaddleSeg's rule) of `run` (image -> logits at its size): rows =
+    ceil((H - h) / stride_h) + 1 (1 when H <= h), the last window of a row or column shifted back
+    inside the image; the logits are summed where windows overlap and divided by the number of
+    windows that cover each pixel. crop, stride: [w, h]."""
+    (cw, ch), (sw, sh) = crop, stride
+    H, W = x.shape[2:]
+    rows = 1 if H <= ch else math.ceil((H - ch) / sh) + 1
+    cols = 1 if W <= cw else math.ceil((W - cw) / sw) + 1
+    total, count = 0, np.zeros([1, 1, H, W], np.float32)
+    for r in range(rows):
+        for c in range(cols):
+            y2, x2 = min(r * sh + ch, H), min(c * sw + cw, W)
+            y1, x1 = max(y2 - ch, 0), max(x2 - cw, 0)
+            window = run(x[:, :, y1:y2, x1:x2])
+            total = total + F.pad(window, [x1, W - x2, y1, H - y2])
+            count[:, :, y1:y2, x1:x2] += 1
+    return total / paddle.to_tensor(count)
+
+
+def aggregate_logits(run, x, scales=(1.0,), flip=False, slide=None, align_corners=False):
+    """Evaluation logits of `run` (image -> logits at its size) at the size of x: the whole image or
+    sliding windows (`slide` = (crop, stride)), averaged over the scales (image resized by each,
+    logits resized back, bilinear) and the horizontal flip (PaddleSeg's aug_inference)."""
+    H, W = x.shape[2:]
+    view = (lambda im: slide_logits(run, im, *slide)) if slide else run
+    total, n = 0, 0
+    for s in scales:
+        size = [int(H * s + 0.5), int(W * s + 0.5)]
+        xs = x if size == [H, W] else F.interpolate(x, size, mode="bilinear", align_corners=align_corners)
+        for flipped in ([False, True] if flip else [False]):
+            out = view(paddle.flip(xs, axis=[3]) if flipped else xs)
+            out = paddle.flip(out, axis=[3]) if flipped else out
+            total = total + (out if size == [H, W] else
+                             F.interpolate(out, [H, W], mode="bilinear", align_corners=align_corners))
+            n += 1
+    return total / n if n > 1 else total
 
 
 # ---------------------------------------------------------------------------------- key maps

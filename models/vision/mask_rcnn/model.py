@@ -24,6 +24,7 @@ Parameter names (ours; `ppdet_key_map` reaches PaddleDetection's):
 import numpy as np
 import paddle
 import paddle.nn as nn
+from paddle.static import InputSpec
 
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
@@ -45,6 +46,7 @@ ROI_DEFAULTS = dict(batch_size_per_image=512, fg_fraction=0.25, fg_thresh=0.5, b
                     use_random=True, box_resolution=7, mask_resolution=14, sampling_ratio=0,
                     aligned=False, box_weights=[10.0, 10.0, 5.0, 5.0])
 TEST_DEFAULTS = dict(score_thresh=0.05, nms_thresh=0.5, max_per_image=100, mask_thresh=0.5)
+FEATURE_KEYS = ("p2", "p3", "p4", "p5")      # the pyramid levels the RoI heads read
 
 
 def _settings(what, given, defaults):
@@ -104,17 +106,109 @@ class MaskRCNN(nn.Layer):
         return self.fpn(self.backbone(image))
 
     def forward(self, batch):
+        if not self.training:
+            return self.run_exported(self.run_program, batch, self.pipeline_settings())
         feats = self.features(batch["image"])
-        image_size = batch["image_size"]
-        if self.training:
-            targets = self._targets(batch)
-            proposals, losses = self.rpn(feats, image_size, targets)
-            losses.update(self._roi_losses(feats[:4], proposals, targets))
-            losses["loss"] = paddle.add_n([v for k, v in losses.items()])
-            return losses
-        proposals, _ = self.rpn(feats, image_size)
-        return self._predict(feats[:4], proposals, batch)
+        targets = self._targets(batch)
+        rois, rois_num, losses = self.rpn(feats, batch["image_size"], targets)
+        proposals = np.split(rois.numpy(), np.cumsum(rois_num.numpy())[:-1])
+        losses.update(self._roi_losses(feats[:4], proposals, targets))
+        losses["loss"] = paddle.add_n([v for k, v in losses.items()])
+        return losses
 
+    # ------------------------------------------------------------------------------ inference
+    # Inference is two networks with Python between them: "model" (backbone, FPN, proposals, box
+    # head: everything before the detection NMS) and "mask" (the mask head on the detected boxes),
+    # joined by `run_exported` (NMS, top-k, mask pasting). The eval forward runs exactly that code
+    # with the networks run here; tools/export.py exports the two networks as static programs and
+    # the predictor runs `run_exported` around them (engine/export.py).
+    def run_program(self, name, inputs):
+        return self.detect_program(inputs) if name == "model" else self.mask_program(inputs)
+
+    def detect_program(self, batch):
+        """image [B, 3, H, W], image_size [B, 2] -> the proposals (`rois` [N, 4] image by image,
+        `rois_num` [B]), their class logits [N, C+1] and class box deltas [N, 4C], and P2..P5."""
+        feats = self.features(batch["image"])
+        rois, rois_num, _ = self.rpn(feats, batch["image_size"])
+        logits, deltas = self.box_head(self.box_roi(feats[:4], rois, rois_num))
+        out = {"rois": rois, "rois_num": rois_num, "box_logits": logits, "box_deltas": deltas}
+        out.update(zip(FEATURE_KEYS, feats[:4]))
+        return out
+
+    def mask_program(self, inputs):
+        """P2..P5, boxes [K, 4] image by image, boxes_num [B], labels [K] -> mask_probs [K, 2R, 2R]
+        (the sigmoid of each box's class channel)."""
+        feats = [inputs[k] for k in FEATURE_KEYS]
+        logits = self.mask_head(self.mask_roi(feats, inputs["boxes"], inputs["boxes_num"]))
+        return {"mask_probs": paddle.nn.functional.sigmoid(roi_heads.select_class(logits, inputs["labels"]))}
+
+    def pipeline_settings(self):
+        t = self.test_cfg
+        return {"num_classes": self.num_classes, "box_weights": [float(w) for w in self.roi_cfg["box_weights"]],
+                "score_thresh": float(t["score_thresh"]), "nms_thresh": float(t["nms_thresh"]),
+                "max_per_image": int(t["max_per_image"]), "mask_thresh": float(t["mask_thresh"])}
+
+    def export_spec(self, example=None):
+        """Batch and image size may vary (images padded to a multiple of 32, as the recipes' PadImages)."""
+        c = self.fpn.out_channels
+        return {"inputs": {"image": InputSpec([None, self.backbone.stem[0].conv._in_channels, None, None], "float32"),
+                           "image_size": InputSpec([None, 2], "int64")},
+                "outputs": ["rois", "rois_num", "box_logits", "box_deltas", *FEATURE_KEYS],
+                "programs": {"mask": {
+                    "inputs": {**{k: InputSpec([None, c, None, None], "float32") for k in FEATURE_KEYS},
+                               "boxes": InputSpec([None, 4], "float32"), "boxes_num": InputSpec([None], "int32"),
+                               "labels": InputSpec([None], "int64")},
+                    "outputs": ["mask_probs"]}},
+                "pipeline": self.pipeline_settings()}
+
+    @staticmethod
+    @paddle.no_grad()
+    def run_exported(run, batch, settings):
+        """The detections of a batch from its two networks: `run(name, inputs) -> {key: tensor}` runs
+        "model" or "mask" (this model's layers, or the exported programs). Per image: class scores,
+        decoded boxes, per-class NMS and the best `max_per_image` (postprocess.detect), then the
+        mask head on the kept boxes, boxes mapped to the original image and masks pasted there.
+        Returns `bbox_num` [B] and per image `boxes`, `scores`, `labels`, `masks` (model docstring)."""
+        s, C = settings, settings["num_classes"]
+        image_size = _numpy(batch["image_size"]).reshape(-1, 2)
+        if len(image_size) != batch["image"].shape[0]:
+            raise ConfigError(f"MaskRCNN: image_size has {len(image_size)} rows for {batch['image'].shape[0]} images")
+        out = run("model", {"image": batch["image"], "image_size": batch["image_size"]})
+        starts = np.cumsum([0] + out["rois_num"].numpy().tolist())
+        dets = []
+        for i in range(len(image_size)):
+            a, b = int(starts[i]), int(starts[i + 1])
+            dets.append(postprocess.detect(out["box_logits"][a:b], out["box_deltas"][a:b], out["rois"][a:b],
+                                           image_size[i], C, s["box_weights"], s["score_thresh"], s["nms_thresh"],
+                                           s["max_per_image"]))
+        boxes_in = [d[0] for d in dets]
+        if sum(b.shape[0] for b in boxes_in):
+            probs = run("mask", {**{k: out[k] for k in FEATURE_KEYS}, "boxes": paddle.concat(boxes_in),
+                                 "boxes_num": paddle.to_tensor(np.array([b.shape[0] for b in boxes_in], np.int32)),
+                                 "labels": paddle.concat([d[2] for d in dets])})["mask_probs"].numpy()
+        else:
+            probs = np.zeros((0, 1, 1), np.float32)
+        scale = _numpy(batch["scale_factor"]).reshape(-1, 2) if "scale_factor" in batch \
+            else np.ones((len(dets), 2), np.float32)
+        orig = _numpy(batch["orig_size"]).reshape(-1, 2) if "orig_size" in batch else image_size
+        result = {"boxes": [], "scores": [], "labels": [], "masks": []}
+        start = 0
+        for i, (boxes, scores, labels) in enumerate(dets):
+            k = boxes.shape[0]
+            h, w = int(orig[i][0]), int(orig[i][1])
+            boxes_orig = postprocess.to_original(boxes.numpy().reshape(-1, 4), scale[i], (h, w))
+            # boxes empty after clipping are dropped, as PaddleDetection's results (label -1, skipped)
+            keep = np.flatnonzero((boxes_orig[:, 2] > boxes_orig[:, 0]) & (boxes_orig[:, 3] > boxes_orig[:, 1]))
+            masks = postprocess.paste_masks(probs[start:start + k][keep], boxes_orig[keep], h, w, s["mask_thresh"])
+            start += k
+            result["boxes"].append(paddle.to_tensor(boxes_orig[keep]))
+            result["scores"].append(paddle.to_tensor(scores.numpy().reshape(-1)[keep]))
+            result["labels"].append(paddle.to_tensor(labels.numpy().reshape(-1)[keep].astype(np.int64)))
+            result["masks"].append(paddle.to_tensor(masks))
+        result["bbox_num"] = paddle.to_tensor(np.array([b.shape[0] for b in result["boxes"]], np.int64))
+        return result
+
+    # ------------------------------------------------------------------------------ training
     def _targets(self, batch):
         for key in ("gt_boxes", "gt_classes", "gt_polygons"):
             if key not in batch:
@@ -134,7 +228,7 @@ class MaskRCNN(nn.Layer):
         r, C = self.roi_cfg, self.num_classes
         rois, classes, matched, target_boxes = [], [], [], []
         for i, props in enumerate(proposals):
-            s = roi_heads.sample_rois(props.numpy(), targets["boxes"][i], targets["classes"][i],
+            s = roi_heads.sample_rois(props, targets["boxes"][i], targets["classes"][i],
                                       targets["crowd"][i], C, r["batch_size_per_image"], r["fg_fraction"],
                                       r["fg_thresh"], r["bg_thresh"], r["use_random"], self.crowd_ignore_iou)
             for acc, v in zip((rois, classes, matched, target_boxes), s):
@@ -163,45 +257,9 @@ class MaskRCNN(nn.Layer):
         losses["loss_mask"] = roi_heads.mask_loss(mask_logits, np.concatenate(fg_classes), np.stack(fg_targets))
         return losses
 
-    @paddle.no_grad()
-    def _predict(self, feats, proposals, batch):
-        t, C = self.test_cfg, self.num_classes
-        logits, deltas = self.box_head(self.box_roi(feats, proposals))
-        counts = [p.shape[0] for p in proposals]
-        starts = np.cumsum([0] + counts)
-        sizes = batch["image_size"].numpy()
-        dets = []
-        for i, props in enumerate(proposals):
-            a, b = int(starts[i]), int(starts[i + 1])
-            dets.append(postprocess.detect(logits[a:b], deltas[a:b], props, sizes[i], C,
-                                           self.roi_cfg["box_weights"], t["score_thresh"], t["nms_thresh"],
-                                           t["max_per_image"]))
-        boxes_in = [d[0] for d in dets]
-        if sum(b.shape[0] for b in boxes_in):
-            mask_logits = self.mask_head(self.mask_roi(feats, boxes_in))
-            probs = paddle.nn.functional.sigmoid(
-                roi_heads.select_class(mask_logits, paddle.concat([d[2] for d in dets]))).numpy()
-        else:
-            probs = np.zeros((0, 1, 1), np.float32)
-        scale = batch["scale_factor"].numpy() if "scale_factor" in batch else np.ones((len(dets), 2), np.float32)
-        orig = batch["orig_size"].numpy() if "orig_size" in batch else sizes
-        out = {"bbox_num": paddle.to_tensor(np.array([b.shape[0] for b in boxes_in], np.int64)),
-               "boxes": [], "scores": [], "labels": [], "masks": []}
-        start = 0
-        for i, (boxes, scores, labels) in enumerate(dets):
-            k = boxes.shape[0]
-            h, w = int(orig[i][0]), int(orig[i][1])
-            boxes_orig = postprocess.to_original(boxes.numpy().reshape(-1, 4), scale[i], (h, w))
-            # boxes empty after clipping are dropped, as PaddleDetection's results (label -1, skipped)
-            keep = np.flatnonzero((boxes_orig[:, 2] > boxes_orig[:, 0]) & (boxes_orig[:, 3] > boxes_orig[:, 1]))
-            masks = postprocess.paste_masks(probs[start:start + k][keep], boxes_orig[keep], h, w, t["mask_thresh"])
-            start += k
-            out["boxes"].append(paddle.to_tensor(boxes_orig[keep]))
-            out["scores"].append(paddle.to_tensor(scores.numpy().reshape(-1)[keep]))
-            out["labels"].append(paddle.to_tensor(labels.numpy().reshape(-1)[keep].astype(np.int64)))
-            out["masks"].append(paddle.to_tensor(masks))
-        out["bbox_num"] = paddle.to_tensor(np.array([b.shape[0] for b in out["boxes"]], np.int64))
-        return out
+
+def _numpy(value):
+    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
 
 def _zero_loss(layer):

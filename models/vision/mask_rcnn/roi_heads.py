@@ -34,29 +34,29 @@ class MultiScaleRoIAlign(nn.Layer):
         self.sampling_ratio, self.aligned = sampling_ratio, aligned
         self.min_level, self.canonical = min_level, (canonical_level, canonical_size)
 
-    def forward(self, feats, rois):
-        """feats: [P2, P3, ...]; rois: list of [N_i, 4] per image."""
-        counts = [r.shape[0] for r in rois]
-        boxes = paddle.concat(rois) if len(rois) > 1 else rois[0]
-        n = boxes.shape[0]
-        if n == 0:
-            return paddle.zeros([0, feats[0].shape[1], self.resolution, self.resolution], feats[0].dtype)
+    def forward(self, feats, rois, rois_num=None):
+        """feats: [P2, P3, ...]; rois: [N, 4] of every image in order with rois_num [B] (int), or a
+        list of [N_i, 4] per image. Tensor operations only (no host round trip), so the exported
+        program runs the same code: each RoI goes to its level, the per-level results are put
+        back in the RoIs' order."""
+        if rois_num is None:
+            rois_num = paddle.to_tensor(np.array([r.shape[0] for r in rois], np.int32))
+            rois = paddle.concat(rois) if len(rois) > 1 else rois[0]
+        rois_num = rois_num.astype("int32")
+        images = paddle.arange(rois_num.shape[0], dtype="int32")
+        image_of = paddle.repeat_interleave(images, rois_num)
         max_level = self.min_level + len(self.scales) - 1
-        levels = box_ops.fpn_levels(boxes, self.min_level, max_level, *self.canonical).numpy()
-        image_of = np.repeat(np.arange(len(rois)), counts)
+        levels = box_ops.fpn_levels(rois, self.min_level, max_level, *self.canonical)
         parts, order = [], []
         for k, scale in enumerate(self.scales):
-            idx = np.flatnonzero(levels == self.min_level + k)
-            if not len(idx):
-                continue
-            per_image = np.bincount(image_of[idx], minlength=len(rois)).astype(np.int32)
+            idx = paddle.nonzero(levels == self.min_level + k).reshape([-1])
+            # RoIs of this level per image: roi_align's batch split
+            per_image = (paddle.gather(image_of, idx).unsqueeze(1) == images.unsqueeze(0)).astype("int32").sum(0)
             parts.append(paddle.vision.ops.roi_align(
-                feats[k], paddle.gather(boxes, paddle.to_tensor(idx)), paddle.to_tensor(per_image),
-                self.resolution, spatial_scale=scale, sampling_ratio=self.sampling_ratio,
-                aligned=self.aligned))
+                feats[k], paddle.gather(rois, idx), per_image, self.resolution, spatial_scale=scale,
+                sampling_ratio=self.sampling_ratio, aligned=self.aligned))
             order.append(idx)
-        restore = np.argsort(np.concatenate(order), kind="stable")
-        return paddle.gather(paddle.concat(parts), paddle.to_tensor(restore))
+        return paddle.gather(paddle.concat(parts), paddle.argsort(paddle.concat(order)))
 
 
 class BoxHead(nn.Layer):
@@ -104,9 +104,9 @@ class MaskHead(nn.Layer):
 
 def select_class(logits, classes):
     """logits [N, C, H, W], classes [N] -> logits[i, classes[i]] [N, H, W]."""
-    n, c = logits.shape[:2]
-    flat = logits.reshape([n * c] + list(logits.shape[2:]))
-    index = paddle.arange(n, dtype="int64") * c + classes.astype("int64")
+    c = logits.shape[1]
+    flat = logits.reshape([-1] + list(logits.shape[2:]))          # -1: N may be a dynamic size
+    index = paddle.arange(logits.shape[0], dtype="int64") * c + classes.astype("int64").reshape([-1])
     return paddle.gather(flat, index)
 
 

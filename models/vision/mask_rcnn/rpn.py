@@ -24,6 +24,28 @@ import paddle.nn.functional as F
 from models.vision.mask_rcnn import box_ops
 
 
+def best_per_image(boxes, probs, nums, top_n):
+    """Each image's proposals over the levels: all of them in level order when they are at most
+    `top_n`, else the best `top_n` by probability, best first.
+
+    boxes [N, 4], probs [N]: the levels concatenated, each level's rows image by image; nums: per
+    level the rows per image [B]. Returns (boxes [M, 4] image by image, rows per image [B] int32).
+    One stable sort by (image, key), key = -probability for an image over `top_n`, else the row's
+    position, then each image's first `top_n` rows.
+    """
+    images = paddle.arange(nums[0].shape[0], dtype="int32")
+    image_of = paddle.concat([paddle.repeat_interleave(images, n) for n in nums])
+    counts = paddle.add_n(nums) if len(nums) > 1 else nums[0]
+    position = paddle.arange(image_of.shape[0], dtype="float32")
+    key = paddle.where(paddle.gather(counts > top_n, image_of), -probs, position)
+    order = paddle.argsort(key, stable=True)
+    order = paddle.gather(order, paddle.argsort(paddle.gather(image_of, order), stable=True))
+    start = paddle.cumsum(counts).astype("int32") - counts
+    rank = paddle.arange(order.shape[0], dtype="int32") - paddle.gather(start, paddle.gather(image_of, order))
+    keep = paddle.gather(order, paddle.nonzero(rank < top_n).reshape([-1]))
+    return paddle.gather(boxes, keep), paddle.minimum(counts, paddle.full_like(counts, top_n))
+
+
 def cell_anchors(size, aspect_ratios):
     """[A, 4] anchors of one size centred on (0, 0), one per aspect ratio (h / w)."""
     out = []
@@ -62,6 +84,17 @@ class AnchorGenerator:
             out.append(self._cache[key])
         return out
 
+    def tensor(self, level, height, width):
+        """The same anchors [H*W*A, 4] of one level as a tensor computed from the feature size,
+        which may be a dynamic size of an exported program (float32 arithmetic as grid_anchors)."""
+        stride = self.strides[level]
+        ys = paddle.arange(height, dtype="float32") * stride
+        xs = paddle.arange(width, dtype="float32") * stride
+        yy, xx = paddle.meshgrid(ys, xs)
+        xx, yy = xx.reshape([-1]), yy.reshape([-1])
+        shifts = paddle.stack([xx, yy, xx, yy], axis=1)
+        return (shifts.unsqueeze(1) + paddle.to_tensor(self.cells[level]).unsqueeze(0)).reshape([-1, 4])
+
 
 class RPNHead(nn.Layer):
     """The convolutions shared by every level: objectness logits [B, A, H, W], deltas [B, 4A, H, W]."""
@@ -84,7 +117,8 @@ class RPNHead(nn.Layer):
 
 class RPN(nn.Layer):
     """Head + anchors + targets + proposals. `forward(feats, image_size, targets)` returns
-    (proposals: list of [N_i, 4] tensors per image, losses: dict, empty in eval)."""
+    (proposals [N, 4] of every image in order, proposals per image [B] int32, losses: dict, empty
+    in eval)."""
 
     def __init__(self, channels=256, anchor_sizes=(32, 64, 128, 256, 512), aspect_ratios=(0.5, 1.0, 2.0),
                  strides=(4, 8, 16, 32, 64), batch_size_per_image=256, fg_fraction=0.5,
@@ -103,33 +137,30 @@ class RPN(nn.Layer):
 
     def forward(self, feats, image_size, targets=None):
         scores, deltas = self.head(feats)
+        rois, rois_num = self.proposals(scores, deltas, image_size)
+        if not self.training:
+            return rois, rois_num, {}
         anchors = self.anchors([f.shape[-2:] for f in feats])
-        proposals = self.proposals(scores, deltas, anchors, image_size)
-        losses = self.loss(scores, deltas, anchors, targets) if self.training else {}
-        return proposals, losses
+        return rois, rois_num, self.loss(scores, deltas, anchors, targets)
 
     @paddle.no_grad()
-    def proposals(self, scores, deltas, anchors, image_size):
+    def proposals(self, scores, deltas, image_size):
+        """generate_proposals per level over the whole batch, then each image's best `post` over
+        the levels. Tensor operations only: the exported program runs this same code."""
         pre, post = self.train_top_n if self.training else self.test_top_n
         per_level = pre if self.training else post   # PaddleDetection's topk_after_collect (train)
-        out = []
-        for i in range(scores[0].shape[0]):
-            boxes, probs = [], []
-            size = image_size[i:i + 1].astype("float32")
-            for s, d, a in zip(scores, deltas, anchors):
-                a = paddle.to_tensor(a)
-                rois, prob, _ = paddle.vision.ops.generate_proposals(
-                    s[i:i + 1].detach(), d[i:i + 1].detach(), size, a, paddle.ones_like(a),
-                    pre_nms_top_n=pre, post_nms_top_n=per_level, nms_thresh=self.nms_thresh,
-                    min_size=self.min_size, eta=1.0, pixel_offset=False, return_rois_num=True)
-                boxes.append(rois)
-                probs.append(prob.reshape([-1]))
-            boxes, probs = paddle.concat(boxes), paddle.concat(probs)
-            if probs.shape[0] > post:
-                probs, keep = paddle.topk(probs, post)
-                boxes = paddle.gather(boxes, keep)
-            out.append(boxes)
-        return out
+        size = image_size.astype("float32")
+        boxes, probs, nums = [], [], []
+        for level, (s, d) in enumerate(zip(scores, deltas)):
+            a = self.anchors.tensor(level, s.shape[2], s.shape[3])
+            rois, prob, num = paddle.vision.ops.generate_proposals(
+                s.detach(), d.detach(), size, a, paddle.ones_like(a),
+                pre_nms_top_n=pre, post_nms_top_n=per_level, nms_thresh=self.nms_thresh,
+                min_size=self.min_size, eta=1.0, pixel_offset=False, return_rois_num=True)
+            boxes.append(rois)
+            probs.append(prob.reshape([-1]))
+            nums.append(num.astype("int32"))
+        return best_per_image(paddle.concat(boxes), paddle.concat(probs), nums, post)
 
     def targets(self, anchors, gt_boxes, gt_crowd):
         """(labels [N] int8 in {1, 0, -1}, regression targets [N, 4]) of one image's anchors."""
