@@ -62,6 +62,9 @@ def transformer_demo_run(tmp_path_factory):
     demo_translation.make(os.path.join(_ROOT, "data", "translation_demo"))
     out = tmp_path_factory.mktemp("transformer_demo")
     tool("train", "-c", TRANSFORMER_DEMO, "--output", out)
+    return out
+
+
 BERT_PRETRAIN_DEMO = "configs/nlp/bert/bert_pretrain_demo.yaml"
 BERT_GLUE_DEMO = "configs/nlp/bert/bert_glue_demo.yaml"
 
@@ -87,6 +90,9 @@ def bert_glue_run(bert_pretrain_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("bert_glue_demo")
     tool("train", "-c", BERT_GLUE_DEMO, "--output", out,
          "-o", f"train.pretrained={bert_pretrain_run / 'final'}")   # the folder, as the README says
+    return out
+
+
 MASK_RCNN_DEMO = "configs/vision/mask_rcnn/mask_rcnn_demo.yaml"
 
 
@@ -102,6 +108,9 @@ def mask_rcnn_demo_run(coco_demo, tmp_path_factory):
     """The Mask R-CNN demo recipe trained once; the eval and infer tests reuse its weights."""
     out = tmp_path_factory.mktemp("mask_rcnn_demo")
     tool("train", "-c", MASK_RCNN_DEMO, "--output", out, timeout=1800)
+    return out
+
+
 DEEPLAB_DEMO = "configs/vision/deeplabv3/deeplabv3_demo.yaml"
 
 
