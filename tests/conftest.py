@@ -55,11 +55,16 @@ TRANSFORMER_DEMO = "configs/nlp/transformer/transformer_demo.yaml"
 
 
 @pytest.fixture(scope="session")
-def transformer_demo_run(tmp_path_factory):
+def translation_demo():
+    """The generated translation demo corpus and its sentencepiece model (written once)."""
+    from data import demo_translation
+    return demo_translation.make(os.path.join(_ROOT, "data", "translation_demo"))
+
+
+@pytest.fixture(scope="session")
+def transformer_demo_run(translation_demo, tmp_path_factory):
     """The Transformer demo recipe trained once on the generated corpus; the BLEU, decoding, infer and
     checkpoint-averaging tests reuse it."""
-    from data import demo_translation
-    demo_translation.make(os.path.join(_ROOT, "data", "translation_demo"))
     out = tmp_path_factory.mktemp("transformer_demo")
     tool("train", "-c", TRANSFORMER_DEMO, "--output", out)
     return out
