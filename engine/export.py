@@ -10,17 +10,24 @@ predictor needs besides the program: the model's name, the inputs and outputs, a
 reader (transforms: sizes, mean/std), `infer` writer and class names, so `tools/infer.py --backend
 inference` pre- and post-processes exactly as the dynamic path does.
 
-A model whose inference is more than one network call (windows and scales of a segmenter, the
-NMS between a detector's box and mask heads) exports its networks and keeps the Python between
-them: `export_spec` adds "pipeline" (plain settings, recorded in infer_cfg.yml) and, for more than
-one network, "programs" ({name: {"inputs", "outputs"}} beside the main program "model"). Such a
-model has `run_program(name, inputs) -> {output: tensor}` (the traced networks) and a static
-`run_exported(run, batch, settings)`, the Python around them; its eval forward is
-`run_exported(self.run_program, batch, settings)` and the predictor calls the same function with
-`run` running the exported programs, so both paths share every step outside the networks.
+Optional keys of the spec:
+- `max_shape`: {input: ([max per dim, None for any], why)}: the largest input the program can take
+  (a position table); the predictor rejects a larger one with one line naming `why`.
+- `programs`: {name: {"method": model method name, "inputs": {...}, "outputs": [...]}}: several
+  programs instead of one (`name.json` + `name.pdiparams` each), for a model whose prediction is a
+  Python loop over networks (beam search over an encoder and one decoder step). Each method takes a
+  dict of its inputs and returns a dict holding its outputs. The predictor then calls the model
+  class's `exported_runner(programs, settings)`, which returns `run(batch) -> predictions`;
+  `programs[name](feeds)` runs one program on numpy feeds. The top-level `inputs` and `outputs` stay
+  what the whole predictor takes and gives. `settings` (plain data, e.g. beam size) is recorded for
+  the runner. One program with a `method` is driven by the runner too: a segmenter's windows,
+  scales and arg-max around its one network. A model whose eval forward is
+  `pipeline(run, batch, settings)` over calls `run(name, inputs)` of its programs' methods returns
+  `pipeline_runner(pipeline, programs, settings)`, so both paths share every step outside the networks.
 """
 import os
 
+import numpy as np
 import paddle
 import yaml
 
@@ -32,77 +39,108 @@ INFER_CFG = "infer_cfg.yml"
 
 
 class _Exported(paddle.nn.Layer):
-    """The traced call: the model's eval forward, or its network `program` (run_program)."""
-
-    def __init__(self, model, outputs, program=None):
+    def __init__(self, model, outputs, method=None):
         super().__init__()
-        self.model, self.outputs, self.program = model, list(outputs), program
+        self.model, self.outputs, self.method = model, list(outputs), method
 
     def forward(self, batch):
-        preds = self.model(batch) if self.program is None else self.model.run_program(self.program, batch)
+        preds = self.model(batch) if self.method is None else getattr(self.model, self.method)(batch)
         return tuple(preds[k] for k in self.outputs)
 
 
 def spec_of(model, example=None):
     inner = getattr(model, "_layers", model)
-    name = type(inner).__name__
     if not hasattr(inner, "export_spec"):
-        raise ConfigError(f"model {name} cannot be exported (it has no export_spec)")
+        raise ConfigError(f"model {type(inner).__name__} cannot be exported (it has no export_spec)")
     spec = inner.export_spec(example)
     if not spec.get("inputs") or not spec.get("outputs"):
-        raise ConfigError(f"{name}.export_spec() must name inputs and outputs")
-    extra = spec.get("programs") or {}
-    if PROGRAM in extra or any(not p.get("inputs") or not p.get("outputs") for p in extra.values()):
-        raise ConfigError(f"{name}.export_spec(): every program needs inputs and outputs, and "
-                          f"'{PROGRAM}' is the main one")
-    if (extra or "pipeline" in spec) and not all(hasattr(inner, f) for f in ("run_program", "run_exported")):
-        raise ConfigError(f"{name}.export_spec() declares a pipeline, so {name} needs run_program and run_exported")
+        raise ConfigError(f"{type(inner).__name__}.export_spec() must name inputs and outputs")
+    for name, prog in (spec.get("programs") or {}).items():
+        if not hasattr(inner, prog.get("method") or "") or not prog.get("inputs") or not prog.get("outputs"):
+            raise ConfigError(f"{type(inner).__name__}.export_spec(): program '{name}' needs a method of the "
+                              f"model (got {prog.get('method')!r}), inputs and outputs")
     return spec
 
 
-def programs_of(spec):
-    """{program name: {"inputs", "outputs"}}, the main program first."""
-    return {PROGRAM: spec, **(spec.get("programs") or {})}
+def _describe(inputs, max_shape=None):
+    out = []
+    for name, s in inputs.items():
+        row = {"name": name, "shape": [-1 if d is None else int(d) for d in s.shape],
+               "dtype": str(s.dtype).replace("paddle.", "")}
+        if max_shape and name in max_shape:
+            dims, why = max_shape[name]
+            row.update(max_shape=[-1 if d is None else int(d) for d in dims], max_shape_why=str(why))
+        out.append(row)
+    return out
 
 
-def _record_inputs(inputs):
-    return [{"name": n, "shape": [-1 if d is None else int(d) for d in s.shape],
-             "dtype": str(s.dtype).replace("paddle.", "")} for n, s in inputs.items()]
+def _named(inputs):
+    return {name: paddle.static.InputSpec(s.shape, s.dtype, name) for name, s in inputs.items()}
 
 
 def export(model, cfg, output_dir, label_names=None, example=None):
-    """Write `output_dir/model.json`, `model.pdiparams` (and one pair per further program) and
-    `infer_cfg.yml`; returns the spec."""
+    """Write `output_dir/model.json`, `model.pdiparams` (or one pair per program) and `infer_cfg.yml`;
+    returns the spec."""
     spec = spec_of(model, example)
     model.eval()
     inner = getattr(model, "_layers", model)
-    pipeline = "pipeline" in spec
+    programs = spec.get("programs") or {PROGRAM: {"method": None, "inputs": spec["inputs"],
+                                                  "outputs": spec["outputs"]}}
     os.makedirs(output_dir, exist_ok=True)
     recorded = {}
-    for name, prog in programs_of(spec).items():
-        inputs = {n: paddle.static.InputSpec(s.shape, s.dtype, n) for n, s in prog["inputs"].items()}
-        layer = _Exported(inner, prog["outputs"], name if pipeline else None)
-        static = paddle.jit.to_static(layer, input_spec=[inputs], full_graph=True)
+    for name, prog in programs.items():
+        inputs = _named(prog["inputs"])
+        static = paddle.jit.to_static(_Exported(inner, prog["outputs"], prog.get("method")),
+                                      input_spec=[inputs], full_graph=True)
         paddle.jit.save(static, os.path.join(output_dir, name))
-        recorded[name] = {"inputs": _record_inputs(inputs), "outputs": list(prog["outputs"])}
+        recorded[name] = {"method": prog.get("method"), "inputs": _describe(inputs), "outputs": list(prog["outputs"])}
     reader = cfg.get("reader", {})
     record = {
         "zoo_export_version": EXPORT_VERSION,
         "paddle": paddle.__version__,
         "model": cfg["model"]["name"],
-        **recorded.pop(PROGRAM),
+        "inputs": _describe(_named(spec["inputs"]), spec.get("max_shape")),
+        "outputs": list(spec["outputs"]),
+        "programs": recorded,
+        "settings": spec.get("settings"),
         "config": {"model": cfg["model"], "reader": {k: reader[k] for k in ("test", "val") if k in reader},
                    "infer": cfg.get("infer"), "runtime": cfg.get("runtime", {})},
         "label_names": label_names,
     }
-    if recorded:
-        record["programs"] = recorded
-    if pipeline:
-        record["pipeline"] = spec["pipeline"]
     with open(os.path.join(output_dir, INFER_CFG + ".tmp"), "w") as f:
         yaml.safe_dump(record, f, sort_keys=False)
     os.replace(os.path.join(output_dir, INFER_CFG + ".tmp"), os.path.join(output_dir, INFER_CFG))
     return spec
+
+
+def uses_runner(record):
+    """Whether the predictor drives the programs by the model's exported_runner: programs declared
+    by the model (each names its method), rather than the eval forward as the one program."""
+    programs = programs_of(record)
+    return len(programs) > 1 or any(p.get("method") for p in programs.values())
+
+
+def pipeline_runner(pipeline, programs, settings):
+    """The predictor's runner for a model whose prediction is `pipeline(run, batch, settings)`: the
+    same Python, with `run(name, inputs) -> {output: tensor}` running the exported program `name`.
+    Predictions come back as numpy (a list of arrays where the model gives one tensor per image)."""
+    def run(name, inputs):
+        return {k: paddle.to_tensor(v) for k, v in programs[name]({k: _numpy(v) for k, v in inputs.items()}).items()}
+
+    def runner(feeds):
+        with paddle.no_grad():
+            preds = pipeline(run, feeds, settings)
+        return {k: [_numpy(t) for t in v] if isinstance(v, list) else _numpy(v) for k, v in preds.items()}
+    return runner
+
+
+def _numpy(value):
+    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+
+
+def programs_of(record):
+    """{program name: {"inputs", "outputs"}}; records written before `programs` existed hold one."""
+    return record.get("programs") or {PROGRAM: {"inputs": record["inputs"], "outputs": record["outputs"]}}
 
 
 def read_infer_cfg(export_dir):
@@ -117,7 +155,7 @@ def read_infer_cfg(export_dir):
     if version != EXPORT_VERSION:
         raise ConfigError(f"{path}: export format version {version!r}, this code reads version "
                           f"{EXPORT_VERSION}; export the model again with tools/export.py")
-    for program in [PROGRAM, *(record.get("programs") or {})]:
+    for program in programs_of(record):
         for name in (program + ".json", program + ".pdiparams"):
             if not os.path.isfile(os.path.join(export_dir, name)):
                 raise ConfigError(f"{export_dir}: {name} is missing (an incomplete export)")

@@ -1,18 +1,22 @@
 """Run a model exported by tools/export.py with Paddle Inference, called like an eval-mode model.
 
 `Predictor(export_dir)(batch)` takes the batch the recipe's reader and collate make (tensors or numpy)
-and returns the predictions as numpy arrays (lists of arrays for per-image results) under the
-model's own output names, so the task's writer (tools/infer.py) and metric consume them exactly as
-they consume the dynamic model's. An export with a pipeline (engine/export.py) runs the model
-class's own `run_exported` around its programs, the code its eval forward runs.
+and returns the predictions as numpy arrays under the model's own output names, so the task's
+writer (tools/infer.py) and metric consume them exactly as they consume the dynamic model's.
 oneDNN is on by default on CPU; `device="gpu"` uses the GPU where one exists.
+
+An export of programs declared by the model (engine/export.py `programs`) is driven by the model
+class's `exported_runner(programs, settings)`: the Python part of the prediction (a beam search,
+sliding windows, NMS) is the model's own code, the networks are the exported programs. Predictions
+are numpy arrays, or lists of them where the model gives one per image.
 """
 import os
 
 import numpy as np
 
-from engine.export import PROGRAM, read_infer_cfg
+from engine.export import programs_of, read_infer_cfg, uses_runner
 from engine.registry import ConfigError
+
 
 # Paddle 3.3.1 cannot run its oneDNN kernels of these ops in a PIR program (the interpolation's
 # `scale` attribute: "ConvertPirAttribute2RuntimeAttribute not support ArrayAttribute<DoubleAttribute>",
@@ -25,27 +29,25 @@ def _numpy(value):
     return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
 
-class Predictor:
-    def __init__(self, export_dir, mkldnn=True, threads=None, device="cpu", model_name=None):
-        self.export_dir = export_dir
-        self.record = read_infer_cfg(export_dir)
-        if model_name is not None and self.record["model"] != model_name:
-            raise ConfigError(f"{export_dir} holds an exported {self.record['model']}, but the config "
-                              f"builds {model_name}")
-        self.specs = {PROGRAM: {"inputs": self.record["inputs"], "outputs": self.record["outputs"]},
-                      **(self.record.get("programs") or {})}
-        self.predictors = {name: self._create(name, mkldnn, threads, device) for name in self.specs}
-        self.pipeline = None
-        if "pipeline" in self.record:
-            from engine.components import load_all
-            from engine.registry import MODELS
-            load_all()
-            self.pipeline = MODELS.get(self.record["model"]).run_exported
+def _check_shape(spec, value, where):
+    name, want = spec["name"], spec["shape"]
+    if value.ndim != len(want) or any(w != -1 and w != g for w, g in zip(want, value.shape)):
+        raise ConfigError(f"input '{name}' has shape {list(value.shape)}, the exported program "
+                          f"takes {['?' if w == -1 else w for w in want]} ({where})")
+    most = spec.get("max_shape")
+    if most and any(m != -1 and g > m for m, g in zip(most, value.shape)):
+        raise ConfigError(f"input '{name}' has shape {list(value.shape)}, the exported program takes at most "
+                          f"{['?' if m == -1 else m for m in most]} ({spec.get('max_shape_why') or where})")
 
-    def _create(self, program, mkldnn, threads, device):
+
+class Program:
+    """One exported program: `program(feeds)` with numpy feeds by input name -> {output name: numpy}."""
+
+    def __init__(self, export_dir, name, spec, mkldnn=True, threads=None, device="cpu"):
         import paddle.inference as pi
-        path = os.path.join(self.export_dir, program)
-        config = pi.Config(path + ".json", path + ".pdiparams")
+        self.name, self.where = name, os.path.join(export_dir, name)
+        self.inputs, self.outputs = spec["inputs"], list(spec["outputs"])
+        config = pi.Config(self.where + ".json", self.where + ".pdiparams")
         config.disable_glog_info()
         if device == "gpu":
             config.enable_use_gpu(256, 0)
@@ -55,58 +57,77 @@ class Predictor:
                 config.set_cpu_math_library_num_threads(int(threads))
             if mkldnn:
                 config.enable_mkldnn()
-                with open(path + ".json", encoding="utf-8") as f:
+                with open(self.where + ".json", encoding="utf-8") as f:
                     text = f.read()
                 if any(f'.{op}"' in text for op in _ONEDNN_BROKEN_OPS):
                     config.delete_pass("onednn_placement_pass")
             else:
                 config.disable_mkldnn()      # Paddle 3.x enables it by default
-        predictor = pi.create_predictor(config)
-        missing = set(s["name"] for s in self.specs[program]["inputs"]) - set(predictor.get_input_names())
+        self.predictor = pi.create_predictor(config)
+        missing = set(s["name"] for s in self.inputs) - set(self.predictor.get_input_names())
         if missing:
-            raise ConfigError(f"{self.export_dir}: the program {program} lacks inputs {sorted(missing)} that "
+            raise ConfigError(f"{export_dir}: the program {name} lacks inputs {sorted(missing)} that "
                               f"infer_cfg.yml lists (files from different exports?)")
-        return predictor
 
-    def run(self, program, inputs):
-        """One exported program on a dict of inputs (tensors or numpy): {output name: numpy}."""
-        predictor, spec = self.predictors[program], self.specs[program]
+    def __call__(self, feeds):
         shapes = []
-        for s in spec["inputs"]:
-            name, want = s["name"], s["shape"]
-            if name not in inputs:
-                raise ConfigError(f"the exported {self.record['model']} needs input '{name}', which the "
-                                  f"batch lacks (batch keys: {', '.join(sorted(inputs))})")
-            value = inputs[name]
-            value = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
-            if value.ndim != len(want) or any(w != -1 and w != g for w, g in zip(want, value.shape)):
-                raise ConfigError(f"input '{name}' has shape {list(value.shape)}, the exported program "
-                                  f"takes {['?' if w == -1 else w for w in want]} ({self.export_dir})")
-            handle = predictor.get_input_handle(name)
+        for spec in self.inputs:
+            if spec["name"] not in feeds:
+                raise ConfigError(f"the exported program {self.where} needs input '{spec['name']}' "
+                                  f"(given: {', '.join(sorted(feeds))})")
+            value = _numpy(feeds[spec["name"]])
+            _check_shape(spec, value, self.where)
+            handle = self.predictor.get_input_handle(spec["name"])
             handle.reshape(list(value.shape))
-            handle.copy_from_cpu(np.ascontiguousarray(value.astype(s["dtype"], copy=False)))
-            shapes.append(f"{name} {list(value.shape)}")
+            handle.copy_from_cpu(np.ascontiguousarray(value.astype(spec["dtype"], copy=False)))
+            shapes.append(f"{spec['name']} {list(value.shape)}")
         try:
-            predictor.run()
+            self.predictor.run()
         except Exception as e:   # Paddle's multi-line C++ report: its summary line
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
             summary = next((ln for ln in lines if "Error" in ln or "error" in ln), lines[0] if lines else "")
-            raise ConfigError(f"the exported program '{program}' ({self.export_dir}) cannot take inputs "
-                              f"{', '.join(shapes)}: {summary}") from None
-        outputs = [predictor.get_output_handle(n).copy_to_cpu() for n in predictor.get_output_names()]
-        return dict(zip(spec["outputs"], outputs))
+            raise ConfigError(f"the exported program {self.where} cannot take inputs {', '.join(shapes)}: "
+                              f"{summary}") from None
+        outputs = [self.predictor.get_output_handle(n).copy_to_cpu() for n in self.predictor.get_output_names()]
+        return dict(zip(self.outputs, outputs))
+
+
+class Predictor:
+    def __init__(self, export_dir, mkldnn=True, threads=None, device="cpu", model_name=None):
+        self.export_dir = export_dir
+        self.record = read_infer_cfg(export_dir)
+        if model_name is not None and self.record["model"] != model_name:
+            raise ConfigError(f"{export_dir} holds an exported {self.record['model']}, but the config "
+                              f"builds {model_name}")
+        self.inputs = self.record["inputs"]
+        self.programs = {name: Program(export_dir, name, spec, mkldnn, threads, device)
+                         for name, spec in programs_of(self.record).items()}
+        if uses_runner(self.record):
+            from engine.components import load_all
+            from engine.registry import MODELS
+            load_all()
+            cls = MODELS.get(self.record["model"])
+            if not hasattr(cls, "exported_runner"):
+                raise ConfigError(f"{export_dir}: programs {', '.join(self.programs)}, but model "
+                                  f"{self.record['model']} has no exported_runner to drive them")
+            self.run = cls.exported_runner(self.programs, self.record.get("settings") or {})
+        else:
+            self.run = next(iter(self.programs.values()))
 
     def __call__(self, batch):
-        if self.pipeline is None:
-            return self.run(PROGRAM, batch)
-        import paddle
-
-        def run(program, inputs):
-            return {k: paddle.to_tensor(v) for k, v in self.run(program, inputs).items()}
-
-        with paddle.no_grad():
-            preds = self.pipeline(run, batch, self.record["pipeline"])
-        return {k: [_numpy(t) for t in v] if isinstance(v, list) else _numpy(v) for k, v in preds.items()}
+        feeds = {}
+        for spec in self.inputs:
+            name = spec["name"]
+            if name not in batch:
+                raise ConfigError(f"the exported {self.record['model']} needs input '{name}', which the "
+                                  f"batch lacks (batch keys: {', '.join(sorted(batch))})")
+            value = _numpy(batch[name])
+            _check_shape(spec, value, self.export_dir)
+            feeds[name] = value
+        if "index" in batch and "index" not in feeds:   # lets a runner name a sample in its messages
+            feeds["index"] = _numpy(batch["index"])
+        outputs = self.run(feeds)
+        return {k: outputs[k] for k in self.record["outputs"]}
 
     def eval(self):
         return self

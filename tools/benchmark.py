@@ -286,8 +286,21 @@ INFER_TABLE = [
     ("AttentionLSTM", "configs/video/attention_lstm/attention_lstm_bilstm_10e_youtube8m.yaml",
      ["reader.val.files=[data/youtube8m_demo/val.list]", "reader.val.num_workers=0"],
      [1, 16], "full-size, demo TFRecords (10-150 frames)"),
-    # the exported network is timed with the Python around it (engine/export.py "pipeline"): the
-    # arg-max for DeepLabV3; proposals to detections (NMS, top-100, mask head, pasting) for Mask R-CNN
+    # BERT-base classification on the demo GLUE test pairs (no labels: no loss), padded to 128 tokens
+    ("BERT-base", "configs/nlp/bert/bert_base_3e_glue_rte.yaml",
+     ["reader.test.data_dir=data/bert_demo/glue", "reader.test.vocab_file=data/bert_demo/vocab_30522.txt",
+      "reader.test.collate.max_len=128"],
+     [1, 8], "full-size, seq 128 (padded), demo RTE-format test pairs"),
+    # Transformer-base decoding (exported: encoder + decoder step programs, the same Python beam
+    # search) of demo source sentences alone; untrained weights run every hypothesis to |source| + 5
+    ("Transformer-base", "configs/nlp/transformer/transformer_base_30e_wmt14ende.yaml",
+     [f"reader.test.{k}={v}" for k, v in (
+         ("src_file", "data/translation_demo/test.en"), ("tgt_file", "null"),
+         ("spm_model", "data/translation_demo/spm.model"), ("vocab", "null"), ("input_format", "raw"))]
+     + ["model.max_len_a=1.0", "model.max_len_b=5"],
+     [1, 8], "full-size base (vocabulary 33712), beam 5, demo sentences (~15 subwords)"),
+    # the exported networks are timed with the Python the model's exported_runner runs around them:
+    # the arg-max for DeepLabV3; proposals to detections (NMS, top-100, mask head, pasting) for Mask R-CNN
     ("DeepLabV3-R50-OS8", "configs/vision/deeplabv3/deeplabv3_r50vd_os8_40k_voc12aug.yaml",
      ["reader.val.root=data/voc_demo/VOCdevkit", "reader.val.num_workers=0", "runtime.sync_bn=false",
       "reader.val.transforms=[{name: Scale, short_size: 512}, {name: CenterCrop, size: 512}, "

@@ -30,6 +30,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.static import InputSpec
 
+from engine.export import pipeline_runner
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.vision.resnet import build_backbone, resnet_key_map
@@ -222,22 +223,32 @@ class DeepLabV3(nn.Layer):
         return {"loss": seg + self.aux_weight * aux, "loss_seg": seg, "loss_aux": aux}
 
     # ------------------------------------------------------------------------------ inference
-    # The network (image -> logits at its size) is what tools/export.py exports; the windows,
-    # scales, flips and the arg-max are `run_exported`, the Python the eval forward runs around
-    # this model's own network and the predictor (engine/predictor.py) around the exported one.
+    # The network (image -> logits at its size) is the one exported program; the windows, scales,
+    # flips and the arg-max are `run_exported`, the Python the eval forward runs around this model's
+    # own network and the predictor (engine/predictor.py, `exported_runner`) around the exported one.
+    PROGRAMS = {"model": "export_logits"}
+
     def run_program(self, name, inputs):
-        return {"logits": self.logits(inputs["image"])}
+        return getattr(self, self.PROGRAMS[name])(inputs)
+
+    def export_logits(self, batch):
+        return {"logits": self.logits(batch["image"])}
 
     def pipeline_settings(self):
-        return {"test_scales": list(self.test_scales), "test_flip": bool(self.test_flip),
-                "slide": [list(v) for v in self.slide] if self.slide else None,
+        return {"test_scales": [float(s) for s in self.test_scales], "test_flip": bool(self.test_flip),
+                "slide": [[int(d) for d in v] for v in self.slide] if self.slide else None,
                 "align_corners": bool(self.align_corners)}
 
     def export_spec(self, example=None):
         """Batch and image size may vary."""
-        ch = self.backbone.stem[0].conv._in_channels
-        return {"inputs": {"image": InputSpec([None, ch, None, None], "float32")}, "outputs": ["logits"],
-                "pipeline": self.pipeline_settings()}
+        image = {"image": InputSpec([None, self.backbone.stem[0].conv._in_channels, None, None], "float32")}
+        return {"inputs": image, "outputs": ["label_map"],
+                "programs": {"model": {"method": self.PROGRAMS["model"], "inputs": image, "outputs": ["logits"]}},
+                "settings": self.pipeline_settings()}
+
+    @classmethod
+    def exported_runner(cls, programs, settings):
+        return pipeline_runner(cls.run_exported, programs, settings)
 
     @staticmethod
     @paddle.no_grad()

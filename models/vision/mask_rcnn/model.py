@@ -26,6 +26,7 @@ import paddle
 import paddle.nn as nn
 from paddle.static import InputSpec
 
+from engine.export import pipeline_runner
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.vision.mask_rcnn import postprocess, roi_heads
@@ -117,13 +118,15 @@ class MaskRCNN(nn.Layer):
         return losses
 
     # ------------------------------------------------------------------------------ inference
-    # Inference is two networks with Python between them: "model" (backbone, FPN, proposals, box
+    # Inference is two networks with Python between them: "detect" (backbone, FPN, proposals, box
     # head: everything before the detection NMS) and "mask" (the mask head on the detected boxes),
     # joined by `run_exported` (NMS, top-k, mask pasting). The eval forward runs exactly that code
     # with the networks run here; tools/export.py exports the two networks as static programs and
-    # the predictor runs `run_exported` around them (engine/export.py).
+    # the predictor runs `run_exported` around them (`exported_runner`, engine/export.py).
+    PROGRAMS = {"detect": "detect_program", "mask": "mask_program"}
+
     def run_program(self, name, inputs):
-        return self.detect_program(inputs) if name == "model" else self.mask_program(inputs)
+        return getattr(self, self.PROGRAMS[name])(inputs)
 
     def detect_program(self, batch):
         """image [B, 3, H, W], image_size [B, 2] -> the proposals (`rois` [N, 4] image by image,
@@ -149,23 +152,32 @@ class MaskRCNN(nn.Layer):
                 "max_per_image": int(t["max_per_image"]), "mask_thresh": float(t["mask_thresh"])}
 
     def export_spec(self, example=None):
-        """Batch and image size may vary (images padded to a multiple of 32, as the recipes' PadImages)."""
-        c = self.fpn.out_channels
-        return {"inputs": {"image": InputSpec([None, self.backbone.stem[0].conv._in_channels, None, None], "float32"),
-                           "image_size": InputSpec([None, 2], "int64")},
-                "outputs": ["rois", "rois_num", "box_logits", "box_deltas", *FEATURE_KEYS],
-                "programs": {"mask": {
-                    "inputs": {**{k: InputSpec([None, c, None, None], "float32") for k in FEATURE_KEYS},
-                               "boxes": InputSpec([None, 4], "float32"), "boxes_num": InputSpec([None], "int32"),
-                               "labels": InputSpec([None], "int64")},
-                    "outputs": ["mask_probs"]}},
-                "pipeline": self.pipeline_settings()}
+        """Batch and image size may vary (images padded to a multiple of 32, as the recipes' PadImages).
+        The predictor takes what `run_exported` reads and gives what the eval forward gives."""
+        c, image = self.fpn.out_channels, InputSpec([None, self.backbone.stem[0].conv._in_channels, None, None], "float32")
+        size = {"image": image, "image_size": InputSpec([None, 2], "int64")}
+        return {"inputs": {**size, "scale_factor": InputSpec([None, 2], "float32"),
+                           "orig_size": InputSpec([None, 2], "int64")},
+                "outputs": ["bbox_num", "boxes", "scores", "labels", "masks"],
+                "programs": {
+                    "detect": {"method": self.PROGRAMS["detect"], "inputs": size,
+                               "outputs": ["rois", "rois_num", "box_logits", "box_deltas", *FEATURE_KEYS]},
+                    "mask": {"method": self.PROGRAMS["mask"],
+                             "inputs": {**{k: InputSpec([None, c, None, None], "float32") for k in FEATURE_KEYS},
+                                        "boxes": InputSpec([None, 4], "float32"),
+                                        "boxes_num": InputSpec([None], "int32"), "labels": InputSpec([None], "int64")},
+                             "outputs": ["mask_probs"]}},
+                "settings": self.pipeline_settings()}
+
+    @classmethod
+    def exported_runner(cls, programs, settings):
+        return pipeline_runner(cls.run_exported, programs, settings)
 
     @staticmethod
     @paddle.no_grad()
     def run_exported(run, batch, settings):
         """The detections of a batch from its two networks: `run(name, inputs) -> {key: tensor}` runs
-        "model" or "mask" (this model's layers, or the exported programs). Per image: class scores,
+        "detect" or "mask" (this model's layers, or the exported programs). Per image: class scores,
         decoded boxes, per-class NMS and the best `max_per_image` (postprocess.detect), then the
         mask head on the kept boxes, boxes mapped to the original image and masks pasted there.
         Returns `bbox_num` [B] and per image `boxes`, `scores`, `labels`, `masks` (model docstring)."""
@@ -173,7 +185,7 @@ class MaskRCNN(nn.Layer):
         image_size = _numpy(batch["image_size"]).reshape(-1, 2)
         if len(image_size) != batch["image"].shape[0]:
             raise ConfigError(f"MaskRCNN: image_size has {len(image_size)} rows for {batch['image'].shape[0]} images")
-        out = run("model", {"image": batch["image"], "image_size": batch["image_size"]})
+        out = run("detect", {"image": batch["image"], "image_size": batch["image_size"]})
         starts = np.cumsum([0] + out["rois_num"].numpy().tolist())
         dets = []
         for i in range(len(image_size)):
