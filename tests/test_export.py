@@ -299,3 +299,56 @@ def test_infer_with_exported_bert_and_transformer_writes_what_the_dynamic_path_w
     assert lines[1] and re.search(r"input 'input_ids' has shape \[1, (\d+)\], the exported program takes at most "
                                   r"\['\?', 64\] \(BERT's position table", lines[1]), results[-1]
     assert int(re.search(r"shape \[1, (\d+)\]", lines[1]).group(1)) > 64
+
+
+def test_infer_with_exported_deeplab_and_mask_rcnn_writes_what_the_dynamic_path_writes(
+        deeplab_demo_run, mask_rcnn_demo_run, voc_demo, coco_demo, tmp_path):
+    """Label PNGs (DeepLabV3) and detections.json (Mask R-CNN) of the trained demos through tools/infer.py,
+    dynamic vs exported (oneDNN on, the default); an input the exported programs cannot take gets one line."""
+    seg = [os.path.join(voc_demo, "VOC2012", "JPEGImages", f"val_{i:04d}.jpg") for i in range(3)]
+    det = [os.path.join(ROOT, "data", "coco_demo", "val", f"val_{i:04d}.png") for i in range(3)]
+    runs = []
+    for name, cfg, run, inputs in (("seg", DEEPLAB_DEMO, deeplab_demo_run, seg),
+                                   ("det", MASK_RCNN_DEMO, mask_rcnn_demo_run, det)):
+        weights = os.path.join(run, "final", "model.pdparams")
+        runs.append(("export", ["-c", cfg, "--weights", weights, "--output", tmp_path / f"{name}_export"], None))
+        for backend, w in (("dynamic", weights), ("inference", tmp_path / f"{name}_export")):
+            runs.append(("infer", ["-c", cfg, "--weights", w, "--backend", backend, "--input", *inputs,
+                                   "--output", tmp_path / f"{name}_{backend}"], None))
+    results = tools_in_one_process(runs)
+    assert all(r["code"] == 0 for r in results), [r["stderr"][-1500:] for r in results if r["code"]]
+    from PIL import Image
+    for path in seg:
+        stem = os.path.splitext(os.path.basename(path))[0]
+        dyn, inf = (np.asarray(Image.open(tmp_path / f"seg_{b}" / f"{stem}.png")) for b in ("dynamic", "inference"))
+        assert dyn.shape == inf.shape and np.array_equal(dyn, inf), (stem, int((dyn != inf).sum()))
+        assert len(np.unique(dyn)) > 1      # a trained model: more than one class on the image
+    dyn, inf = (json.load(open(tmp_path / f"det_{b}" / "detections.json")) for b in ("dynamic", "inference"))
+    assert len(dyn) == len(inf) > 0
+    for a, b in zip(dyn, inf):
+        assert (a["image_id"], a["category_id"]) == (b["image_id"], b["category_id"]), (a, b)
+        assert np.allclose(a["bbox"], b["bbox"], atol=1e-2) and abs(a["score"] - b["score"]) <= 1e-4, (a, b)
+        ma, mb = _rle_decode(a["segmentation"]), _rle_decode(b["segmentation"])
+        assert ma.shape == mb.shape and (ma != mb).sum() <= ma.size // 10000, (a["bbox"], (ma != mb).sum())
+    assert sum(_rle_decode(a["segmentation"]).any() for a in dyn) > len(dyn) // 2     # masks were compared
+    # inputs the exported programs cannot take: a shape refused ahead (channels), one the program fails on
+    # (an empty image: Paddle's report reduced to its summary line), sizes that disagree (the shared Python)
+    seg_pred, det_pred = Predictor(str(tmp_path / "seg_export")), Predictor(str(tmp_path / "det_export"))
+    cases = [(seg_pred, {"image": np.zeros((1, 4, 64, 64), np.float32)},
+              r"^input 'image' has shape \[1, 4, 64, 64\], the exported program takes \['\?', 3, '\?', '\?'\]"),
+             (seg_pred, {"image": np.zeros((1, 3, 0, 32), np.float32)},
+              r"^the exported program .*model cannot take inputs image \[1, 3, 0, 32\]: \S+"),
+             (det_pred, {"image": np.zeros((1, 3, 64, 64), np.float32), "image_size": np.array([[64, 64]] * 3),
+                         "scale_factor": np.ones((1, 2), np.float32), "orig_size": np.array([[64, 64]])},
+              r"^MaskRCNN: image_size has 3 rows for 1 images")]
+    for predictor, batch, pattern in cases:
+        with pytest.raises(ConfigError, match=pattern) as e:
+            predictor(batch)
+        assert "\n" not in str(e.value), str(e.value)
+
+
+def _rle_decode(rle):
+    """COCO's uncompressed RLE (column-major runs, zeros first) -> a bool [H, W] mask."""
+    h, w = rle["size"]
+    values = np.arange(len(rle["counts"])) % 2 == 1
+    return np.repeat(values, rle["counts"]).reshape(w, h).T
