@@ -154,8 +154,8 @@ class MaskRCNN(nn.Layer):
     def export_spec(self, example=None):
         """Batch and image size may vary (images padded to a multiple of 32, as the recipes' PadImages).
         The predictor takes what `run_exported` reads and gives what the eval forward gives."""
-        c, image = self.fpn.out_channels, InputSpec([None, self.backbone.stem[0].conv._in_channels, None, None], "float32")
-        size = {"image": image, "image_size": InputSpec([None, 2], "int64")}
+        c, channels = self.fpn.out_channels, self.backbone.stem[0].conv._in_channels
+        size = {"image": InputSpec([None, channels, None, None], "float32"), "image_size": InputSpec([None, 2], "int64")}
         return {"inputs": {**size, "scale_factor": InputSpec([None, 2], "float32"),
                            "orig_size": InputSpec([None, 2], "int64")},
                 "outputs": ["bbox_num", "boxes", "scores", "labels", "masks"],
