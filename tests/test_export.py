@@ -84,12 +84,19 @@ def assert_same(got, ref, what):
         assert np.array_equal(got, ref), (what, int((got != ref).sum()))
 
 
-@pytest.mark.parametrize("path", DEMOS, ids=lambda p: os.path.relpath(p, ROOT))
-def test_exported_program_matches_the_dynamic_model(path, tmp_path, request):
+# DeepLabV3's evaluation options: the shared Python runs the exported network on windows of two scales, flipped
+SEG_OPTIONS = ["model.slide_crop_size=[64, 48]", "model.slide_stride=[48, 40]", "model.test_scales=[0.75, 1.0]",
+               "model.test_flip=true"]
+CASES = [pytest.param(p, [], id=os.path.relpath(p, ROOT)) for p in DEMOS] + [
+    pytest.param(os.path.join(ROOT, DEEPLAB_DEMO), SEG_OPTIONS, id=DEEPLAB_DEMO + "-slide-scales-flip")]
+
+
+@pytest.mark.parametrize("path,overrides", CASES)
+def test_exported_program_matches_the_dynamic_model(path, overrides, tmp_path, request):
     folder = os.path.basename(os.path.dirname(path))
     for fixture in DEMO_DATA.get(folder, ["yt8m_demo", "kinetics_demo"]):
         request.getfixturevalue(fixture)
-    cfg = config.load(path)
+    cfg = config.load(path, overrides)
     paddle.seed(0)
     model = builder.build_model(cfg["model"])
     model.eval()
@@ -110,6 +117,7 @@ def test_exported_program_matches_the_dynamic_model(path, tmp_path, request):
 
                 type(model).run_exported(recording, batch, spec["settings"])
                 assert {name for name, *_ in calls} == set(spec["programs"])
+                assert len(calls) > 2 * 2 * 2 or not overrides    # windows x scales x flips
                 for name, inputs, outputs in calls:
                     feeds = {k: v.numpy() for k, v in inputs.items()}
                     raw = predictor.programs[name](feeds)
