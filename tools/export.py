@@ -1,8 +1,10 @@
 """Export a recipe's model for Paddle Inference: python tools/export.py -c CONFIG --weights W --output DIR
 
 Writes DIR/model.json + model.pdiparams (the eval forward as a static program, with dynamic batch
-and, where the model allows, dynamic length or image size) and DIR/infer_cfg.yml (the reader's
-pre-processing, the infer writer and class names). Run it with
+and, where the model allows, dynamic length or image size), or one such pair per network of a model
+that declares programs (the Transformer's encoder and decoder step, Mask R-CNN's detect and mask
+heads), and DIR/infer_cfg.yml (the reader's pre-processing, the infer writer, class names and the
+settings of the model's Python between its networks). Run it with
 `python tools/infer.py -c CONFIG --backend inference --weights DIR --input ...`.
 """
 import _bootstrap  # noqa: F401  (environment before paddle)
