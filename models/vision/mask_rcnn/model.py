@@ -203,7 +203,7 @@ class MaskRCNN(nn.Layer):
         scale = _numpy(batch["scale_factor"]).reshape(-1, 2) if "scale_factor" in batch \
             else np.ones((len(dets), 2), np.float32)
         orig = _numpy(batch["orig_size"]).reshape(-1, 2) if "orig_size" in batch else image_size
-        result = {"boxes": [], "scores": [], "labels": [], "masks": []}
+        result = {"bbox_num": None, "boxes": [], "scores": [], "labels": [], "masks": []}   # the docstring's order
         start = 0
         for i, (boxes, scores, labels) in enumerate(dets):
             k = boxes.shape[0]
