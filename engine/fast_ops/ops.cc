@@ -111,50 +111,84 @@ void check(const paddle::Tensor& t, const char* what) {
 
 int64_t last_dim(const paddle::Tensor& t) { return t.shape().back(); }
 
-// ------------------------------------------------------------------------------ bias + activation
+// ------------------------------------------------------------------- bias + activation + dropout
 // act: 0 none, 1 relu, 2 gelu (erf)
-inline float act_fwd(float z, int act) {
-  if (act == 1) return z > 0.f ? z : 0.f;
-  if (act == 2) return 0.5f * z * (1.0f + fast_erf(z * 0.70710678118654752f));
+template <int ACT>
+inline float act_fwd(float z) {
+  if (ACT == 1) return z > 0.f ? z : 0.f;
+  if (ACT == 2) return 0.5f * z * (1.0f + fast_erf(z * 0.70710678118654752f));
   return z;
 }
-inline float act_grad(float z, int act) {
-  if (act == 1) return z > 0.f ? 1.f : 0.f;
-  if (act == 2)
+template <int ACT>
+inline float act_grad(float z) {
+  if (ACT == 1) return z > 0.f ? 1.f : 0.f;
+  if (ACT == 2)
     return 0.5f * (1.0f + fast_erf(z * 0.70710678118654752f)) + z * 0.39894228040143268f * fast_exp(-0.5f * z * z);
   return 1.f;
 }
 
-std::vector<paddle::Tensor> BiasActForward(const paddle::Tensor& x, const paddle::Tensor& b, int act) {
+template <int ACT>
+void bias_act_rows(const float* px, const float* pb, const uint8_t* pk, int64_t M, int64_t N, float p, float* py) {
+  const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t i = 0; i < M; ++i) {
+    const float* xr = px + i * N;
+    const uint8_t* kr = pk + i * N;
+    float* yr = py + i * N;
+    if (p > 0.f) {
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) yr[j] = kr[j] ? act_fwd<ACT>(xr[j] + pb[j]) * scale : 0.f;
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) yr[j] = act_fwd<ACT>(xr[j] + pb[j]);
+    }
+  }
+}
+
+template <int ACT>
+void bias_act_rows_grad(const float* px, const float* pb, const uint8_t* pk, const float* pdy, int64_t M, int64_t N,
+                        float p, float* pdx) {
+  const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t i = 0; i < M; ++i) {
+#pragma omp simd
+    for (int64_t j = 0; j < N; ++j) {
+      const int64_t k = i * N + j;
+      pdx[k] = pk[k] ? pdy[k] * scale * act_grad<ACT>(px[k] + pb[j]) : 0.f;
+    }
+  }
+}
+
+// out = keep * act(x + b) / (1 - p)
+std::vector<paddle::Tensor> BiasActForward(const paddle::Tensor& x, const paddle::Tensor& b, int act, int64_t seed,
+                                           float p) {
   check(x, "x");
   check(b, "bias");
   const int64_t N = last_dim(x), M = x.numel() / N;
   PD_CHECK(b.numel() == N, "bias has ", b.numel(), " values for rows of ", N);
   auto y = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto keep = paddle::empty(x.shape(), paddle::DataType::UINT8, x.place());
+  uint8_t* pk = keep.data<uint8_t>();
+  dropout_mask(pk, x.numel(), seed, p);
   const float *px = x.data<float>(), *pb = b.data<float>();
   float* py = y.data<float>();
-#pragma omp parallel for num_threads(threads()) schedule(static)
-  for (int64_t i = 0; i < M; ++i) {
-    const float* xr = px + i * N;
-    float* yr = py + i * N;
-#pragma omp simd
-    for (int64_t j = 0; j < N; ++j) yr[j] = act_fwd(xr[j] + pb[j], act);
-  }
-  return {y};
+  if (act == 1) bias_act_rows<1>(px, pb, pk, M, N, p, py);
+  else if (act == 2) bias_act_rows<2>(px, pb, pk, M, N, p, py);
+  else bias_act_rows<0>(px, pb, pk, M, N, p, py);
+  return {y, keep};
 }
 
 std::vector<paddle::Tensor> BiasActBackward(const paddle::Tensor& x, const paddle::Tensor& b,
-                                            const paddle::Tensor& dy, int act) {
+                                            const paddle::Tensor& keep, const paddle::Tensor& dy, int act, float p) {
   const int64_t N = last_dim(x), M = x.numel() / N;
   auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
   auto db = paddle::empty(b.shape(), b.dtype(), b.place());
   const float *px = x.data<float>(), *pb = b.data<float>(), *pdy = dy.data<float>();
+  const uint8_t* pk = keep.data<uint8_t>();
   float* pdx = dx.data<float>();
-#pragma omp parallel for num_threads(threads()) schedule(static)
-  for (int64_t i = 0; i < M; ++i) {
-#pragma omp simd
-    for (int64_t j = 0; j < N; ++j) pdx[i * N + j] = pdy[i * N + j] * act_grad(px[i * N + j] + pb[j], act);
-  }
+  if (act == 1) bias_act_rows_grad<1>(px, pb, pk, pdy, M, N, p, pdx);
+  else if (act == 2) bias_act_rows_grad<2>(px, pb, pk, pdy, M, N, p, pdx);
+  else bias_act_rows_grad<0>(px, pb, pk, pdy, M, N, p, pdx);
   column_sums(M, N, db.data<float>(), [&](int64_t i, int64_t j) { return pdx[i * N + j]; });
   return {dx, db};
 }
@@ -415,7 +449,7 @@ std::vector<paddle::Tensor> SoftmaxBackward(const paddle::Tensor& probs, const p
 // place as Paddle's batch_norm does: running = momentum * running + (1 - momentum) * batch, with the
 // batch's biased variance (as paddle 3's CPU kernel).
 void bn_stats(const float* x, int64_t N, int64_t C, int64_t HW, float* mean, float* var) {
-#pragma omp parallel for num_threads(threads()) schedule(dynamic, 4)
+#pragma omp parallel for num_threads(threads()) schedule(static)
   for (int64_t c = 0; c < C; ++c) {
     double s = 0.0;
     for (int64_t n = 0; n < N; ++n) {
@@ -528,7 +562,7 @@ std::vector<paddle::Tensor> BNActBackwardImpl(const paddle::Tensor& x, const pad
   const float *px = x.data<float>(), *pg = g.data<float>(), *pm = mean.data<float>(), *pi = invstd.data<float>();
   const float *py = y.data<float>(), *pd = dy.data<float>();
   float *pdx = dx.data<float>(), *pdg = dg.data<float>(), *pdb = db.data<float>();
-#pragma omp parallel for num_threads(threads()) schedule(dynamic, 4)
+#pragma omp parallel for num_threads(threads()) schedule(static)
   for (int64_t c = 0; c < C; ++c) {
     const float mu = pm[c], inv = pi[c];
     double sb = 0.0, sg = 0.0;
@@ -591,13 +625,13 @@ std::vector<paddle::Tensor> BNAddActBackward(const paddle::Tensor& x, const padd
 
 PD_BUILD_OP(zoo_bias_act)
     .Inputs({"X", "Bias"})
-    .Outputs({"Out"})
-    .Attrs({"act: int"})
+    .Outputs({"Out", "Keep"})
+    .Attrs({"act: int", "seed: int64_t", "p: float"})
     .SetKernelFn(PD_KERNEL(BiasActForward));
 PD_BUILD_GRAD_OP(zoo_bias_act)
-    .Inputs({"X", "Bias", paddle::Grad("Out")})
+    .Inputs({"X", "Bias", "Keep", paddle::Grad("Out")})
     .Outputs({paddle::Grad("X"), paddle::Grad("Bias")})
-    .Attrs({"act: int"})
+    .Attrs({"act: int", "p: float"})
     .SetKernelFn(PD_KERNEL(BiasActBackward));
 
 PD_BUILD_OP(zoo_bias_dropout_residual)
