@@ -232,7 +232,7 @@ def softmax_dropout(scores, mask, scale=1.0, p=0.0, training=True, keep=None):
 
 def _dropout(x, p, training, keep=None):
     if keep is not None:
-        return x * keep.astype(x.dtype) / (1.0 - p) if p else x
+        return x * keep.detach().astype(x.dtype) / (1.0 - p) if p else x
     return F.dropout(x, p, training=training) if p and training else x
 
 

@@ -29,6 +29,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from engine import fast_ops
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.vision.resnet import build_backbone, resnet_key_map
@@ -45,7 +46,7 @@ class ConvBNReLU(nn.Layer):
         self.bn = nn.BatchNorm2D(cout)
 
     def forward(self, x):
-        return F.relu(self.bn(self.conv(x)))
+        return fast_ops.batch_norm_act(self.conv(x), self.bn)   # relu(bn(x)), fused with runtime.fast_ops
 
 
 class ASPP(nn.Layer):
