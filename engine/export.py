@@ -9,6 +9,18 @@ those inputs and returns the outputs in that order; `infer_cfg.yml` records ever
 predictor needs besides the program: the model's name, the inputs and outputs, and the recipe's
 reader (transforms: sizes, mean/std), `infer` writer and class names, so `tools/infer.py --backend
 inference` pre- and post-processes exactly as the dynamic path does.
+
+Optional keys of the spec:
+- `max_shape`: {input: ([max per dim, None for any], why)}: the largest input the program can take
+  (a position table); the predictor rejects a larger one with one line naming `why`.
+- `programs`: {name: {"method": model method name, "inputs": {...}, "outputs": [...]}}: several
+  programs instead of one (`name.json` + `name.pdiparams` each), for a model whose prediction is a
+  Python loop over networks (beam search over an encoder and one decoder step). Each method takes a
+  dict of its inputs and returns a dict holding its outputs. The predictor then calls the model
+  class's `exported_runner(programs, settings)`, which returns `run(batch) -> predictions`;
+  `programs[name](feeds)` runs one program on numpy feeds. The top-level `inputs` and `outputs` stay
+  what the whole predictor takes and gives. `settings` (plain data, e.g. beam size) is recorded for
+  the runner.
 """
 import os
 
@@ -23,12 +35,12 @@ INFER_CFG = "infer_cfg.yml"
 
 
 class _Exported(paddle.nn.Layer):
-    def __init__(self, model, outputs):
+    def __init__(self, model, outputs, method=None):
         super().__init__()
-        self.model, self.outputs = model, list(outputs)
+        self.model, self.outputs, self.method = model, list(outputs), method
 
     def forward(self, batch):
-        preds = self.model(batch)
+        preds = self.model(batch) if self.method is None else getattr(self.model, self.method)(batch)
         return tuple(preds[k] for k in self.outputs)
 
 
@@ -42,22 +54,47 @@ def spec_of(model, example=None):
     return spec
 
 
+def _describe(inputs, max_shape=None):
+    out = []
+    for name, s in inputs.items():
+        row = {"name": name, "shape": [-1 if d is None else int(d) for d in s.shape],
+               "dtype": str(s.dtype).replace("paddle.", "")}
+        if max_shape and name in max_shape:
+            dims, why = max_shape[name]
+            row.update(max_shape=[-1 if d is None else int(d) for d in dims], max_shape_why=str(why))
+        out.append(row)
+    return out
+
+
+def _named(inputs):
+    return {name: paddle.static.InputSpec(s.shape, s.dtype, name) for name, s in inputs.items()}
+
+
 def export(model, cfg, output_dir, label_names=None, example=None):
-    """Write `output_dir/model.json`, `model.pdiparams` and `infer_cfg.yml`; returns the spec."""
+    """Write `output_dir/model.json`, `model.pdiparams` (or one pair per program) and `infer_cfg.yml`;
+    returns the spec."""
     spec = spec_of(model, example)
     model.eval()
-    inputs = {name: paddle.static.InputSpec(s.shape, s.dtype, name) for name, s in spec["inputs"].items()}
-    static = paddle.jit.to_static(_Exported(model, spec["outputs"]), input_spec=[inputs], full_graph=True)
+    inner = getattr(model, "_layers", model)
+    programs = spec.get("programs") or {PROGRAM: {"method": None, "inputs": spec["inputs"],
+                                                  "outputs": spec["outputs"]}}
     os.makedirs(output_dir, exist_ok=True)
-    paddle.jit.save(static, os.path.join(output_dir, PROGRAM))
+    recorded = {}
+    for name, prog in programs.items():
+        inputs = _named(prog["inputs"])
+        static = paddle.jit.to_static(_Exported(inner, prog["outputs"], prog.get("method")),
+                                      input_spec=[inputs], full_graph=True)
+        paddle.jit.save(static, os.path.join(output_dir, name))
+        recorded[name] = {"inputs": _describe(inputs), "outputs": list(prog["outputs"])}
     reader = cfg.get("reader", {})
     record = {
         "zoo_export_version": EXPORT_VERSION,
         "paddle": paddle.__version__,
         "model": cfg["model"]["name"],
-        "inputs": [{"name": n, "shape": [-1 if d is None else int(d) for d in s.shape],
-                    "dtype": str(s.dtype).replace("paddle.", "")} for n, s in inputs.items()],
+        "inputs": _describe(_named(spec["inputs"]), spec.get("max_shape")),
         "outputs": list(spec["outputs"]),
+        "programs": recorded,
+        "settings": spec.get("settings"),
         "config": {"model": cfg["model"], "reader": {k: reader[k] for k in ("test", "val") if k in reader},
                    "infer": cfg.get("infer"), "runtime": cfg.get("runtime", {})},
         "label_names": label_names,
@@ -66,6 +103,11 @@ def export(model, cfg, output_dir, label_names=None, example=None):
         yaml.safe_dump(record, f, sort_keys=False)
     os.replace(os.path.join(output_dir, INFER_CFG + ".tmp"), os.path.join(output_dir, INFER_CFG))
     return spec
+
+
+def programs_of(record):
+    """{program name: {"inputs", "outputs"}}; records written before `programs` existed hold one."""
+    return record.get("programs") or {PROGRAM: {"inputs": record["inputs"], "outputs": record["outputs"]}}
 
 
 def read_infer_cfg(export_dir):
@@ -80,7 +122,8 @@ def read_infer_cfg(export_dir):
     if version != EXPORT_VERSION:
         raise ConfigError(f"{path}: export format version {version!r}, this code reads version "
                           f"{EXPORT_VERSION}; export the model again with tools/export.py")
-    for name in ("model.json", "model.pdiparams"):
-        if not os.path.isfile(os.path.join(export_dir, name)):
-            raise ConfigError(f"{export_dir}: {name} is missing (an incomplete export)")
+    for program in programs_of(record):
+        for name in (program + ".json", program + ".pdiparams"):
+            if not os.path.isfile(os.path.join(export_dir, name)):
+                raise ConfigError(f"{export_dir}: {name} is missing (an incomplete export)")
     return record

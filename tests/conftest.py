@@ -55,13 +55,21 @@ TRANSFORMER_DEMO = "configs/nlp/transformer/transformer_demo.yaml"
 
 
 @pytest.fixture(scope="session")
-def transformer_demo_run(tmp_path_factory):
+def translation_demo():
+    """The generated translation demo corpus and its sentencepiece model (written once)."""
+    from data import demo_translation
+    return demo_translation.make(os.path.join(_ROOT, "data", "translation_demo"))
+
+
+@pytest.fixture(scope="session")
+def transformer_demo_run(translation_demo, tmp_path_factory):
     """The Transformer demo recipe trained once on the generated corpus; the BLEU, decoding, infer and
     checkpoint-averaging tests reuse it."""
-    from data import demo_translation
-    demo_translation.make(os.path.join(_ROOT, "data", "translation_demo"))
     out = tmp_path_factory.mktemp("transformer_demo")
     tool("train", "-c", TRANSFORMER_DEMO, "--output", out)
+    return out
+
+
 BERT_PRETRAIN_DEMO = "configs/nlp/bert/bert_pretrain_demo.yaml"
 BERT_GLUE_DEMO = "configs/nlp/bert/bert_glue_demo.yaml"
 
@@ -87,6 +95,9 @@ def bert_glue_run(bert_pretrain_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("bert_glue_demo")
     tool("train", "-c", BERT_GLUE_DEMO, "--output", out,
          "-o", f"train.pretrained={bert_pretrain_run / 'final'}")   # the folder, as the README says
+    return out
+
+
 MASK_RCNN_DEMO = "configs/vision/mask_rcnn/mask_rcnn_demo.yaml"
 
 
@@ -102,6 +113,9 @@ def mask_rcnn_demo_run(coco_demo, tmp_path_factory):
     """The Mask R-CNN demo recipe trained once; the eval and infer tests reuse its weights."""
     out = tmp_path_factory.mktemp("mask_rcnn_demo")
     tool("train", "-c", MASK_RCNN_DEMO, "--output", out, timeout=1800)
+    return out
+
+
 DEEPLAB_DEMO = "configs/vision/deeplabv3/deeplabv3_demo.yaml"
 
 

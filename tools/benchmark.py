@@ -285,6 +285,19 @@ INFER_TABLE = [
     ("AttentionLSTM", "configs/video/attention_lstm/attention_lstm_bilstm_10e_youtube8m.yaml",
      ["reader.val.files=[data/youtube8m_demo/val.list]", "reader.val.num_workers=0"],
      [1, 16], "full-size, demo TFRecords (10-150 frames)"),
+    # BERT-base classification on the demo GLUE test pairs (no labels: no loss), padded to 128 tokens
+    ("BERT-base", "configs/nlp/bert/bert_base_3e_glue_rte.yaml",
+     ["reader.test.data_dir=data/bert_demo/glue", "reader.test.vocab_file=data/bert_demo/vocab_30522.txt",
+      "reader.test.collate.max_len=128"],
+     [1, 8], "full-size, seq 128 (padded), demo RTE-format test pairs"),
+    # Transformer-base decoding (exported: encoder + decoder step programs, the same Python beam
+    # search) of demo source sentences alone; untrained weights run every hypothesis to |source| + 5
+    ("Transformer-base", "configs/nlp/transformer/transformer_base_30e_wmt14ende.yaml",
+     [f"reader.test.{k}={v}" for k, v in (
+         ("src_file", "data/translation_demo/test.en"), ("tgt_file", "null"),
+         ("spm_model", "data/translation_demo/spm.model"), ("vocab", "null"), ("input_format", "raw"))]
+     + ["model.max_len_a=1.0", "model.max_len_b=5"],
+     [1, 8], "full-size base (vocabulary 33712), beam 5, demo sentences (~15 subwords)"),
 ]
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
+from paddle.static import InputSpec
 
 from engine import fast_ops
 from engine.pretrained import WEIGHTS, PretrainedEntry
@@ -237,8 +238,8 @@ class BertModel(nn.Layer):
             _init_weights(self, cfg["initializer_range"])
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, position_ids=None):
-        B, S = input_ids.shape
-        if S > self.config["max_position_embeddings"]:
+        B, S = input_ids.shape   # exported programs see B and S as tensors: checks in dynamic mode only
+        if paddle.in_dynamic_mode() and S > self.config["max_position_embeddings"]:
             raise ConfigError(f"BERT: a batch of sequences of {S} tokens, more than max_position_embeddings "
                               f"{self.config['max_position_embeddings']} (lower the reader's max_seq_length)")
         if token_type_ids is None:
@@ -263,7 +264,8 @@ def _lazy():
 
 
 def _tensor(x):
-    return x if isinstance(x, paddle.Tensor) else paddle.to_tensor(np.asarray(x))
+    """A tensor (or, while tracing for export, a program value) as is; numpy and lists converted."""
+    return x if isinstance(x, (paddle.Tensor, paddle.pir.Value)) else paddle.to_tensor(np.asarray(x))
 
 
 def bert_inputs(batch):
@@ -301,6 +303,16 @@ class _BertTask(nn.Layer):
         """The longest input the position table takes (checked against the reader's)."""
         return self.config["max_position_embeddings"]
 
+    def _export_inputs(self, extra=()):
+        """The padded token batch (any batch size and length) and, for the predictor, the longest
+        sequence the position table takes."""
+        inputs = {k: InputSpec([None, None], "int64") for k in ("input_ids", "token_type_ids")}
+        inputs["input_ids_mask"] = InputSpec([None, None], "float32")
+        inputs.update({k: InputSpec([None, None], "int64") for k in extra})
+        longest = self.config["max_position_embeddings"]
+        why = f"BERT's position table holds {longest} positions (max_position_embeddings)"
+        return inputs, {k: ([None, longest], why) for k in ("input_ids", "token_type_ids", "input_ids_mask")}
+
 
 @MODELS.register("BertForPretraining")
 class BertForPretraining(_BertTask):
@@ -327,6 +339,12 @@ class BertForPretraining(_BertTask):
             _init_weights(self.cls, self.config["initializer_range"])
         self.vocab_size = self.config["vocab_size"]
 
+    def export_spec(self, example=None):
+        """The eval predictions PretrainingScores and the Pretraining metric read; the losses need
+        next_sentence_label, which inference has not."""
+        inputs, longest = self._export_inputs(("masked_lm_positions", "masked_lm_ids"))
+        return {"inputs": inputs, "outputs": ["mlm_correct", "mlm_total", "nsp_logits"], "max_shape": longest}
+
     def heads(self, sequence_output, pooled, flat_positions):
         """MLM logits at `flat_positions` (indices into [B*S]) and NSP logits."""
         H = sequence_output.shape[-1]
@@ -348,7 +366,7 @@ class BertForPretraining(_BertTask):
         sel = paddle.masked_select(flat, valid)
         target = paddle.masked_select(labels, valid)
         mlm_logits, nsp_logits = self.heads(seq, pooled, sel)
-        n = max(int(sel.shape[0]), 1)
+        n = paddle.clip(valid.astype("float32").sum(), min=1.0)   # a tensor: exported programs trace this
         mlm_loss = softmax_ce(mlm_logits, target.unsqueeze(1)).sum() / n
         out = {"mlm_loss": mlm_loss}
         loss = mlm_loss
@@ -360,10 +378,10 @@ class BertForPretraining(_BertTask):
         if self.training:
             return out
         hit = (mlm_logits.argmax(axis=-1) == target).astype("float32")
-        owner = paddle.masked_select(paddle.arange(B, dtype="int64").unsqueeze(1).expand(positions.shape), valid)
-        onehot = F.one_hot(owner, B)                                   # [N, B]: which sample a token is in
-        out.update(mlm_correct=(onehot * hit.unsqueeze(1)).sum(axis=0), mlm_total=onehot.sum(axis=0),
-                   nsp_logits=nsp_logits)
+        owner = paddle.masked_select(paddle.arange(B, dtype="int64").unsqueeze(1).expand_as(positions), valid)
+        zeros = paddle.zeros([B], dtype=hit.dtype)
+        out.update(mlm_correct=paddle.scatter(zeros, owner, hit, overwrite=False),   # summed per sample
+                   mlm_total=valid.astype("float32").sum(axis=1), nsp_logits=nsp_logits)
         return out
 
 
@@ -412,6 +430,11 @@ class BertForSequenceClassification(_BertTask):
         self.classifier = nn.Linear(self.config["hidden_size"], num_classes)
         if not _lazy():
             _init_weights(self.classifier, self.config["initializer_range"])
+
+    def export_spec(self, example=None):
+        """`logits`, what the GLUE metric and the GLUESubmission writer read."""
+        inputs, longest = self._export_inputs()
+        return {"inputs": inputs, "outputs": ["logits"], "max_shape": longest}
 
     def forward(self, batch):
         ids, types, mask = bert_inputs(batch)

@@ -22,6 +22,15 @@ penalty, score = sum(log p) / ((5 + |Y|) / 6) ** alpha (|Y| counts the tokens ge
 included), and a sentence stops once it has `beam_size` finished hypotheses or reaches its maximum
 length `max_len_a * |source| + max_len_b` (capped by the position table). With beam_size 1 this is
 exactly greedy decoding.
+
+Export (tools/export.py): the networks are two programs, `encoder` (source -> the memory's
+cross-attention keys/values per decoder layer and the memory bias) and `decoder_step` (one cached
+step: the last tokens, the memory's keys/values and the self-attention cache of the positions so far
+-> log-probabilities of the next token and the cache extended by one position; the position is the
+cache's length). The search itself (hypothesis bookkeeping, length penalty, stopping) stays Python:
+`BeamSearch`, the one the dynamic model runs, drives those programs through `Transformer.exported_runner`,
+so both paths decode with the same code and differ only in who computes a step. The source-length
+check against the position table runs in Python on both paths.
 """
 import math
 
@@ -29,6 +38,7 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
+from paddle.static import InputSpec
 
 from engine import fast_ops
 from engine.pretrained import WEIGHTS, PretrainedEntry
@@ -338,14 +348,8 @@ class Transformer(nn.Layer):
 
     def encode(self, src_ids, src_mask, index=None):
         """(memory [B, S, D], memory bias [B, 1, 1, S]); the source must fit the position table."""
-        lengths = src_mask.sum(axis=1)
-        longest = int(lengths.max().item()) if lengths.shape[0] else 0
-        if longest > self.max_length:
-            i = int(paddle.argmax(lengths).item())
-            which = f"sample {int(index[i])}" if index is not None else f"row {i}"
-            raise ConfigError(f"Transformer: source of {which} has {longest} tokens (with <e>), more than the "
-                              f"position table holds (model.max_length {self.max_length}); split the "
-                              f"sentence or use a model with a larger max_length")
+        if paddle.in_dynamic_mode():    # an exported program sees sizes as tensors: its runner checks
+            check_source_lengths(src_mask.sum(axis=1).numpy(), self.max_length, index)
         bias = ((1.0 - src_mask.astype("float32")) * NEG).unsqueeze([1, 2])
         x = self._embed(self.src_word_embedding, self.src_pos_embedding, src_ids, src_mask)
         return self.transformer.encoder(x, bias), bias
@@ -391,9 +395,74 @@ class Transformer(nn.Layer):
         elif self.training:
             raise ConfigError("Transformer: training needs 'tgt_in' and 'tgt_out' in the batch")
         hyps = self.search(memory, memory_bias, src_mask.sum(axis=1), self.beam_size, self.use_cache)
-        ids, lengths, scores = _pack([h[0] for h in hyps], self.pad_id)
-        out.update(ids=paddle.to_tensor(ids), ids_len=paddle.to_tensor(lengths), scores=paddle.to_tensor(scores))
+        out.update({k: paddle.to_tensor(v) for k, v in _pack([h[0] for h in hyps], self.pad_id).items()})
         return out
+
+    # ------------------------------------------------------------------------------- export
+    def decoder_step(self, ids, memory_kv, memory_bias, caches):
+        """One cached decoder step, the network of every decoding step (dynamic and exported).
+
+        `ids` [R, 1]: the last token of each row, at position t = the caches' length; `memory_kv`
+        per decoder layer (keys, values) [R, H, S, dh]; `caches` per layer (keys, values) [R, H, t, dh]
+        of the positions before. Returns (log-probabilities [R, V] of the next token, the caches
+        extended by this position)."""
+        pos = ids * 0 + paddle.shape(caches[0][0])[2]   # every row at t (zeros_like warns while tracing)
+        x = self.trg_word_embedding(ids) + self.trg_pos_embedding(pos)
+        state = [{"k": k, "v": v} for k, v in caches]
+        h = self.transformer.decoder(x, memory_kv, None, memory_bias, state)
+        return log_softmax(self.logits(h[:, -1])), [(c["k"], c["v"]) for c in state]
+
+    def empty_caches(self, rows):
+        """Per decoder layer (keys, values) of no position yet: [rows, H, 0, dh]."""
+        h, dh = self._heads()
+        return [(paddle.zeros([rows, h, 0, dh]), paddle.zeros([rows, h, 0, dh])) for _ in self.transformer.decoder.layers]
+
+    def _heads(self):
+        h = self.transformer.decoder.layers[0].self_attn.n_head
+        return h, self.d_model // h
+
+    def export_spec(self, example=None):
+        """Two programs (the module docstring): `encoder` and `decoder_step`; the predictor as a whole
+        takes the padded source and gives what the dynamic model's eval forward gives without targets."""
+        h, dh = self._heads()
+        layers = range(len(self.transformer.decoder.layers))
+        kv = lambda prefix: {f"{prefix}_{w}{i}": InputSpec([None, h, None, dh], "float32")  # noqa: E731
+                             for i in layers for w in "kv"}
+        src = {"src_ids": InputSpec([None, None], "int64"), "src_ids_mask": InputSpec([None, None], "float32")}
+        step_inputs = {"ids": InputSpec([None, 1], "int64"),
+                       "memory_bias": InputSpec([None, 1, 1, None], "float32"), **kv("memory"), **kv("cache")}
+        return {"inputs": src, "outputs": ["ids", "ids_len", "scores"],
+                "programs": {"encoder": {"method": "export_encoder", "inputs": src,
+                                         "outputs": ["memory_bias"] + list(kv("memory"))},
+                             "decoder_step": {"method": "export_decoder_step", "inputs": step_inputs,
+                                              "outputs": ["logp"] + list(kv("cache"))}},
+                "settings": dict(self.search_settings(), layers=len(layers), heads=h, head_dim=dh)}
+
+    def export_encoder(self, batch):
+        memory, bias = self.encode(batch["src_ids"], batch["src_ids_mask"])
+        out = {"memory_bias": bias}
+        for i, (k, v) in enumerate(self.transformer.decoder.memory_kv(memory)):
+            out[f"memory_k{i}"], out[f"memory_v{i}"] = k, v
+        return out
+
+    def export_decoder_step(self, batch):
+        layers = range(len(self.transformer.decoder.layers))
+        logp, caches = self.decoder_step(
+            batch["ids"], [(batch[f"memory_k{i}"], batch[f"memory_v{i}"]) for i in layers], batch["memory_bias"],
+            [(batch[f"cache_k{i}"], batch[f"cache_v{i}"]) for i in layers])
+        out = {"logp": logp}
+        for i, (k, v) in enumerate(caches):
+            out[f"cache_k{i}"], out[f"cache_v{i}"] = k, v
+        return out
+
+    @classmethod
+    def exported_runner(cls, programs, settings):
+        return ExportedTransformer(programs, settings)
+
+    def search_settings(self):
+        return dict(bos_id=self.bos_id, eos_id=self.eos_id, pad_id=self.pad_id, beam_size=self.beam_size,
+                    alpha=self.alpha, max_len_a=self.max_len_a, max_len_b=self.max_len_b,
+                    max_length=self.max_length)
 
     # ------------------------------------------------------------------------------- decoding
     def translate(self, src_ids, src_mask=None, beam_size=None, use_cache=None, n_best=1):
@@ -411,23 +480,69 @@ class Transformer(nn.Layer):
 
     def max_lengths(self, src_lengths):
         """Most tokens (`<e>` included) each sentence may generate: a * |source| + b, within the table."""
-        n = np.floor(self.max_len_a * np.asarray(src_lengths, dtype=np.float64) + self.max_len_b).astype(np.int64)
-        return np.clip(n, 1, self.max_length)
+        return BeamSearch(**self.search_settings()).max_lengths(src_lengths)
 
     def search(self, memory, memory_bias, src_lengths, beam_size, use_cache=True):
-        if beam_size == 1:
-            return self.greedy_search(memory, memory_bias, src_lengths, use_cache)
-        return self.beam_search(memory, memory_bias, src_lengths, beam_size, use_cache)
+        steps = self._stepper(memory, memory_bias, use_cache)
+        return BeamSearch(**self.search_settings()).search(steps, memory.shape[0], src_lengths.numpy(), beam_size)
 
     def _stepper(self, memory, memory_bias, use_cache):
-        return _CachedSteps(self, memory, memory_bias) if use_cache else _FullSteps(self, memory, memory_bias)
+        if not use_cache:
+            return _FullSteps(self, memory, memory_bias)
+        run = lambda ids, memory_kv, bias, caches: self.decoder_step(  # noqa: E731
+            paddle.to_tensor(ids), memory_kv, bias, caches)
+        return _CachedSteps(run, self.transformer.decoder.memory_kv(memory), memory_bias,
+                            self.empty_caches(memory.shape[0]), _take_rows)
 
     @paddle.no_grad()
     def greedy_search(self, memory, memory_bias, src_lengths, use_cache=True):
         """The most probable next token until <e> or the sentence's maximum length."""
-        n = memory.shape[0]
-        limits = self.max_lengths(src_lengths.numpy())
         steps = self._stepper(memory, memory_bias, use_cache)
+        return BeamSearch(**self.search_settings()).greedy(steps, memory.shape[0], src_lengths.numpy())
+
+    @paddle.no_grad()
+    def beam_search(self, memory, memory_bias, src_lengths, beam_size, use_cache=True):
+        """Per sentence its finished hypotheses (tokens, score), best first (see the module docstring)."""
+        steps = self._stepper(memory, memory_bias, use_cache)
+        return BeamSearch(**self.search_settings()).beam(steps, memory.shape[0], src_lengths.numpy(), beam_size)
+
+
+def check_source_lengths(lengths, max_length, index=None):
+    """One line when a source (tokens with <e>, from its mask) is longer than the position table."""
+    lengths = np.asarray(lengths)
+    if not len(lengths) or lengths.max() <= max_length:
+        return
+    i = int(np.argmax(lengths))
+    which = f"sample {int(index[i])}" if index is not None else f"row {i}"
+    raise ConfigError(f"Transformer: source of {which} has {int(lengths[i])} tokens (with <e>), more than the "
+                      f"position table holds (model.max_length {max_length}); split the sentence or use a model "
+                      f"with a larger max_length")
+
+
+class BeamSearch:
+    """The decoding loops over `steps`, an object with `step(last_tokens, t) -> log-probabilities [rows, V]`
+    (a paddle tensor) and `select(rows)` (keep, reorder or repeat the rows of its state). The dynamic
+    model's steps and the exported decoder program's steps run the same loops."""
+
+    def __init__(self, bos_id=0, eos_id=1, pad_id=0, beam_size=5, alpha=0.6, max_len_a=1.0, max_len_b=50,
+                 max_length=257):
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+        self.beam_size, self.alpha = beam_size, alpha
+        self.max_len_a, self.max_len_b, self.max_length = max_len_a, max_len_b, max_length
+
+    def max_lengths(self, src_lengths):
+        n = np.floor(self.max_len_a * np.asarray(src_lengths, dtype=np.float64) + self.max_len_b).astype(np.int64)
+        return np.clip(n, 1, self.max_length)
+
+    def search(self, steps, n, src_lengths, beam_size=None):
+        beam_size = beam_size or self.beam_size
+        if beam_size == 1:
+            return self.greedy(steps, n, src_lengths)
+        return self.beam(steps, n, src_lengths, beam_size)
+
+    @paddle.no_grad()
+    def greedy(self, steps, n, src_lengths):
+        limits = self.max_lengths(src_lengths)
         tokens = [[] for _ in range(n)]
         logp_sum = np.zeros(n)
         alive = np.arange(n)
@@ -450,13 +565,10 @@ class Transformer(nn.Layer):
         return [[(tokens[i], logp_sum[i] / length_penalty(len(tokens[i]), self.alpha))] for i in range(n)]
 
     @paddle.no_grad()
-    def beam_search(self, memory, memory_bias, src_lengths, beam_size, use_cache=True):
-        """Per sentence its finished hypotheses (tokens, score), best first (see the module docstring)."""
-        n, k = memory.shape[0], beam_size
-        limits = self.max_lengths(src_lengths.numpy())
-        rows = np.repeat(np.arange(n), k)
-        steps = self._stepper(memory, memory_bias, use_cache)
-        steps.select(rows)
+    def beam(self, steps, n, src_lengths, beam_size):
+        k = beam_size
+        limits = self.max_lengths(src_lengths)
+        steps.select(np.repeat(np.arange(n), k))
         finished = [[] for _ in range(n)]
         active = np.arange(n)                      # sentences still searching, in row-block order
         beam_logp = np.full((n, k), -np.inf)
@@ -512,36 +624,38 @@ class Transformer(nn.Layer):
 
 
 class _CachedSteps:
-    """Decoder steps with the memory's keys/values projected once and a growing self-attention cache."""
+    """Decoder steps with the memory's keys/values projected once and a growing self-attention cache.
 
-    def __init__(self, model, memory, memory_bias):
-        self.model = model
-        self.memory_kv = model.transformer.decoder.memory_kv(memory)
-        self.memory_bias = memory_bias
-        self.caches = [{} for _ in model.transformer.decoder.layers]
-        self.sentence = np.arange(memory.shape[0])   # the source sentence of each row
+    `run(ids [R, 1] numpy, memory_kv, memory_bias, caches) -> (log-probabilities, caches)` computes a
+    step: the model's `decoder_step`, or the exported program (`ExportedTransformer`); `take(x, rows)`
+    gathers rows of its state (paddle tensors or numpy arrays)."""
+
+    def __init__(self, run, memory_kv, memory_bias, caches, take):
+        self.run, self.take = run, take
+        self.memory_kv, self.memory_bias, self.caches = memory_kv, memory_bias, caches
+        self.sentence = np.arange(memory_bias.shape[0])   # the source sentence of each row
 
     def select(self, rows):
         """Keep (and reorder, repeat) the given rows of every state tensor. The memory's keys/values are
         gathered only when the rows' sentences change (not when beams of one sentence swap places)."""
-        idx = paddle.to_tensor(rows)
+        take = self.take
         sentence = self.sentence[rows]
         if not np.array_equal(sentence, self.sentence):
-            self.memory_kv = [(paddle.index_select(k, idx), paddle.index_select(v, idx)) for k, v in self.memory_kv]
-            self.memory_bias = paddle.index_select(self.memory_bias, idx)
+            self.memory_kv = [(take(k, rows), take(v, rows)) for k, v in self.memory_kv]
+            self.memory_bias = take(self.memory_bias, rows)
         self.sentence = sentence
-        for cache in self.caches:
-            for key in list(cache):
-                cache[key] = paddle.index_select(cache[key], idx)
+        self.caches = [(take(k, rows), take(v, rows)) for k, v in self.caches]
 
     def step(self, last_tokens, t):
-        """Log-probabilities [rows, V] of the token after `last_tokens` (which sit at position t)."""
-        m = self.model
-        ids = paddle.to_tensor(np.asarray(last_tokens, dtype=np.int64).reshape([-1, 1]))
-        pos = paddle.full([ids.shape[0], 1], t, dtype="int64")
-        x = m.trg_word_embedding(ids) + m.trg_pos_embedding(pos)
-        h = m.transformer.decoder(x, self.memory_kv, None, self.memory_bias, self.caches)
-        return log_softmax(m.logits(h[:, -1]))
+        """Log-probabilities [rows, V] of the token after `last_tokens` (which sit at position t, the
+        caches' length)."""
+        ids = np.asarray(last_tokens, dtype=np.int64).reshape([-1, 1])
+        logp, self.caches = self.run(ids, self.memory_kv, self.memory_bias, self.caches)
+        return logp
+
+
+def _take_rows(x, rows):
+    return paddle.index_select(x, paddle.to_tensor(rows))
 
 
 class _FullSteps:
@@ -586,12 +700,44 @@ def _mask(batch, key, pad_id):
 
 
 def _pack(hyps, pad_id):
-    """[(tokens, score)] -> ids [B, L] padded with pad_id, lengths [B], scores [B] (numpy)."""
+    """[(tokens, score)] -> {ids [B, L] padded with pad_id, ids_len [B], scores [B]} (numpy)."""
     longest = max([len(t) for t, _ in hyps] + [1])
     ids = np.full((len(hyps), longest), pad_id, dtype=np.int64)
     for i, (tokens, _) in enumerate(hyps):
         ids[i, :len(tokens)] = tokens
-    return ids, np.array([len(t) for t, _ in hyps], dtype=np.int64), np.array([s for _, s in hyps], dtype=np.float32)
+    return {"ids": ids, "ids_len": np.array([len(t) for t, _ in hyps], dtype=np.int64),
+            "scores": np.array([s for _, s in hyps], dtype=np.float32)}
+
+
+class ExportedTransformer:
+    """The exported `encoder` and `decoder_step` programs driven by `BeamSearch`, as the predictor's
+    `run(feeds) -> {ids, ids_len, scores}` (numpy in and out, the dynamic model's eval outputs)."""
+
+    def __init__(self, programs, settings):
+        self.encoder, self.decoder_step = programs["encoder"], programs["decoder_step"]
+        settings = dict(settings)
+        self.layers, self.heads, self.head_dim = (settings.pop(k) for k in ("layers", "heads", "head_dim"))
+        self.search = BeamSearch(**settings)
+
+    def __call__(self, feeds):
+        src, mask = feeds["src_ids"], feeds["src_ids_mask"]
+        lengths = mask.sum(axis=1)
+        check_source_lengths(lengths, self.search.max_length, feeds.get("index"))
+        enc = self.encoder({"src_ids": src, "src_ids_mask": mask})
+        n = src.shape[0]
+        memory_kv = [(enc[f"memory_k{i}"], enc[f"memory_v{i}"]) for i in range(self.layers)]
+        empty = np.zeros((n, self.heads, 0, self.head_dim), np.float32)
+        steps = _CachedSteps(self._run, memory_kv, enc["memory_bias"], [(empty, empty)] * self.layers,
+                             lambda x, rows: x[rows])
+        hyps = self.search.search(steps, n, lengths)
+        return _pack([h[0] for h in hyps], self.search.pad_id)
+
+    def _run(self, ids, memory_kv, memory_bias, caches):
+        feeds = {"ids": ids, "memory_bias": memory_bias}
+        for i, ((mk, mv), (ck, cv)) in enumerate(zip(memory_kv, caches)):
+            feeds.update({f"memory_k{i}": mk, f"memory_v{i}": mv, f"cache_k{i}": ck, f"cache_v{i}": cv})
+        out = self.decoder_step(feeds)
+        return paddle.to_tensor(out["logp"]), [(out[f"cache_k{i}"], out[f"cache_v{i}"]) for i in range(self.layers)]
 
 
 # ---------------------------------------------------------------- pretrained entries (PaddleNLP releases)
