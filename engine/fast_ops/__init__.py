@@ -9,10 +9,11 @@ library), the tensors are float32 on the CPU, and the library built. Otherwise i
 reference, which is also what the tests compare against.
 
 The library is compiled on first use with the machine's g++ (-O3 -march=native -fopenmp), cached
-under `$ZOO_FAST_OPS_DIR`, else `$PADDLE_ZOO_HOME/fast_ops`, else `~/.cache/paddle_zoo/fast_ops`, in a
-folder named by a hash of the source, the flags, the paddle build and the CPU; concurrent processes
-(DataLoader workers, data-parallel ranks, test sessions) wait on a file lock and build it once. A
-failed build logs one warning and the reference path is used.
+under `$ZOO_FAST_OPS_DIR`, else `$PADDLE_ZOO_HOME/fast_ops`, else `~/.cache/paddle_zoo/fast_ops` (the
+temp folder when that is not writable), in a folder named by a hash of the source, the flags, the
+paddle build and the CPU; concurrent processes (DataLoader workers, data-parallel ranks, test
+sessions) wait on a file lock and build it once. A failed build logs one warning and the reference
+path is used.
 """
 import fcntl
 import hashlib
@@ -106,7 +107,18 @@ def build(verbose=False):
     if os.path.isfile(path):
         return path
     folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        writable = os.access(folder, os.W_OK)
+    except OSError:
+        writable = False
+    if not writable:   # a read-only home (CI containers): build under the temp folder instead
+        folder = os.path.join(tempfile.gettempdir(), f"paddle_zoo_fast_ops_{os.getuid()}",
+                              os.path.basename(folder))
+        path = os.path.join(folder, os.path.basename(path))
+        if os.path.isfile(path):
+            return path
+        os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "build.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.isfile(path):                 # another process built it while we waited
@@ -140,8 +152,10 @@ def load():
     if _state["loaded"] is None:
         try:
             from paddle.utils.cpp_extension.extension_utils import load_op_meta_info_and_register_op
-            load_op_meta_info_and_register_op(build())
+            path = build()
+            load_op_meta_info_and_register_op(path)
             _state["loaded"] = True
+            log.info("fast_ops: fused C++ operators loaded (%s)", path)
         except Exception as e:   # noqa: BLE001 - any failure means: use the reference path
             _state["loaded"], _state["error"] = False, str(e)
             log.warning("fast_ops: the C++ operators are not available (%s); using the pure Paddle path", e)
