@@ -2,7 +2,7 @@
 
 python benchmarks/peers.py [--only BERT-base ...] [--rounds 2] [--steps 3] [--reference]
                            [--json benchmarks/results/peers.json]        # `make bench-peers`
-python benchmarks/peers.py --show                                       # the table from the JSON
+python benchmarks/peers.py --show [--readme]                            # the table from the JSON (into README.md)
 python benchmarks/peers.py --run NAME --side ours|theirs [--steps N] [--profile]   # one process
 
 Each (model, side) runs in its own process with the same environment (engine/cpu.py's settings for
@@ -182,7 +182,7 @@ def _spawn(name, side, args, env, fast_ops=True):
 
 
 def table(args):
-    from engine.cpu import cpu_info, mkl_environment
+    from engine.cpu import mkl_environment
     env = mkl_environment(dict(os.environ))
     env.setdefault("GLOG_minloglevel", "2")
     names = args.only or list(PEERS)
@@ -203,18 +203,26 @@ def table(args):
             row.update(ours_reference_s_per_step=med["ours-ref"], reference_ratio=med["theirs"] / med["ours-ref"])
         rows.append(row)
         print(f"  {name}: ours/theirs throughput {row['ratio']:.2f}", flush=True)
+        result = _save(args, env, rows)                # after every row: a stopped run keeps what it measured
+    show(result)
+
+
+def _save(args, env, rows):
+    """The JSON of the rows measured so far (with --only, merged into the file's other rows)."""
+    from engine.cpu import cpu_info
     info = cpu_info()
+    flags = open("/proc/cpuinfo").read().split("flags", 1)[-1].split("\n", 1)[0].split() if os.path.exists(
+        "/proc/cpuinfo") else []
     result = {"command": " ".join(["benchmarks/peers.py"] + sys.argv[1:]), "cpu": info["model"],
-              "cpu_vendor": info["vendor"], "threads": args.threads, "python": platform.python_version(),
+              "cpu_vendor": info["vendor"], "cpu_count": os.cpu_count(),
+              "cpu_flags": [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags], "threads": args.threads, "python": platform.python_version(),
               "env": {k: env.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "FLAGS_use_stride_kernel")},
               "git_commit": _git_commit(), "steps": args.steps, "rounds": args.rounds,
               "load_average_start": rows[0]["runs"]["ours"][0]["load_before"] if rows else None,
               "uptime_end": _uptime(), "rows": rows}
-    versions = {}
     for row in rows:
         for side in ("ours", "theirs"):
-            versions.update({k: row["runs"][side][0][k] for k in ("paddle", "torch") if k in row["runs"][side][0]})
-    result.update(versions)
+            result.update({k: row["runs"][side][0][k] for k in ("paddle", "torch") if k in row["runs"][side][0]})
     if args.json:
         path = os.path.join(ROOT, args.json)
         old = {}
@@ -225,7 +233,7 @@ def table(args):
         result["rows"] = [old[n] for n in PEERS if n in old]
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
-    show(result)
+    return result
 
 
 def _git_commit():
@@ -240,18 +248,41 @@ def _uptime():
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def show(result):
+def table_lines(result):
+    """The markdown table (and its heading line) of a peers JSON."""
     ref = any("reference_ratio" in r for r in result["rows"])
-    print(f"\n{result['cpu']} ({result['cpu_vendor']}), {result['threads']} threads, paddle {result.get('paddle')} "
-          f"vs torch {result.get('torch')}\n")
-    print("| model | batch | input | ours s/step | PyTorch s/step | ours / PyTorch samples/s |"
-          + (" pure-Paddle path / PyTorch |" if ref else "") + " load (1 min) |")
-    print("|---|---|---|---|---|---|" + ("---|" if ref else "") + "---|")
+    lines = [f"{result['cpu']} ({result['cpu_vendor']}), {result['threads']} threads, paddle {result.get('paddle')} "
+             f"vs torch {result.get('torch')}, {result['steps']} timed steps x {result['rounds']} rounds per side, "
+             f"commit {str(result.get('git_commit'))[:10]}; load average at the end: {result.get('uptime_end')}",
+             "",
+             "| model | batch | input | ours s/step | PyTorch s/step | ours / PyTorch samples/s |"
+             + (" pure-Paddle path / PyTorch |" if ref else "") + " load (1 min) |",
+             "|---|---|---|---|---|---|" + ("---|" if ref else "") + "---|"]
     for r in result["rows"]:
         loads = [x["load_before"] for side in ("ours", "theirs") for x in r["runs"][side]]
         extra = f" {r['reference_ratio']:.2f} |" if "reference_ratio" in r else (" - |" if ref else "")
-        print(f"| {r['name']} | {r['batch']} | {r['input']} | {r['ours_s_per_step']:.3f} | {r['theirs_s_per_step']:.3f} "
-              f"| **{r['ratio']:.2f}** |{extra} {min(loads):.1f}-{max(loads):.1f} |")
+        lines.append(f"| {r['name']} | {r['batch']} | {r['input']} | {r['ours_s_per_step']:.3f} | "
+                     f"{r['theirs_s_per_step']:.3f} | **{r['ratio']:.2f}** |{extra} {min(loads):.1f}-{max(loads):.1f} |")
+    return lines
+
+
+README_START, README_END = "<!-- bench-peers: start (benchmarks/peers.py --readme) -->", "<!-- bench-peers: end -->"
+
+
+def write_readme(result, path=os.path.join(ROOT, "README.md")):
+    """Replace the table between the README's bench-peers markers by the one of this JSON."""
+    with open(path) as f:
+        text = f.read()
+    if README_START not in text or README_END not in text:
+        raise SystemExit(f"error: {path}: the markers {README_START!r} and {README_END!r} are missing")
+    head, rest = text.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    with open(path, "w") as f:
+        f.write(head + README_START + "\n" + "\n".join(table_lines(result)) + "\n" + README_END + tail)
+
+
+def show(result):
+    print("\n" + "\n".join(table_lines(result)))
 
 
 def main():
@@ -263,6 +294,7 @@ def main():
     p.add_argument("--reference", action="store_true", help="also time our pure-Paddle path (fast_ops off)")
     p.add_argument("--json", default="benchmarks/results/peers.json")
     p.add_argument("--show", action="store_true")
+    p.add_argument("--readme", action="store_true", help="write the table from the JSON into README.md")
     p.add_argument("--run", choices=list(PEERS), help="one side in this process; prints a JSON line")
     p.add_argument("--side", choices=["ours", "theirs"], default="ours")
     p.add_argument("--no-fast-ops", action="store_true")
@@ -270,9 +302,12 @@ def main():
     args = p.parse_args()
     if args.run:
         print(json.dumps(run_one(args.run, args.side, args.steps, args.threads, not args.no_fast_ops, args.profile)))
-    elif args.show:
+    elif args.show or args.readme:
         with open(os.path.join(ROOT, args.json)) as f:
-            show(json.load(f))
+            result = json.load(f)
+        show(result)
+        if args.readme:
+            write_readme(result)
     else:
         table(args)
 

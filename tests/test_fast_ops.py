@@ -298,6 +298,35 @@ def test_resnet_fast_equals_reference_in_training():
                 assert not np.allclose(v.numpy(), state[k])   # the running statistics moved
 
 
+def test_deeplabv3_fast_equals_reference_and_recomputes():
+    """DeepLabV3's head (ConvBNReLU) and dilated trunk on the fused BN kernels; with backbone
+    recompute, the stage runs twice and its BN statistics still move once (the kernel updates them in
+    place, recompute_stage puts them back)."""
+    from engine.components import load_all
+    from models.vision.deeplabv3 import DeepLabV3
+    load_all()
+    small = {"name": "ResNet", "depth": 18, "output_stride": 16, "multi_grid": [1, 2], "base_channels": 8}
+    paddle.seed(0)
+    models = [DeepLabV3(num_classes=3, backbone=dict(small, recompute=r), aspp_channels=8, dropout=0.0)
+              for r in (False, True, False)]
+    for m in models[1:]:
+        m.set_state_dict(models[0].state_dict())
+    x, label = _t(RNG.standard_normal((2, 3, 45, 53)), grad=False), paddle.to_tensor(RNG.integers(0, 3, (2, 45, 53)))
+    for m, on in zip(models, (True, True, False)):
+        m.train()
+        with fast_ops.enabled_as(on):
+            m({"image": x, "label": label})["loss"].backward()
+    fast, remat, ref = models
+    grads = {n: p.grad.numpy() for n, p in fast.named_parameters() if not p.stop_gradient}
+    assert len(grads) > 60
+    for other, tol in ((remat, 1e-6), (ref, 1e-4)):
+        for n, p in other.named_parameters():
+            if not p.stop_gradient:
+                _close(p.grad.numpy(), grads[n], tol)
+        for k, v in other.state_dict().items():
+            _close(v.numpy(), fast.state_dict()[k].numpy(), 1e-5)
+
+
 # ----------------------------------------------------------------------------------- fallback
 def test_fallback_when_disabled_or_unbuildable(monkeypatch, caplog):
     x, b = _t(RNG.standard_normal((4, 8))), _t(RNG.standard_normal(8))
