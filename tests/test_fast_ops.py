@@ -224,11 +224,25 @@ def test_dropout_masks_are_seeded_and_unbiased():
 
 
 # ------------------------------------------------------------------------------------- layers
+class _counting:
+    """Count the fused operators run inside the block (a fast path that silently fell back to the
+    reference would make the comparisons vacuous)."""
+
+    def __enter__(self):
+        self.names, self.real = [], fast_ops._run
+        fast_ops._run = lambda name, *a: self.names.append(name) or self.real(name, *a)
+        return self.names
+
+    def __exit__(self, *exc):
+        fast_ops._run = self.real
+
+
 def _layer_grads(layer, inputs, on):
     xs = [_t(a.numpy(), grad=not a.stop_gradient) for a in inputs]
     layer.clear_gradients()
-    with fast_ops.enabled_as(on):
+    with fast_ops.enabled_as(on), _counting() as ran:
         y = layer(*xs)
+    assert bool(ran) == on, ran
     y = y[-1] if isinstance(y, list) else y
     (y * paddle.to_tensor(np.random.default_rng(4).standard_normal(y.shape).astype(np.float32))).sum().backward()
     return [y.numpy()] + [x.grad.numpy() for x in xs if not x.stop_gradient] + \
@@ -314,8 +328,9 @@ def test_deeplabv3_fast_equals_reference_and_recomputes():
     x, label = _t(RNG.standard_normal((2, 3, 45, 53)), grad=False), paddle.to_tensor(RNG.integers(0, 3, (2, 45, 53)))
     for m, on in zip(models, (True, True, False)):
         m.train()
-        with fast_ops.enabled_as(on):
+        with fast_ops.enabled_as(on), _counting() as ran:
             m({"image": x, "label": label})["loss"].backward()
+        assert ("zoo_bn_act" in ran and "zoo_bn_add_act" in ran) == on
     fast, remat, ref = models
     grads = {n: p.grad.numpy() for n, p in fast.named_parameters() if not p.stop_gradient}
     assert len(grads) > 60
@@ -390,13 +405,28 @@ def test_reference_path_traces_under_to_static():
     model = BertModel(size="tiny", vocab_size=50, max_position_embeddings=16)
     model.eval()
     ids = paddle.to_tensor(RNG.integers(1, 50, (2, 8)).astype(np.int64))
-    with fast_ops.enabled_as(True):
+    with fast_ops.enabled_as(True), _counting() as ran:
         eager = model(ids)[0].numpy()
+    assert "zoo_bias_dropout_residual_ln" in ran
+    with fast_ops.enabled_as(True):
         static = paddle.jit.to_static(model, full_graph=True)
         traced = static(ids)[0].numpy()
         prog = str(static.forward.concrete_program.main_program)
     assert "zoo_" not in prog
     _close(traced, eager)
+    from models.nlp.transformer import EncoderLayer
+    for pre in (True, False):
+        layer = EncoderLayer(32, 4, 64, 0.0, 0.0, 0.0, pre)
+        x, mask = _t(RNG.standard_normal((2, 7, 32)), grad=False), _padding_mask(2, 7, [7, 3])
+        with fast_ops.enabled_as(True), _counting() as ran:
+            eager = layer(x, mask).numpy()
+        assert "zoo_softmax_dropout" in ran
+        with fast_ops.enabled_as(True):
+            static = paddle.jit.to_static(layer, full_graph=True)
+            traced = static(x, mask).numpy()
+            prog = str(static.forward.concrete_program.main_program)
+        assert "zoo_" not in prog and "layer_norm" in prog
+        _close(traced, eager)
 
 
 def test_config_switch(tmp_path):
