@@ -215,7 +215,8 @@ def _save(args, env, rows):
         "/proc/cpuinfo") else []
     result = {"command": " ".join(["benchmarks/peers.py"] + sys.argv[1:]), "cpu": info["model"],
               "cpu_vendor": info["vendor"], "cpu_count": os.cpu_count(),
-              "cpu_flags": [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags], "threads": args.threads, "python": platform.python_version(),
+              "cpu_flags": [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags],
+              "threads": args.threads, "python": platform.python_version(),
               "env": {k: env.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "FLAGS_use_stride_kernel")},
               "git_commit": _git_commit(), "steps": args.steps, "rounds": args.rounds,
               "load_average_start": rows[0]["runs"]["ours"][0]["load_before"] if rows else None,
@@ -262,7 +263,8 @@ def table_lines(result):
         loads = [x["load_before"] for side in ("ours", "theirs") for x in r["runs"][side]]
         extra = f" {r['reference_ratio']:.2f} |" if "reference_ratio" in r else (" - |" if ref else "")
         lines.append(f"| {r['name']} | {r['batch']} | {r['input']} | {r['ours_s_per_step']:.3f} | "
-                     f"{r['theirs_s_per_step']:.3f} | **{r['ratio']:.2f}** |{extra} {min(loads):.1f}-{max(loads):.1f} |")
+                     f"{r['theirs_s_per_step']:.3f} | **{r['ratio']:.2f}** |{extra} "
+                     f"{min(loads):.1f}-{max(loads):.1f} |")
     return lines
 
 

@@ -434,7 +434,8 @@ def test_config_switch(tmp_path):
     cfg = config.load("configs/nlp/bert/bert_glue_demo.yaml", ["runtime.fast_ops=false"], validate_config=False)
     runtime.setup(config.section(cfg, "runtime", config.RUNTIME_KEYS))
     assert not fast_ops.is_enabled()
-    runtime.setup(config.section(config.load("configs/nlp/bert/bert_glue_demo.yaml", validate_config=False), "runtime", config.RUNTIME_KEYS))
+    cfg = config.load("configs/nlp/bert/bert_glue_demo.yaml", validate_config=False)
+    runtime.setup(config.section(cfg, "runtime", config.RUNTIME_KEYS))
     assert fast_ops.is_enabled()   # on by default
 
 
