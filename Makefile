@@ -27,7 +27,7 @@ demo: $(VENV)/.installed
 	$(VPY) tools/eval.py -c $(DEMO) --weights output/demo/final/model.pdparams --output output/demo/eval
 
 test: $(VENV)/.installed-test
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q --durations=15 tests
 
 bench: $(VENV)/.installed
 	$(VPY) tools/benchmark.py --table --workers 0 1 2

@@ -241,6 +241,7 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
     model.eval()
     split = "test" if "test" in cfg["reader"] else "val"
     rows = []
+    load_before = round(os.getloadavg()[0], 2)   # other work on the machine skews latency: recorded
     example = next(iter(builder.build_loader(cfg, split, rt_cfg["seed"], batch_size=1)[0]))
     with tempfile.TemporaryDirectory() as tmp:
         export.export(model, cfg, tmp, example=example)
@@ -270,7 +271,8 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
             "weights": weights, "git_commit": _git_commit(), "paddle": paddle.__version__,
             "cpu": cpu_info()["model"], "cpu_vendor": cpu_info()["vendor"], "threads": rt["threads"],
             "env": {k: os.environ.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS")},
-            "rows": rows, "peak_memory_mb": runtime.peak_memory_mb()}
+            "rows": rows, "peak_memory_mb": runtime.peak_memory_mb(),
+            "load_avg_1m_before_after": [load_before, round(os.getloadavg()[0], 2)]}
 
 
 # (name, config, overrides, batch sizes, note): the README's latency table
@@ -322,15 +324,17 @@ def _inference_table(args):
             with open(out) as f:
                 rows.append((name, note, json.load(f)))
     print("\n| model | input | batch | dynamic p50 / p90 ms | exported + oneDNN p50 / p90 ms | exported, no oneDNN "
-          "p50 / p90 ms | samples/s (dynamic / oneDNN / no oneDNN) |")
-    print("|---|---|---|---|---|---|---|")
+          "p50 / p90 ms | samples/s (dynamic / oneDNN / no oneDNN) | load (1 min) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, note, r in rows:
         for bs in sorted({row["batch"] for row in r["rows"]}):
             by = {row["backend"]: row for row in r["rows"] if row["batch"] == bs}
             cells = [f"{by[b]['p50_ms']:.1f} / {by[b]['p90_ms']:.1f}" for b in
                      ("dynamic", "exported, oneDNN", "exported, no oneDNN")]
             sps = " / ".join(f"{by[b]['samples_per_s']:.2f}" for b in ("dynamic", "exported, oneDNN", "exported, no oneDNN"))
-            print(f"| {name} | {note} | {bs} | {' | '.join(cells)} | {sps} |")
+            load = r.get("load_avg_1m_before_after")
+            load = "-" if load is None else " / ".join(map(str, load))
+            print(f"| {name} | {note} | {bs} | {' | '.join(cells)} | {sps} | {load} |")
 
 
 def _print(result):
