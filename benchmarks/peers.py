@@ -186,6 +186,7 @@ def table(args):
     env = mkl_environment(dict(os.environ))
     env.setdefault("GLOG_minloglevel", "2")
     names = args.only or list(PEERS)
+    args.git_commit = _git_commit()                    # the code the run started with
     rows = []
     for name in names:
         runs = {"ours": [], "theirs": [], "ours-ref": []}
@@ -218,7 +219,7 @@ def _save(args, env, rows):
               "cpu_flags": [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags],
               "threads": args.threads, "python": platform.python_version(),
               "env": {k: env.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "FLAGS_use_stride_kernel")},
-              "git_commit": _git_commit(), "steps": args.steps, "rounds": args.rounds,
+              "git_commit": args.git_commit, "steps": args.steps, "rounds": args.rounds,
               "load_average_start": rows[0]["runs"]["ours"][0]["load_before"] if rows else None,
               "uptime_end": _uptime(), "rows": rows}
     for row in rows:
