@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 DEMO ?= configs/video/attention_lstm/attention_lstm_demo.yaml
 export GLOG_minloglevel := 2
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench bench-peers venv clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -31,6 +31,18 @@ test: $(VENV)/.installed-test
 
 bench: $(VENV)/.installed
 	$(VPY) tools/benchmark.py --table --workers 0 1 2
+
+# Our training steps against PyTorch eager peers, alternating in one run (benchmarks/peers.py); torch
+# and transformers come from benchmarks/requirements.txt, never from the runtime requirements.
+$(VENV)/.installed-peers: $(VENV)/.installed benchmarks/requirements.txt
+	$(VPY) -m pip install -q -r benchmarks/requirements.txt
+	touch $@
+
+bench-peers: $(VENV)/.installed-peers
+	uptime
+	$(VPY) benchmarks/peers.py --reference $(PEERS_ARGS)
+	$(VPY) benchmarks/peers.py --show --readme
+	uptime
 
 clean:
 	rm -rf output log

@@ -53,6 +53,7 @@ RUNTIME_KEYS = {
     "device": (str, "auto", one_of("auto", "cpu", "gpu")),
     "sync_bn": (bool, False),
     "trust_weights": (bool, False),           # unpickle weight files in full (engine/weightfile.py)
+    "fast_ops": (bool, True),                 # fused C++ CPU operators (engine/fast_ops), else pure Paddle
     "world_size": (int, 1),                   # recorded by the trainer; not an input
 }
 LOADER_KEYS = {

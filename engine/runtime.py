@@ -9,6 +9,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
+from engine import fast_ops
 from engine.registry import ConfigError
 
 log = logging.getLogger("zoo")
@@ -23,6 +24,7 @@ def setup(runtime_cfg):
     """Threads, device and (when launched on several processes) the parallel environment."""
     threads = runtime_cfg.get("num_threads") or len(os.sched_getaffinity(0))
     paddle.base.core.set_num_threads(threads)
+    fast_ops.set_enabled(runtime_cfg.get("fast_ops", True), threads)
     device = runtime_cfg.get("device", "auto")
     if device == "auto":
         device = "gpu" if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() else "cpu"

@@ -27,6 +27,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.static import InputSpec
 
+from engine import fast_ops
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 
@@ -126,11 +127,36 @@ class EncoderLayer(nn.Layer):
         self.norm2 = nn.LayerNorm(hidden_size, epsilon=eps)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
-        self.act = _activation(act)
+        self.act, self.act_name = _activation(act), act
 
     def forward(self, x, bias):
+        if fast_ops.active(x) and self.act_name in ("gelu", "relu") and attention_fn is dot_product_attention:
+            return fast_encoder_layer(self, x, bias)
         x = self.norm1(x + self.dropout1(self.self_attn(x, bias)))
         return self.norm2(x + self.dropout2(self.linear2(self.act(self.linear1(x)))))
+
+
+def fast_encoder_layer(layer, x, bias):
+    """EncoderLayer.forward through the fused CPU operators (engine/fast_ops, `runtime.fast_ops`): one
+    matmul for q, k, v; scale + mask + softmax + dropout in one kernel; each output projection's bias
+    with dropout, residual and LayerNorm in one kernel; bias + GELU in one kernel. Same parameters,
+    same arithmetic as the layer's own forward (tests/test_fast_ops.py compares them)."""
+    att = layer.self_attn
+    B, S, H = x.shape
+    n = att.num_heads
+    w = paddle.concat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], axis=1)
+    b = paddle.concat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias])
+    q, k, v = fast_ops.linear(x, w, b).reshape([B, S, 3, n, H // n]).transpose([2, 0, 3, 1, 4]).unbind(0)
+    probs = fast_ops.softmax_dropout(paddle.matmul(q, k, transpose_y=True), bias, (H // n) ** -0.5,
+                                     att.dropout, layer.training)
+    ctx = paddle.matmul(probs, v).transpose([0, 2, 1, 3]).reshape([B, S, H])
+    x = fast_ops.bias_dropout_residual_ln(paddle.matmul(ctx, att.out_proj.weight), att.out_proj.bias, x,
+                                          layer.norm1.weight, layer.norm1.bias, layer.dropout1.p,
+                                          layer.norm1._epsilon, layer.training)
+    h = fast_ops.linear(x, layer.linear1.weight, layer.linear1.bias, act=layer.act_name)
+    return fast_ops.bias_dropout_residual_ln(paddle.matmul(h, layer.linear2.weight), layer.linear2.bias, x,
+                                             layer.norm2.weight, layer.norm2.bias, layer.dropout2.p,
+                                             layer.norm2._epsilon, layer.training)
 
 
 class Encoder(nn.Layer):

@@ -40,6 +40,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.static import InputSpec
 
+from engine import fast_ops
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 
@@ -105,6 +106,8 @@ def linear(layers, x):
     biases = [layer.bias for layer in layers]
     w = weights[0] if len(weights) == 1 else paddle.concat(weights, axis=1)
     b = biases[0] if len(biases) == 1 else paddle.concat(biases, axis=0)
+    if fast_ops.active(x, w):
+        return fast_ops.linear(x, w, b)   # bias in a fused kernel with a fast gradient
     if not paddle.is_grad_enabled() or (x.stop_gradient and w.stop_gradient):
         return F.linear(x, w, b)
     lead, d = x.shape[:-1], x.shape[-1]
@@ -148,6 +151,10 @@ class MultiHeadAttention(nn.Layer):
         return _split_heads(linear([self.q_proj, self.k_proj, self.v_proj], x), self.n_head, 3)
 
     def attend(self, q, k, v, bias=None):
+        if bias is not None and fast_ops.active(q):   # scale, mask, softmax, dropout in one kernel
+            weights = fast_ops.softmax_dropout(paddle.matmul(q, k, transpose_y=True), bias, self.scale,
+                                               self.dropout, self.training)
+            return linear([self.out_proj], _merge_heads(paddle.matmul(weights, v)))
         scores = paddle.matmul(q * self.scale, k, transpose_y=True)
         if bias is not None:
             scores = scores + bias
@@ -174,6 +181,13 @@ class _Sublayers(nn.Layer):
     """Residual blocks with pre-norm (x + f(norm(x))) or post-norm (norm(x + f(x)))."""
 
     def _block(self, x, norm, fn):
+        if fast_ops.active(x):   # LayerNorm, dropout + residual (+ LayerNorm) in fused kernels
+            p, zero = self.dropout if self.training else 0.0, paddle.zeros(x.shape[-1:], x.dtype)
+            if self.normalize_before:
+                return fast_ops.bias_dropout_residual(fn(fast_ops.layer_norm(x, norm.weight, norm.bias, norm._epsilon)),
+                                                      zero, x, p, self.training)
+            return fast_ops.bias_dropout_residual_ln(fn(x), zero, x, norm.weight, norm.bias, p, norm._epsilon,
+                                                     self.training)
         if self.normalize_before:
             return x + self._drop(fn(norm(x)))
         return norm(x + self._drop(fn(x)))
@@ -182,6 +196,9 @@ class _Sublayers(nn.Layer):
         return F.dropout(x, self.dropout) if self.dropout and self.training else x
 
     def _ffn(self, x):
+        if fast_ops.active(x):   # bias + ReLU + dropout in one kernel
+            h = fast_ops.linear(x, self.linear1.weight, self.linear1.bias, "relu", self.act_dropout, self.training)
+            return linear([self.linear2], h)
         h = F.relu(linear([self.linear1], x))
         if self.act_dropout and self.training:
             h = F.dropout(h, self.act_dropout)

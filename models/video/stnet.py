@@ -22,7 +22,7 @@ from paddle.static import InputSpec
 
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
-from models.video.tsn import classify, split_views
+from models.video.tsn import as_float, classify, split_views
 from models.vision.resnet import DEPTHS, ResNet, build_backbone, resnet_key_map
 
 _MSRA = paddle.ParamAttr(initializer=nn.initializer.KaimingUniform())  # Fluid MSRAInitializer default
@@ -112,7 +112,7 @@ class StNet(nn.Layer):
                 "outputs": ["logits", "probs"]}
 
     def forward(self, batch):
-        imgs = split_views(batch["imgs"], self.num_views, self.training, "StNet")
+        imgs = split_views(as_float(batch), self.num_views, self.training, "StNet")
         b, v, t, c = imgs.shape[:4]
         if c != 3 * self.seglen:
             raise ConfigError(f"StNet: imgs has {c} channels per segment, seglen={self.seglen} needs "

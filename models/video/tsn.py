@@ -9,6 +9,7 @@ set (eval only), grouped view-major (all T segments of view 0, then of view 1, .
 `feature` averages the pooled features of all views and segments together, which is what
 PaddleVideo 2.x does for its TenCrop x 25-segment test (the 250 crops enter the consensus as segments).
 """
+import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
@@ -19,6 +20,23 @@ from engine.registry import MODELS, ConfigError
 from models.vision.resnet import build_backbone, resnet_key_map
 
 DEFAULT_BACKBONE = {"name": "ResNet", "depth": 50}
+
+
+def as_float(batch, key="imgs"):
+    """The float32 input: uint8 pixels (Normalize with `in_main_process: true`, readers/transforms.py)
+    are normalised here, after the workers handed over a quarter of the bytes."""
+    x = batch[key]
+    if x.dtype != paddle.uint8:
+        return x
+    norm = batch.get(key + "_normalize")
+    if not norm:
+        raise ConfigError(f"{key} is uint8 but the batch has no '{key}_normalize': add Normalize "
+                          f"(in_main_process: true) to the reader's transforms")
+    shift, scale = (np.asarray(v, np.float32) for v in norm[0])
+    reps = x.shape[-3] // 3        # channel = 3 * frame + rgb
+    shape = [x.shape[-3], 1, 1]
+    return (x.astype("float32") - paddle.to_tensor(np.tile(shift, reps).reshape(shape))) * \
+        paddle.to_tensor(np.tile(scale, reps).reshape(shape))
 
 
 def split_views(imgs, num_views, training, model):
@@ -96,7 +114,7 @@ class TSN(nn.Layer):
                 "outputs": ["logits", "probs"]}
 
     def forward(self, batch):
-        imgs = split_views(batch["imgs"], self.num_views, self.training, "TSN")
+        imgs = split_views(as_float(batch), self.num_views, self.training, "TSN")
         feat = self.segment_features(imgs)
         if self.view_average == "feature":
             view_logits = self.head(feat.mean(axis=[1, 2])).unsqueeze(1)

@@ -31,6 +31,7 @@ import paddle.nn.functional as F
 from paddle.static import InputSpec
 
 from engine.export import pipeline_runner
+from engine import fast_ops
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.vision.resnet import build_backbone, resnet_key_map
@@ -47,7 +48,7 @@ class ConvBNReLU(nn.Layer):
         self.bn = nn.BatchNorm2D(cout)
 
     def forward(self, x):
-        return F.relu(self.bn(self.conv(x)))
+        return fast_ops.batch_norm_act(self.conv(x), self.bn)   # relu(bn(x)), fused with runtime.fast_ops
 
 
 class ASPP(nn.Layer):

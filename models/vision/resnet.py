@@ -17,6 +17,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from engine import fast_ops
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 
@@ -45,11 +46,13 @@ class ConvBN(nn.Layer):
         self.bn = nn.BatchNorm2D(cout, use_global_stats=True if global_stats else None)
         self.act = act
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        """conv, BN, then ReLU(+ residual first, when given); with `runtime.fast_ops` BN, the add
+        and ReLU run as one fused CPU kernel in training (engine/fast_ops)."""
         if self.pool is not None:
             x = self.pool(x)
-        x = self.bn(self.conv(x))
-        return F.relu(x) if self.act else x
+        return fast_ops.batch_norm_act(self.conv(x), self.bn, relu=self.act or residual is not None,
+                                       residual=residual)
 
 
 class BasicBlock(nn.Layer):
@@ -62,8 +65,7 @@ class BasicBlock(nn.Layer):
         self.short = _shortcut(cin, width, stride, project, avg_down, global_stats)
 
     def forward(self, x):
-        y = self.conv1(self.conv0(x))
-        return F.relu(y + (x if self.short is None else self.short(x)))
+        return self.conv1(self.conv0(x), x if self.short is None else self.short(x))   # relu(bn(.) + x)
 
 
 class Bottleneck(nn.Layer):
@@ -77,8 +79,7 @@ class Bottleneck(nn.Layer):
         self.short = _shortcut(cin, width * 4, stride, project, avg_down, global_stats)
 
     def forward(self, x):
-        y = self.conv2(self.conv1(self.conv0(x)))
-        return F.relu(y + (x if self.short is None else self.short(x)))
+        return self.conv2(self.conv1(self.conv0(x)), x if self.short is None else self.short(x))   # relu(bn(.) + x)
 
 
 def _shortcut(cin, cout, stride, project, avg_down, global_stats):

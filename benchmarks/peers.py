@@ -1,0 +1,319 @@
+"""Our training step against a PyTorch eager peer at the same shapes, on this machine, in one run.
+
+python benchmarks/peers.py [--only BERT-base ...] [--rounds 2] [--steps 3] [--reference]
+                           [--json benchmarks/results/peers.json]        # `make bench-peers`
+python benchmarks/peers.py --show [--readme]                            # the table from the JSON (into README.md)
+python benchmarks/peers.py --run NAME --side ours|theirs [--steps N] [--profile]   # one process
+
+Each (model, side) runs in its own process with the same environment (engine/cpu.py's settings for
+this CPU) and the same number of math threads; the sides alternate (ours, theirs, then theirs,
+ours, ...) so that a change in the machine's load hits both. Ours is timed through the trainer's
+own step function (`engine.trainer.build_train_step` -> TrainStep: forward, backward, clipping,
+optimizer, LR schedule) on the model the recipe builds; theirs is benchmarks/torch_peers.py. Both
+get the same numpy batch (`make_batch`), a warm-up step, then `--steps` timed steps; a side's time is
+the median step. The ratio is our samples/s over theirs (> 1: we are faster). `--reference` adds
+our pure-Paddle path (`runtime.fast_ops: false`). `--profile` prints the per-op table of a side.
+Needs benchmarks/requirements.txt (torch, transformers) on top of the runtime requirements.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+# name -> our recipe (+ overrides), batch size, the shapes in words
+PEERS = {
+    "BERT-base": dict(key="bert", config="configs/nlp/bert/bert_base_1000k_pretrain.yaml", batch=8,
+                      input="pretraining MLM + NSP, seq 128 (lengths 64-128, padded), 20 masked tokens, AdamW"),
+    "Transformer-base": dict(key="transformer", config="configs/nlp/transformer/transformer_base_30e_wmt14ende.yaml",
+                             batch=32, input="32 sentence pairs of 10-32 subwords (padded to 32), vocabulary 33712, Adam"),
+    "TSN-R50": dict(key="tsn", config="configs/video/tsn/tsn_r50_100e_k400.yaml", batch=4,
+                    input="4 videos x 3 segments x 224, Momentum, clip 40"),
+    "DeepLabV3-R50": dict(key="deeplabv3", config="configs/vision/deeplabv3/deeplabv3_r50vd_os8_40k_voc12aug.yaml",
+                          batch=2, overrides=["runtime.sync_bn=false"],
+                          input="R50-vd OS8, 2 x 512x512, 21 classes, Momentum"),
+    "AttentionLSTM": dict(key="attention_lstm", config="configs/video/attention_lstm/attention_lstm_bilstm_10e_youtube8m.yaml",
+                          batch=16, input="16 videos of 10-150 frames (padded), rgb 1024 + audio 128, RMSProp"),
+}
+
+
+def make_batch(key, batch, seed=0):
+    """The numpy batch both sides train on (keys as our readers and collates name them)."""
+    rng = np.random.default_rng(seed)
+    if key == "bert":
+        S, P = 128, 20
+        lengths = rng.integers(64, S + 1, batch)
+        ids = rng.integers(1000, 30522, (batch, S))
+        mask = (np.arange(S)[None] < lengths[:, None])
+        types = (np.arange(S)[None] >= (lengths // 2)[:, None]) & mask
+        pos = np.stack([np.sort(rng.choice(np.arange(1, n - 1), P, replace=False)) for n in lengths])
+        return {"input_ids": (ids * mask).astype(np.int64), "token_type_ids": types.astype(np.int64),
+                "input_ids_mask": mask.astype(np.float32), "masked_lm_positions": pos.astype(np.int64),
+                "masked_lm_ids": rng.integers(1000, 30522, (batch, P)).astype(np.int64),
+                "next_sentence_label": rng.integers(0, 2, batch).astype(np.int64)}
+    if key == "transformer":
+        T, V = 32, 33712
+        out = {}
+        for name, lengths in (("src", rng.integers(10, T + 1, batch)), ("tgt", rng.integers(10, T + 1, batch))):
+            mask = np.arange(T)[None] < lengths[:, None]
+            words = rng.integers(3, V, (batch, T))
+            words[np.arange(batch), lengths - 1] = 1                      # <e>
+            if name == "src":
+                out["src_ids"], out["src_ids_mask"] = (words * mask).astype(np.int64), mask.astype(np.float32)
+            else:
+                tgt_in = np.concatenate([np.zeros((batch, 1), np.int64), words[:, :-1]], 1) * mask   # <s> = 0
+                out.update(tgt_in=tgt_in.astype(np.int64), tgt_out=(words * mask).astype(np.int64),
+                           tgt_in_mask=mask.astype(np.float32), tgt_out_mask=mask.astype(np.float32))
+        return out
+    if key == "tsn":
+        return {"imgs": rng.standard_normal((batch, 3, 3, 224, 224), np.float32),
+                "label": rng.integers(0, 400, batch).astype(np.int64)}
+    if key == "deeplabv3":
+        label = rng.integers(0, 21, (batch, 512, 512)).astype(np.int64)
+        label[:, :32] = 255
+        return {"image": rng.standard_normal((batch, 3, 512, 512), np.float32), "label": label}
+    if key == "attention_lstm":
+        lengths = rng.integers(10, 151, batch)
+        T = int(lengths.max())
+        mask = (np.arange(T)[None] < lengths[:, None]).astype(np.float32)
+        labels = np.zeros((batch, 3862), np.float32)
+        labels[np.arange(batch)[:, None], rng.integers(0, 3862, (batch, 3))] = 1
+        out = {"labels": labels}
+        for name, dim in (("rgb", 1024), ("audio", 128)):
+            out[name] = rng.standard_normal((batch, T, dim), np.float32) * mask[..., None]
+            out[name + "_len"], out[name + "_mask"] = lengths.astype(np.int64), mask
+        return out
+    raise KeyError(key)
+
+
+# ------------------------------------------------------------------------------- one process
+def _ours(spec, threads, fast_ops):
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import _bootstrap  # noqa: F401  (the tools' environment, set before paddle is imported)
+    import paddle
+    from engine import builder, config, runtime, trainer
+    from engine.components import load_all
+    load_all()
+    overrides = list(spec.get("overrides", [])) + [f"runtime.num_threads={threads}",
+                                                   f"runtime.fast_ops={'true' if fast_ops else 'false'}"]
+    cfg = config.load(os.path.join(ROOT, spec["config"]), overrides)
+    runtime.setup(config.section(cfg, "runtime", config.RUNTIME_KEYS))
+    runtime.seed_all(0)
+    model = builder.build_model(cfg["model"])
+    step = trainer.build_train_step(cfg, model, steps_per_epoch=100, total_steps=1000)
+    step.model.train()
+    batch = {k: paddle.to_tensor(v) for k, v in make_batch(spec["key"], spec["batch"]).items()}
+    batch["index"] = paddle.arange(spec["batch"], dtype="int64")
+    return lambda: step(batch)["loss"].item(), {"paddle": paddle.__version__}
+
+
+def _theirs(spec, threads):
+    import torch
+    import torch_peers
+    torch.manual_seed(0)
+    torch.set_num_threads(threads)
+    _, _, step = torch_peers.BUILDERS[spec["key"]](spec)
+    batch = make_batch(spec["key"], spec["batch"])
+    return lambda: step(batch).item(), {"torch": torch.__version__}
+
+
+def _profile(side, run):
+    if side == "theirs":
+        import torch.profiler as tp
+        with tp.profile(activities=[tp.ProfilerActivity.CPU]) as prof:
+            run()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    else:
+        import paddle.profiler as pp
+        prof = pp.Profiler(targets=[pp.ProfilerTarget.CPU], timer_only=False)
+        prof.start()
+        run()
+        prof.step()
+        prof.stop()
+        prof.summary(op_detail=True, thread_sep=False, time_unit="ms", views=pp.SummaryView.OperatorView)
+
+
+def run_one(name, side, steps, threads, fast_ops=True, profile=False):
+    spec = PEERS[name]
+    sys.path.insert(0, HERE)
+    run, versions = _ours(spec, threads, fast_ops) if side == "ours" else _theirs(spec, threads)
+    loss = run()                                   # warm-up: allocations, kernel choice, op compilation
+    if profile:
+        _profile(side, run)
+    times = []
+    for _ in range(steps):
+        tic = time.perf_counter()
+        loss = run()
+        times.append(time.perf_counter() - tic)
+    return {"name": name, "side": side, "fast_ops": fast_ops if side == "ours" else None, "threads": threads,
+            "times": times, "s_per_step": statistics.median(times), "loss": loss,
+            "samples_per_s": spec["batch"] / statistics.median(times), **versions}
+
+
+# ------------------------------------------------------------------------------- the table
+def _load():
+    return os.getloadavg()[0]
+
+
+def _spawn(name, side, args, env, fast_ops=True):
+    cmd = [sys.executable, os.path.abspath(__file__), "--run", name, "--side", side, "--steps", str(args.steps),
+           "--threads", str(args.threads)] + ([] if fast_ops else ["--no-fast-ops"])
+    load = _load()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
+        raise SystemExit(f"error: {name} ({side}) failed")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result.update(load_before=load, load_after=_load())
+    label = side if side == "theirs" else ("ours" if fast_ops else "ours-ref")
+    print(f"  {name:<17} {label:<8} {result['s_per_step']:8.3f} s/step  {result['samples_per_s']:7.2f} samples/s  "
+          f"(load {load:.2f})", flush=True)
+    return result
+
+
+def table(args):
+    from engine.cpu import mkl_environment
+    env = mkl_environment(dict(os.environ))
+    env.setdefault("GLOG_minloglevel", "2")
+    names = args.only or list(PEERS)
+    args.git_commit = _git_commit()                    # the code the run started with
+    rows = []
+    for name in names:
+        runs = {"ours": [], "theirs": [], "ours-ref": []}
+        for r in range(args.rounds):
+            order = ["ours", "theirs"] if r % 2 == 0 else ["theirs", "ours"]
+            for side in order:
+                runs[side].append(_spawn(name, side, args, env))
+            if args.reference:
+                runs["ours-ref"].append(_spawn(name, "ours", args, env, fast_ops=False))
+        med = {k: statistics.median([t for r in v for t in r["times"]]) for k, v in runs.items() if v}
+        row = {"name": name, "batch": PEERS[name]["batch"], "input": PEERS[name]["input"],
+               "ours_s_per_step": med["ours"], "theirs_s_per_step": med["theirs"],
+               "ratio": med["theirs"] / med["ours"], "runs": runs}
+        if "ours-ref" in med:
+            row.update(ours_reference_s_per_step=med["ours-ref"], reference_ratio=med["theirs"] / med["ours-ref"])
+        rows.append(row)
+        print(f"  {name}: ours/theirs throughput {row['ratio']:.2f}", flush=True)
+        result = _save(args, env, rows)                # after every row: a stopped run keeps what it measured
+    show(result)
+
+
+def _save(args, env, rows):
+    """The JSON of the rows measured so far (with --only, merged into the file's other rows)."""
+    from engine.cpu import cpu_info
+    info = cpu_info()
+    flags = open("/proc/cpuinfo").read().split("flags", 1)[-1].split("\n", 1)[0].split() if os.path.exists(
+        "/proc/cpuinfo") else []
+    result = {"command": " ".join(["benchmarks/peers.py"] + sys.argv[1:]), "cpu": info["model"],
+              "cpu_vendor": info["vendor"], "cpu_count": os.cpu_count(),
+              "cpu_flags": [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags],
+              "threads": args.threads, "python": platform.python_version(),
+              "env": {k: env.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "FLAGS_use_stride_kernel")},
+              "git_commit": args.git_commit, "steps": args.steps, "rounds": args.rounds,
+              "load_average_start": rows[0]["runs"]["ours"][0]["load_before"] if rows else None,
+              "uptime_end": _uptime(), "rows": rows}
+    for row in rows:
+        for side in ("ours", "theirs"):
+            result.update({k: row["runs"][side][0][k] for k in ("paddle", "torch") if k in row["runs"][side][0]})
+    if args.json:
+        path = os.path.join(ROOT, args.json)
+        old = {}
+        if os.path.isfile(path) and args.only:          # --only updates those rows, keeps the others
+            with open(path) as f:
+                old = {r["name"]: r for r in json.load(f).get("rows", [])}
+        old.update({r["name"]: r for r in rows})
+        result["rows"] = [old[n] for n in PEERS if n in old]
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+def _git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _uptime():
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def table_lines(result):
+    """The markdown table (and its heading line) of a peers JSON."""
+    ref = any("reference_ratio" in r for r in result["rows"])
+    lines = [f"{result['cpu']} ({result['cpu_vendor']}), {result['threads']} threads, paddle {result.get('paddle')} "
+             f"vs torch {result.get('torch')}, {result['steps']} timed steps x {result['rounds']} rounds per side, "
+             f"commit {str(result.get('git_commit'))[:10]}; load average at the end: {result.get('uptime_end')}",
+             "",
+             "| model | batch | input | ours s/step | PyTorch s/step | ours / PyTorch samples/s |"
+             + (" pure-Paddle path / PyTorch |" if ref else "") + " load (1 min) |",
+             "|---|---|---|---|---|---|" + ("---|" if ref else "") + "---|"]
+    for r in result["rows"]:
+        loads = [x["load_before"] for side in ("ours", "theirs") for x in r["runs"][side]]
+        extra = f" {r['reference_ratio']:.2f} |" if "reference_ratio" in r else (" - |" if ref else "")
+        lines.append(f"| {r['name']} | {r['batch']} | {r['input']} | {r['ours_s_per_step']:.3f} | "
+                     f"{r['theirs_s_per_step']:.3f} | **{r['ratio']:.2f}** |{extra} "
+                     f"{min(loads):.1f}-{max(loads):.1f} |")
+    return lines
+
+
+README_START, README_END = "<!-- bench-peers: start (benchmarks/peers.py --readme) -->", "<!-- bench-peers: end -->"
+
+
+def write_readme(result, path=os.path.join(ROOT, "README.md")):
+    """Replace the table between the README's bench-peers markers by the one of this JSON."""
+    with open(path) as f:
+        text = f.read()
+    if README_START not in text or README_END not in text:
+        raise SystemExit(f"error: {path}: the markers {README_START!r} and {README_END!r} are missing")
+    head, rest = text.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    with open(path, "w") as f:
+        f.write(head + README_START + "\n" + "\n".join(table_lines(result)) + "\n" + README_END + tail)
+
+
+def show(result):
+    print("\n" + "\n".join(table_lines(result)))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", nargs="+", choices=list(PEERS))
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--reference", action="store_true", help="also time our pure-Paddle path (fast_ops off)")
+    p.add_argument("--json", default="benchmarks/results/peers.json")
+    p.add_argument("--show", action="store_true")
+    p.add_argument("--readme", action="store_true", help="write the table from the JSON into README.md")
+    p.add_argument("--run", choices=list(PEERS), help="one side in this process; prints a JSON line")
+    p.add_argument("--side", choices=["ours", "theirs"], default="ours")
+    p.add_argument("--no-fast-ops", action="store_true")
+    p.add_argument("--profile", action="store_true", help="with --run: per-op table of one step")
+    args = p.parse_args()
+    if args.run:
+        print(json.dumps(run_one(args.run, args.side, args.steps, args.threads, not args.no_fast_ops, args.profile)))
+    elif args.show or args.readme:
+        with open(os.path.join(ROOT, args.json)) as f:
+            result = json.load(f)
+        show(result)
+        if args.readme:
+            write_readme(result)
+    else:
+        table(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,701 @@
+// Fused CPU training kernels for the layers whose Paddle CPU kernels are slow on our machines
+// (reference/platform.md "CPU speed"): bias + activation, bias + dropout + residual (+ LayerNorm),
+// LayerNorm, scaled softmax + additive mask + dropout, BatchNorm (+ residual) + ReLU. Forward and
+// backward, float32, contiguous row-major tensors; OpenMP across rows or channels, inner loops
+// written for the compiler's vectoriser (no libm calls inside them: exp and erf are our own
+// polynomial approximations, accurate to a few float ulps / 1.5e-7 absolute for erf).
+//
+// Dropout masks come from a counter-based hash of (seed, element index), so a kernel is
+// deterministic for a seed whatever the thread count; the Python side draws the seed from Paddle's
+// generator (paddle.seed and recompute's RNG restore keep working). Masks are returned as uint8 and
+// reused by the backward kernels.
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "paddle/extension.h"
+
+namespace {
+
+int threads() {
+  static const char* env = nullptr;
+  env = std::getenv("ZOO_FAST_OPS_THREADS");
+  int n = env ? std::atoi(env) : 0;
+  return n > 0 ? n : omp_get_num_procs();
+}
+
+inline float fast_exp(float x) {
+  // exp(x) = 2^n * exp(r), r in [-ln2/2, ln2/2]; degree-6 polynomial (Cephes expf coefficients)
+  x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+  float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  float s;
+  std::memcpy(&s, &e, sizeof(s));
+  return p * s;
+}
+
+inline float fast_erf(float x) {
+  // Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7
+  float a = x < 0.f ? -x : x;
+  float t = 1.0f / (1.0f + 0.3275911f * a);
+  float y = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+  y = 1.0f - y * fast_exp(-a * a);
+  return x < 0.f ? -y : y;
+}
+
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// keep[i] = 1 with probability 1 - p (p resolved to 2^-32), from (seed, i)
+void dropout_mask(uint8_t* keep, int64_t n, int64_t seed, float p) {
+  if (p <= 0.f) {
+    std::memset(keep, 1, n);
+    return;
+  }
+  const uint32_t s0 = static_cast<uint32_t>(seed), s1 = static_cast<uint32_t>(static_cast<uint64_t>(seed) >> 32);
+  const uint32_t thresh = static_cast<uint32_t>(std::min(4294967295.0, static_cast<double>(p) * 4294967296.0));
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t start = 0; start < n; start += 4096) {
+    int64_t end = std::min(n, start + 4096);
+#pragma omp simd
+    for (int64_t i = start; i < end; ++i) {
+      uint32_t h = mix32(mix32(static_cast<uint32_t>(i) ^ s0) + s1 + static_cast<uint32_t>(i >> 32));
+      keep[i] = h >= thresh;
+    }
+  }
+}
+
+// per-thread column sums of rows [M, N] -> out[N], via f(row, col)
+template <typename F>
+void column_sums(int64_t M, int64_t N, float* out, F f) {
+  int nt = threads();
+  std::vector<float> part(static_cast<size_t>(nt) * N, 0.f);
+#pragma omp parallel num_threads(nt)
+  {
+    float* acc = part.data() + static_cast<size_t>(omp_get_thread_num()) * N;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < M; ++i) {
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) acc[j] += f(i, j);
+    }
+  }
+  for (int64_t j = 0; j < N; ++j) {
+    float s = 0.f;
+    for (int t = 0; t < nt; ++t) s += part[static_cast<size_t>(t) * N + j];
+    out[j] = s;
+  }
+}
+
+void check(const paddle::Tensor& t, const char* what) {
+  PD_CHECK(t.is_cpu(), what, " must be a CPU tensor");
+  PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, what, " must be float32");
+}
+
+int64_t last_dim(const paddle::Tensor& t) { return t.shape().back(); }
+
+// ------------------------------------------------------------------- bias + activation + dropout
+// act: 0 none, 1 relu, 2 gelu (erf)
+template <int ACT>
+inline float act_fwd(float z) {
+  if (ACT == 1) return z > 0.f ? z : 0.f;
+  if (ACT == 2) return 0.5f * z * (1.0f + fast_erf(z * 0.70710678118654752f));
+  return z;
+}
+template <int ACT>
+inline float act_grad(float z) {
+  if (ACT == 1) return z > 0.f ? 1.f : 0.f;
+  if (ACT == 2)
+    return 0.5f * (1.0f + fast_erf(z * 0.70710678118654752f)) + z * 0.39894228040143268f * fast_exp(-0.5f * z * z);
+  return 1.f;
+}
+
+template <int ACT>
+void bias_act_rows(const float* px, const float* pb, const uint8_t* pk, int64_t M, int64_t N, float p, float* py) {
+  const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t i = 0; i < M; ++i) {
+    const float* xr = px + i * N;
+    const uint8_t* kr = pk + i * N;
+    float* yr = py + i * N;
+    if (p > 0.f) {
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) yr[j] = kr[j] ? act_fwd<ACT>(xr[j] + pb[j]) * scale : 0.f;
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) yr[j] = act_fwd<ACT>(xr[j] + pb[j]);
+    }
+  }
+}
+
+template <int ACT>
+void bias_act_rows_grad(const float* px, const float* pb, const uint8_t* pk, const float* pdy, int64_t M, int64_t N,
+                        float p, float* pdx) {
+  const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t i = 0; i < M; ++i) {
+#pragma omp simd
+    for (int64_t j = 0; j < N; ++j) {
+      const int64_t k = i * N + j;
+      pdx[k] = pk[k] ? pdy[k] * scale * act_grad<ACT>(px[k] + pb[j]) : 0.f;
+    }
+  }
+}
+
+// out = keep * act(x + b) / (1 - p)
+std::vector<paddle::Tensor> BiasActForward(const paddle::Tensor& x, const paddle::Tensor& b, int act, int64_t seed,
+                                           float p) {
+  check(x, "x");
+  check(b, "bias");
+  const int64_t N = last_dim(x), M = x.numel() / N;
+  PD_CHECK(b.numel() == N, "bias has ", b.numel(), " values for rows of ", N);
+  auto y = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto keep = paddle::empty(x.shape(), paddle::DataType::UINT8, x.place());
+  uint8_t* pk = keep.data<uint8_t>();
+  dropout_mask(pk, x.numel(), seed, p);
+  const float *px = x.data<float>(), *pb = b.data<float>();
+  float* py = y.data<float>();
+  if (act == 1) bias_act_rows<1>(px, pb, pk, M, N, p, py);
+  else if (act == 2) bias_act_rows<2>(px, pb, pk, M, N, p, py);
+  else bias_act_rows<0>(px, pb, pk, M, N, p, py);
+  return {y, keep};
+}
+
+std::vector<paddle::Tensor> BiasActBackward(const paddle::Tensor& x, const paddle::Tensor& b,
+                                            const paddle::Tensor& keep, const paddle::Tensor& dy, int act, float p) {
+  const int64_t N = last_dim(x), M = x.numel() / N;
+  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto db = paddle::empty(b.shape(), b.dtype(), b.place());
+  const float *px = x.data<float>(), *pb = b.data<float>(), *pdy = dy.data<float>();
+  const uint8_t* pk = keep.data<uint8_t>();
+  float* pdx = dx.data<float>();
+  if (act == 1) bias_act_rows_grad<1>(px, pb, pk, pdy, M, N, p, pdx);
+  else if (act == 2) bias_act_rows_grad<2>(px, pb, pk, pdy, M, N, p, pdx);
+  else bias_act_rows_grad<0>(px, pb, pk, pdy, M, N, p, pdx);
+  column_sums(M, N, db.data<float>(), [&](int64_t i, int64_t j) { return pdx[i * N + j]; });
+  return {dx, db};
+}
+
+// ------------------------------------------------------- bias + dropout + residual (+ LayerNorm)
+// h = residual + keep * (x + b) / (1 - p); out = h, or LayerNorm(h) * gamma + beta when with_ln
+void layer_norm_rows(const float* h, int64_t M, int64_t N, const float* g, const float* be, float eps,
+                     float* out, float* mean, float* rstd) {
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t i = 0; i < M; ++i) {
+    const float* hr = h + i * N;
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < N; ++j) s += hr[j];
+    const float mu = s / N;
+    float v = 0.f;
+#pragma omp simd reduction(+ : v)
+    for (int64_t j = 0; j < N; ++j) v += (hr[j] - mu) * (hr[j] - mu);
+    const float r = 1.0f / std::sqrt(v / N + eps);
+    mean[i] = mu;
+    rstd[i] = r;
+    float* o = out + i * N;
+#pragma omp simd
+    for (int64_t j = 0; j < N; ++j) o[j] = (hr[j] - mu) * r * g[j] + be[j];
+  }
+}
+
+// dh = rstd * (g*dy - mean(g*dy) - xhat * mean(g*dy*xhat)); dgamma, dbeta column sums
+void layer_norm_rows_grad(const float* h, const float* dy, int64_t M, int64_t N, const float* g,
+                          const float* mean, const float* rstd, float* dh, float* dg, float* dbe) {
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t i = 0; i < M; ++i) {
+    const float* hr = h + i * N;
+    const float* d = dy + i * N;
+    const float mu = mean[i], r = rstd[i];
+    float a = 0.f, c = 0.f;
+#pragma omp simd reduction(+ : a, c)
+    for (int64_t j = 0; j < N; ++j) {
+      const float gd = g[j] * d[j];
+      a += gd;
+      c += gd * (hr[j] - mu) * r;
+    }
+    a /= N;
+    c /= N;
+    float* o = dh + i * N;
+#pragma omp simd
+    for (int64_t j = 0; j < N; ++j) o[j] = r * (g[j] * d[j] - a - (hr[j] - mu) * r * c);
+  }
+  if (dg != nullptr) {
+    column_sums(M, N, dg, [&](int64_t i, int64_t j) { return dy[i * N + j] * (h[i * N + j] - mean[i]) * rstd[i]; });
+    column_sums(M, N, dbe, [&](int64_t i, int64_t j) { return dy[i * N + j]; });
+  }
+}
+
+void bias_dropout_residual(const float* x, const float* b, const float* res, const uint8_t* keep, int64_t M,
+                           int64_t N, float scale, float* h) {
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t i = 0; i < M; ++i) {
+#pragma omp simd
+    for (int64_t j = 0; j < N; ++j) {
+      const int64_t k = i * N + j;
+      h[k] = res[k] + (keep[k] ? (x[k] + b[j]) * scale : 0.f);
+    }
+  }
+}
+
+std::vector<paddle::Tensor> BDRForward(const paddle::Tensor& x, const paddle::Tensor& b, const paddle::Tensor& res,
+                                       int64_t seed, float p) {
+  check(x, "x");
+  check(b, "bias");
+  check(res, "residual");
+  const int64_t N = last_dim(x), M = x.numel() / N;
+  PD_CHECK(res.numel() == x.numel() && b.numel() == N, "x, bias and residual shapes do not fit");
+  auto keep = paddle::empty(x.shape(), paddle::DataType::UINT8, x.place());
+  auto out = paddle::empty(x.shape(), x.dtype(), x.place());
+  dropout_mask(keep.data<uint8_t>(), x.numel(), seed, p);
+  bias_dropout_residual(x.data<float>(), b.data<float>(), res.data<float>(), keep.data<uint8_t>(), M, N,
+                        1.0f / (1.0f - p), out.data<float>());
+  return {out, keep};
+}
+
+// dx = dout * keep * scale, db = column sums of dx, dres = dout
+std::vector<paddle::Tensor> BDRBackward(const paddle::Tensor& x, const paddle::Tensor& keep,
+                                        const paddle::Tensor& dout, float p) {
+  const int64_t N = last_dim(x), M = x.numel() / N;
+  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto db = paddle::empty({N}, x.dtype(), x.place());
+  auto dres = paddle::empty(x.shape(), x.dtype(), x.place());
+  const float* d = dout.data<float>();
+  const uint8_t* k = keep.data<uint8_t>();
+  float *pdx = dx.data<float>(), *pr = dres.data<float>();
+  const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t i = 0; i < M; ++i) {
+#pragma omp simd
+    for (int64_t j = 0; j < N; ++j) {
+      pdx[i * N + j] = k[i * N + j] ? d[i * N + j] * scale : 0.f;
+      pr[i * N + j] = d[i * N + j];
+    }
+  }
+  column_sums(M, N, db.data<float>(), [&](int64_t i, int64_t j) { return pdx[i * N + j]; });
+  return {dx, db, dres};
+}
+
+std::vector<paddle::Tensor> BDRLNForward(const paddle::Tensor& x, const paddle::Tensor& b, const paddle::Tensor& res,
+                                         const paddle::Tensor& g, const paddle::Tensor& be, int64_t seed, float p,
+                                         float eps) {
+  check(x, "x");
+  check(b, "bias");
+  check(res, "residual");
+  check(g, "weight");
+  check(be, "bias of the norm");
+  const int64_t N = last_dim(x), M = x.numel() / N;
+  PD_CHECK(res.numel() == x.numel() && b.numel() == N && g.numel() == N && be.numel() == N,
+           "x, bias, residual and norm shapes do not fit");
+  auto keep = paddle::empty(x.shape(), paddle::DataType::UINT8, x.place());
+  auto h = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto out = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto mean = paddle::empty({M}, x.dtype(), x.place());
+  auto rstd = paddle::empty({M}, x.dtype(), x.place());
+  dropout_mask(keep.data<uint8_t>(), x.numel(), seed, p);
+  bias_dropout_residual(x.data<float>(), b.data<float>(), res.data<float>(), keep.data<uint8_t>(), M, N,
+                        1.0f / (1.0f - p), h.data<float>());
+  layer_norm_rows(h.data<float>(), M, N, g.data<float>(), be.data<float>(), eps, out.data<float>(),
+                  mean.data<float>(), rstd.data<float>());
+  return {out, keep, h, mean, rstd};
+}
+
+std::vector<paddle::Tensor> BDRLNBackward(const paddle::Tensor& keep, const paddle::Tensor& h,
+                                          const paddle::Tensor& g, const paddle::Tensor& mean,
+                                          const paddle::Tensor& rstd, const paddle::Tensor& dout, float p) {
+  const int64_t N = last_dim(h), M = h.numel() / N;
+  auto dres = paddle::empty(h.shape(), h.dtype(), h.place());
+  auto dx = paddle::empty(h.shape(), h.dtype(), h.place());
+  auto db = paddle::empty({N}, h.dtype(), h.place());
+  auto dg = paddle::empty({N}, h.dtype(), h.place());
+  auto dbe = paddle::empty({N}, h.dtype(), h.place());
+  float* pr = dres.data<float>();
+  layer_norm_rows_grad(h.data<float>(), dout.data<float>(), M, N, g.data<float>(), mean.data<float>(),
+                       rstd.data<float>(), pr, dg.data<float>(), dbe.data<float>());
+  const uint8_t* k = keep.data<uint8_t>();
+  float* pdx = dx.data<float>();
+  const float scale = 1.0f / (1.0f - p);
+  const int64_t n = h.numel();
+#pragma omp parallel for simd num_threads(threads()) schedule(static)
+  for (int64_t i = 0; i < n; ++i) pdx[i] = k[i] ? pr[i] * scale : 0.f;
+  column_sums(M, N, db.data<float>(), [&](int64_t i, int64_t j) { return pdx[i * N + j]; });
+  return {dx, db, dres, dg, dbe};
+}
+
+// --------------------------------------------------------------------------------- LayerNorm
+std::vector<paddle::Tensor> LNForward(const paddle::Tensor& x, const paddle::Tensor& g, const paddle::Tensor& be,
+                                      float eps) {
+  check(x, "x");
+  check(g, "weight");
+  check(be, "bias");
+  const int64_t N = last_dim(x), M = x.numel() / N;
+  PD_CHECK(g.numel() == N && be.numel() == N, "LayerNorm weight/bias do not fit rows of ", N);
+  auto out = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto mean = paddle::empty({M}, x.dtype(), x.place());
+  auto rstd = paddle::empty({M}, x.dtype(), x.place());
+  layer_norm_rows(x.data<float>(), M, N, g.data<float>(), be.data<float>(), eps, out.data<float>(),
+                  mean.data<float>(), rstd.data<float>());
+  return {out, mean, rstd};
+}
+
+std::vector<paddle::Tensor> LNBackward(const paddle::Tensor& x, const paddle::Tensor& g, const paddle::Tensor& mean,
+                                       const paddle::Tensor& rstd, const paddle::Tensor& dout) {
+  const int64_t N = last_dim(x), M = x.numel() / N;
+  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto dg = paddle::empty({N}, x.dtype(), x.place());
+  auto dbe = paddle::empty({N}, x.dtype(), x.place());
+  layer_norm_rows_grad(x.data<float>(), dout.data<float>(), M, N, g.data<float>(), mean.data<float>(),
+                       rstd.data<float>(), dx.data<float>(), dg.data<float>(), dbe.data<float>());
+  return {dx, dg, dbe};
+}
+
+// ------------------------------------------------------------ softmax(scale * x + mask) + dropout
+// x [B, H, S, T]; mask [Bm, 1, Sm, T] with Bm in {1, B}, Sm in {1, S} (broadcast over heads)
+std::vector<paddle::Tensor> SoftmaxForward(const paddle::Tensor& x, const paddle::Tensor& mask, float scale,
+                                           int64_t seed, float p) {
+  check(x, "scores");
+  check(mask, "mask");
+  auto xs = x.shape(), ms = mask.shape();
+  PD_CHECK(xs.size() == 4 && ms.size() == 4, "scores and mask must be 4-D");
+  const int64_t B = xs[0], H = xs[1], S = xs[2], T = xs[3];
+  PD_CHECK((ms[0] == 1 || ms[0] == B) && ms[1] == 1 && (ms[2] == 1 || ms[2] == S) && ms[3] == T,
+           "mask shape does not broadcast to the scores");
+  const int64_t mb = ms[0] == 1 ? 0 : ms[2] * T, ms_row = ms[2] == 1 ? 0 : T;
+  auto probs = paddle::empty(xs, x.dtype(), x.place());
+  auto keep = paddle::empty(xs, paddle::DataType::UINT8, x.place());
+  auto out = paddle::empty(xs, x.dtype(), x.place());
+  dropout_mask(keep.data<uint8_t>(), x.numel(), seed, p);
+  const float* px = x.data<float>();
+  const float* pm = mask.data<float>();
+  float *pp = probs.data<float>(), *po = out.data<float>();
+  const uint8_t* pk = keep.data<uint8_t>();
+  const float drop_scale = 1.0f / (1.0f - p);
+  const int64_t rows = B * H * S;
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t b = r / (H * S), s = r % S;
+    const float* xr = px + r * T;
+    const float* mr = pm + b * mb + s * ms_row;
+    float* pr = pp + r * T;
+    float mx = -INFINITY;
+    for (int64_t t = 0; t < T; ++t) {
+      pr[t] = xr[t] * scale + mr[t];
+      mx = pr[t] > mx ? pr[t] : mx;
+    }
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < T; ++t) {
+      pr[t] = fast_exp(pr[t] - mx);
+      sum += pr[t];
+    }
+    const float inv = 1.0f / sum;
+    float* orow = po + r * T;
+    const uint8_t* kr = pk + r * T;
+#pragma omp simd
+    for (int64_t t = 0; t < T; ++t) {
+      pr[t] *= inv;
+      orow[t] = kr[t] ? pr[t] * drop_scale : 0.f;
+    }
+  }
+  return {out, probs, keep};
+}
+
+// dz = y * (g - sum(g * y)), g = dout * keep / (1 - p); dx = scale * dz
+std::vector<paddle::Tensor> SoftmaxBackward(const paddle::Tensor& probs, const paddle::Tensor& keep,
+                                            const paddle::Tensor& dout, float scale, float p) {
+  const int64_t T = last_dim(probs), rows = probs.numel() / T;
+  auto dx = paddle::empty(probs.shape(), probs.dtype(), probs.place());
+  const float *py = probs.data<float>(), *pd = dout.data<float>();
+  const uint8_t* pk = keep.data<uint8_t>();
+  float* po = dx.data<float>();
+  const float drop_scale = 1.0f / (1.0f - p);
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* y = py + r * T;
+    const float* d = pd + r * T;
+    const uint8_t* k = pk + r * T;
+    float* o = po + r * T;
+    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t t = 0; t < T; ++t) {
+      o[t] = k[t] ? d[t] * drop_scale : 0.f;
+      dot += o[t] * y[t];
+    }
+#pragma omp simd
+    for (int64_t t = 0; t < T; ++t) o[t] = scale * y[t] * (o[t] - dot);
+  }
+  return {dx};
+}
+
+// ------------------------------------------------------------- BatchNorm (+ residual) (+ ReLU), NCHW
+// Training: batch statistics (biased variance for the normalisation), running statistics updated in
+// place as Paddle's batch_norm does: running = momentum * running + (1 - momentum) * batch, with the
+// batch's biased variance (as paddle 3's CPU kernel).
+void bn_stats(const float* x, int64_t N, int64_t C, int64_t HW, float* mean, float* var) {
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t c = 0; c < C; ++c) {
+    double s = 0.0;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* p = x + (n * C + c) * HW;
+      float part = 0.f;
+#pragma omp simd reduction(+ : part)
+      for (int64_t i = 0; i < HW; ++i) part += p[i];
+      s += part;
+    }
+    const float mu = static_cast<float>(s / (N * HW));
+    double v = 0.0;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* p = x + (n * C + c) * HW;
+      float part = 0.f;
+#pragma omp simd reduction(+ : part)
+      for (int64_t i = 0; i < HW; ++i) part += (p[i] - mu) * (p[i] - mu);
+      v += part;
+    }
+    mean[c] = mu;
+    var[c] = static_cast<float>(v / (N * HW));
+  }
+}
+
+std::vector<paddle::Tensor> BNActForwardImpl(const paddle::Tensor& x, const paddle::Tensor& g,
+                                             const paddle::Tensor& be, const paddle::Tensor& rmean,
+                                             const paddle::Tensor& rvar, const float* res, float momentum, float eps,
+                                             bool relu) {
+  check(x, "x");
+  auto xs = x.shape();
+  PD_CHECK(xs.size() >= 2, "BatchNorm input must be [N, C, ...]");
+  const int64_t N = xs[0], C = xs[1], HW = x.numel() / (N * C);
+  PD_CHECK(g.numel() == C && be.numel() == C && rmean.numel() == C && rvar.numel() == C,
+           "BatchNorm parameters do not fit ", C, " channels");
+  auto y = paddle::empty(xs, x.dtype(), x.place());
+  auto mean = paddle::empty({C}, x.dtype(), x.place());
+  auto invstd = paddle::empty({C}, x.dtype(), x.place());
+  std::vector<float> var(C);
+  const float* px = x.data<float>();
+  float* pmean = mean.data<float>();
+  float* pinv = invstd.data<float>();
+  bn_stats(px, N, C, HW, pmean, var.data());
+  float* rm = const_cast<float*>(rmean.data<float>());
+  float* rv = const_cast<float*>(rvar.data<float>());
+  for (int64_t c = 0; c < C; ++c) {
+    pinv[c] = 1.0f / std::sqrt(var[c] + eps);
+    rm[c] = momentum * rm[c] + (1.0f - momentum) * pmean[c];
+    rv[c] = momentum * rv[c] + (1.0f - momentum) * var[c];
+  }
+  const float *pg = g.data<float>(), *pb = be.data<float>();
+  float* py = y.data<float>();
+#pragma omp parallel for collapse(2) num_threads(threads()) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) {
+      const float a = pg[c] * pinv[c], sh = pb[c] - pmean[c] * a;
+      const int64_t off = (n * C + c) * HW;
+      const float* xp = px + off;
+      float* yp = py + off;
+      if (res != nullptr) {
+        const float* rp = res + off;
+#pragma omp simd
+        for (int64_t i = 0; i < HW; ++i) {
+          const float v = xp[i] * a + sh + rp[i];
+          yp[i] = relu ? (v > 0.f ? v : 0.f) : v;
+        }
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < HW; ++i) {
+          const float v = xp[i] * a + sh;
+          yp[i] = relu ? (v > 0.f ? v : 0.f) : v;
+        }
+      }
+    }
+  }
+  return {y, mean, invstd};
+}
+
+std::vector<paddle::Tensor> BNActForward(const paddle::Tensor& x, const paddle::Tensor& g, const paddle::Tensor& be,
+                                         const paddle::Tensor& rmean, const paddle::Tensor& rvar, float momentum,
+                                         float eps, bool relu) {
+  return BNActForwardImpl(x, g, be, rmean, rvar, nullptr, momentum, eps, relu);
+}
+
+std::vector<paddle::Tensor> BNAddActForward(const paddle::Tensor& x, const paddle::Tensor& g,
+                                            const paddle::Tensor& be, const paddle::Tensor& rmean,
+                                            const paddle::Tensor& rvar, const paddle::Tensor& res, float momentum,
+                                            float eps, bool relu) {
+  check(res, "residual");
+  PD_CHECK(res.numel() == x.numel(), "residual does not fit the BatchNorm input");
+  return BNActForwardImpl(x, g, be, rmean, rvar, res.data<float>(), momentum, eps, relu);
+}
+
+// dy' = dy * (y > 0); per channel: dbeta = sum dy', dgamma = sum dy' * xhat;
+// dx = gamma * invstd * (dy' - dbeta / M - xhat * dgamma / M)
+std::vector<paddle::Tensor> BNActBackwardImpl(const paddle::Tensor& x, const paddle::Tensor& g,
+                                              const paddle::Tensor& mean, const paddle::Tensor& invstd,
+                                              const paddle::Tensor& y, const paddle::Tensor& dy, bool relu,
+                                              bool with_res) {
+  auto xs = x.shape();
+  const int64_t N = xs[0], C = xs[1], HW = x.numel() / (N * C);
+  const double M = static_cast<double>(N * HW);
+  auto dx = paddle::empty(xs, x.dtype(), x.place());
+  auto dg = paddle::empty({C}, x.dtype(), x.place());
+  auto db = paddle::empty({C}, x.dtype(), x.place());
+  paddle::Tensor dres;
+  float* pres = nullptr;
+  if (with_res) {
+    dres = paddle::empty(xs, x.dtype(), x.place());
+    pres = dres.data<float>();
+  }
+  const float *px = x.data<float>(), *pg = g.data<float>(), *pm = mean.data<float>(), *pi = invstd.data<float>();
+  const float *py = y.data<float>(), *pd = dy.data<float>();
+  float *pdx = dx.data<float>(), *pdg = dg.data<float>(), *pdb = db.data<float>();
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t c = 0; c < C; ++c) {
+    const float mu = pm[c], inv = pi[c];
+    double sb = 0.0, sg = 0.0;
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t off = (n * C + c) * HW;
+      const float *xp = px + off, *yp = py + off, *dp = pd + off;
+      float* rp = pres != nullptr ? pres + off : nullptr;
+      float b = 0.f, gg = 0.f;
+      if (rp != nullptr) {
+#pragma omp simd reduction(+ : b, gg)
+        for (int64_t i = 0; i < HW; ++i) {
+          const float d = (!relu || yp[i] > 0.f) ? dp[i] : 0.f;
+          rp[i] = d;
+          b += d;
+          gg += d * (xp[i] - mu);
+        }
+      } else {
+#pragma omp simd reduction(+ : b, gg)
+        for (int64_t i = 0; i < HW; ++i) {
+          const float d = (!relu || yp[i] > 0.f) ? dp[i] : 0.f;
+          b += d;
+          gg += d * (xp[i] - mu);
+        }
+      }
+      sb += b;
+      sg += gg;
+    }
+    const float dbeta = static_cast<float>(sb), dgamma = static_cast<float>(sg) * inv;
+    pdb[c] = dbeta;
+    pdg[c] = dgamma;
+    const float k = pg[c] * inv, mb = dbeta / static_cast<float>(M), mg = dgamma * inv / static_cast<float>(M);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t off = (n * C + c) * HW;
+      const float *xp = px + off, *yp = py + off, *dp = pd + off;
+      float* o = pdx + off;
+#pragma omp simd
+      for (int64_t i = 0; i < HW; ++i) {
+        const float d = (!relu || yp[i] > 0.f) ? dp[i] : 0.f;
+        o[i] = k * (d - mb - (xp[i] - mu) * mg);
+      }
+    }
+  }
+  if (with_res) return {dx, dg, db, dres};
+  return {dx, dg, db};
+}
+
+std::vector<paddle::Tensor> BNActBackward(const paddle::Tensor& x, const paddle::Tensor& g,
+                                          const paddle::Tensor& mean, const paddle::Tensor& invstd,
+                                          const paddle::Tensor& y, const paddle::Tensor& dy, bool relu) {
+  return BNActBackwardImpl(x, g, mean, invstd, y, dy, relu, false);
+}
+
+std::vector<paddle::Tensor> BNAddActBackward(const paddle::Tensor& x, const paddle::Tensor& g,
+                                             const paddle::Tensor& mean, const paddle::Tensor& invstd,
+                                             const paddle::Tensor& y, const paddle::Tensor& dy, bool relu) {
+  return BNActBackwardImpl(x, g, mean, invstd, y, dy, relu, true);
+}
+
+}  // namespace
+
+PD_BUILD_OP(zoo_bias_act)
+    .Inputs({"X", "Bias"})
+    .Outputs({"Out", "Keep"})
+    .Attrs({"act: int", "seed: int64_t", "p: float"})
+    .SetKernelFn(PD_KERNEL(BiasActForward));
+PD_BUILD_GRAD_OP(zoo_bias_act)
+    .Inputs({"X", "Bias", "Keep", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Bias")})
+    .Attrs({"act: int", "p: float"})
+    .SetKernelFn(PD_KERNEL(BiasActBackward));
+
+PD_BUILD_OP(zoo_bias_dropout_residual)
+    .Inputs({"X", "Bias", "Residual"})
+    .Outputs({"Out", "Keep"})
+    .Attrs({"seed: int64_t", "p: float"})
+    .SetKernelFn(PD_KERNEL(BDRForward));
+PD_BUILD_GRAD_OP(zoo_bias_dropout_residual)
+    .Inputs({"X", "Keep", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Bias"), paddle::Grad("Residual")})
+    .Attrs({"p: float"})
+    .SetKernelFn(PD_KERNEL(BDRBackward));
+
+PD_BUILD_OP(zoo_bias_dropout_residual_ln)
+    .Inputs({"X", "Bias", "Residual", "Weight", "NormBias"})
+    .Outputs({"Out", "Keep", "H", "Mean", "Rstd"})
+    .Attrs({"seed: int64_t", "p: float", "eps: float"})
+    .SetKernelFn(PD_KERNEL(BDRLNForward));
+PD_BUILD_GRAD_OP(zoo_bias_dropout_residual_ln)
+    .Inputs({"Keep", "H", "Weight", "Mean", "Rstd", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Bias"), paddle::Grad("Residual"), paddle::Grad("Weight"),
+              paddle::Grad("NormBias")})
+    .Attrs({"p: float"})
+    .SetKernelFn(PD_KERNEL(BDRLNBackward));
+
+PD_BUILD_OP(zoo_layer_norm)
+    .Inputs({"X", "Weight", "Bias"})
+    .Outputs({"Out", "Mean", "Rstd"})
+    .Attrs({"eps: float"})
+    .SetKernelFn(PD_KERNEL(LNForward));
+PD_BUILD_GRAD_OP(zoo_layer_norm)
+    .Inputs({"X", "Weight", "Mean", "Rstd", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Weight"), paddle::Grad("Bias")})
+    .SetKernelFn(PD_KERNEL(LNBackward));
+
+PD_BUILD_OP(zoo_softmax_dropout)
+    .Inputs({"X", "Mask"})
+    .Outputs({"Out", "Probs", "Keep"})
+    .Attrs({"scale: float", "seed: int64_t", "p: float"})
+    .SetKernelFn(PD_KERNEL(SoftmaxForward));
+PD_BUILD_GRAD_OP(zoo_softmax_dropout)
+    .Inputs({"Probs", "Keep", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X")})
+    .Attrs({"scale: float", "p: float"})
+    .SetKernelFn(PD_KERNEL(SoftmaxBackward));
+
+PD_BUILD_OP(zoo_bn_act)
+    .Inputs({"X", "Scale", "Bias", "RunningMean", "RunningVar"})
+    .Outputs({"Y", "SavedMean", "SavedInvStd"})
+    .Attrs({"momentum: float", "eps: float", "relu: bool"})
+    .SetKernelFn(PD_KERNEL(BNActForward));
+PD_BUILD_GRAD_OP(zoo_bn_act)
+    .Inputs({"X", "Scale", "SavedMean", "SavedInvStd", "Y", paddle::Grad("Y")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Scale"), paddle::Grad("Bias")})
+    .Attrs({"relu: bool"})
+    .SetKernelFn(PD_KERNEL(BNActBackward));
+
+PD_BUILD_OP(zoo_bn_add_act)
+    .Inputs({"X", "Scale", "Bias", "RunningMean", "RunningVar", "Residual"})
+    .Outputs({"Y", "SavedMean", "SavedInvStd"})
+    .Attrs({"momentum: float", "eps: float", "relu: bool"})
+    .SetKernelFn(PD_KERNEL(BNAddActForward));
+PD_BUILD_GRAD_OP(zoo_bn_add_act)
+    .Inputs({"X", "Scale", "SavedMean", "SavedInvStd", "Y", paddle::Grad("Y")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Scale"), paddle::Grad("Bias"), paddle::Grad("Residual")})
+    .Attrs({"relu: bool"})
+    .SetKernelFn(PD_KERNEL(BNAddActBackward));
