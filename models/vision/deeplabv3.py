@@ -30,8 +30,8 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.static import InputSpec
 
-from engine.export import pipeline_runner
 from engine import fast_ops
+from engine.export import pipeline_runner
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.vision.resnet import build_backbone, resnet_key_map
