@@ -83,3 +83,24 @@ def one_error_line(result):
     if result["code"] == 2 and len(lines) == 1 and lines[0].startswith("error: "):
         return lines[0]
     return None
+
+
+def peaked_transformer(**settings):
+    """(model, source ids [6, 7]): a small random post-norm Transformer in eval mode with its matrices
+    scaled up, so its distributions are peaked and beam search keeps hypotheses of several lengths (a
+    random model at the usual scale repeats one token); row 4 is a shorter, padded sentence."""
+    import numpy as np
+    import paddle
+    from models.nlp.transformer import Transformer
+    paddle.seed(1)
+    m = Transformer(src_vocab_size=24, trg_vocab_size=24, d_model=32, d_inner_hid=64, n_head=4, num_encoder_layers=2,
+                    num_decoder_layers=2, max_length=30, dropout=0.0, normalize_before=False,
+                    max_len_a=1.0, max_len_b=4, **settings)
+    for p in m.parameters():
+        if p.ndim == 2:
+            p.set_value(p.numpy() * 3)
+    m.eval()
+    src = np.random.default_rng(0).integers(3, 24, size=(6, 7))
+    src[:, -1] = 1
+    src[4, 3:] = [1, 0, 0, 0]
+    return m, src

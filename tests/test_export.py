@@ -18,7 +18,7 @@ from engine.predictor import Predictor
 from engine.registry import ConfigError
 from tests.conftest import (ATTENTION_LSTM_DEMO, BERT_GLUE_DEMO, BERT_PRETRAIN_DEMO, DEEPLAB_DEMO, MASK_RCNN_DEMO,
                             TRANSFORMER_DEMO, TSN_DEMO)
-from tests.helpers import ROOT, one_error_line, tool, tools_in_one_process
+from tests.helpers import ROOT, one_error_line, peaked_transformer, tool, tools_in_one_process
 
 load_all()
 DEMOS = sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*_demo.yaml"), recursive=True))
@@ -192,29 +192,11 @@ def test_bad_export_directories_and_inputs(tmp_path, yt8m_demo):
                    "audio_len": np.ones(2, np.int64), "audio_mask": np.ones((2, 5), np.float32)})
 
 
-def _peaked_transformer():
-    """A small random post-norm Transformer with its weights scaled up: peaked distributions, so beam
-    search keeps hypotheses of several lengths (a random model at the usual scale repeats one token)."""
-    from models.nlp.transformer import Transformer
-    paddle.seed(1)
-    m = Transformer(src_vocab_size=24, trg_vocab_size=24, d_model=32, d_inner_hid=64, n_head=4, num_encoder_layers=2,
-                    num_decoder_layers=2, max_length=30, dropout=0.0, normalize_before=False, beam_size=4,
-                    max_len_a=1.0, max_len_b=4)
-    for p in m.parameters():
-        if p.ndim == 2:
-            p.set_value(p.numpy() * 3)
-    m.eval()
-    src = np.random.default_rng(0).integers(3, 24, size=(6, 7))
-    src[:, -1] = 1
-    src[4, 3:] = [1, 0, 0, 0]
-    return m, src
-
-
 def test_transformer_exports_its_encoder_and_one_decoder_step_and_decodes_with_the_same_search(tmp_path):
     """The boundary: programs `encoder` and `decoder_step`, Python BeamSearch over them. Each program gives
     the dynamic network's outputs (a step with a non-empty cache too), and the whole predictor the
     dynamic model's translations at two batch sizes and source lengths."""
-    m, src = _peaked_transformer()
+    m, src = peaked_transformer(beam_size=4)
     export.export(m, {"model": {"name": "Transformer"}}, str(tmp_path))
     assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".json")) == ["decoder_step.json", "encoder.json"]
     predictor = Predictor(str(tmp_path))

@@ -16,7 +16,7 @@ from engine.registry import ConfigError
 from engine.samplers import TokenBudget
 from models.nlp.transformer import Transformer, length_penalty
 from readers.translation import Translation
-from tests.helpers import ROOT, assert_one_line_error, read_metrics, tool
+from tests.helpers import ROOT, assert_one_line_error, peaked_transformer, read_metrics, tool
 
 load_all()
 DATA = os.path.join(ROOT, "tests", "data")
@@ -147,20 +147,8 @@ def test_label_smoothed_loss_ignores_padding():
 
 @pytest.fixture(scope="module")
 def small_model():
-    """A small random post-norm model whose weights are scaled up, so its distributions are peaked and
-    its hypotheses end at different lengths."""
-    paddle.seed(1)
-    m = Transformer(src_vocab_size=24, trg_vocab_size=24, d_model=32, d_inner_hid=64, n_head=4, num_encoder_layers=2,
-                    num_decoder_layers=2, max_length=30, dropout=0.0, normalize_before=False, alpha=0.6,
-                    max_len_a=1.0, max_len_b=4)
-    for p in m.parameters():
-        if p.ndim == 2:
-            p.set_value(p.numpy() * 3)
-    m.eval()
-    src = np.random.default_rng(0).integers(3, 24, size=(6, 7))
-    src[:, -1] = 1
-    src[4, 3:] = [1, 0, 0, 0]       # a shorter, padded sentence
-    return m, src
+    """tests.helpers.peaked_transformer: peaked distributions, hypotheses ending at different lengths."""
+    return peaked_transformer(alpha=0.6)
 
 
 def _encoded(m, src):
