@@ -209,6 +209,45 @@ def test_batch_norm_act(relu, residual):
         _finite_differences(fd, [x, _t(bn_fd.weight.numpy()), _t(bn_fd.bias.numpy()), _t(r.numpy(), grad=residual)])
 
 
+# (N, C, H, W), out channels, kernel, stride, padding, dilation, bias, input needs a gradient
+CONVS = [((2, 3, 11, 9), 5, 3, 1, 1, 1, False, True),
+         ((3, 4, 13, 10), 6, (3, 1), 1, (1, 0), 1, False, True),     # StNet-style temporal kernel
+         ((2, 5, 15, 12), 7, 3, 2, 1, 1, True, True),                # strided, odd sizes, bias
+         ((1, 6, 17, 14), 4, 3, 1, 2, 2, False, True),               # dilated (DeepLabV3 OS8)
+         ((2, 3, 23, 21), 8, 7, 2, 3, 1, False, False),              # a stem: the image needs no gradient
+         ((2, 6, 9, 9), 3, 1, 2, 0, 1, False, True)]                 # 1x1 strided projection
+
+
+@pytest.mark.parametrize("shape,cout,kernel,stride,padding,dilation,bias,x_grad", CONVS)
+def test_conv2d(shape, cout, kernel, stride, padding, dilation, bias, x_grad):
+    """oneDNN's convolution against paddle's own (conv2d and its two gradients)."""
+    paddle.seed(0)
+    conv = nn.Conv2D(shape[1], cout, kernel, stride=stride, padding=padding, dilation=dilation,
+                     bias_attr=None if bias else False)
+    x = _t(RNG.standard_normal(shape), grad=x_grad)
+    fast, ref = _layer_grads(lambda x: fast_ops.conv2d(x, conv), [x], True, conv), \
+        _layer_grads(lambda x: fast_ops.conv2d(x, conv), [x], False, conv)
+    assert len(fast) == len(ref) == 1 + x_grad + 1 + bias
+    for a, b in zip(fast, ref):
+        _close(a, b)
+
+    s = [stride] * 2
+    p, d = (list(padding) if isinstance(padding, tuple) else [padding] * 2), [dilation] * 2
+    if x_grad:
+        _finite_differences(lambda x, w: _run("zoo_conv2d", x, w, s, p, d, True)[0], [x, _t(conv.weight.numpy())])
+
+
+def test_conv2d_layers_it_does_not_cover_take_paddle():
+    """Groups, "SAME" padding and NHWC are not in the oneDNN operator: those layers run themselves."""
+    x = _t(RNG.standard_normal((2, 4, 9, 8)))
+    for conv in (nn.Conv2D(4, 4, 3, padding=1, groups=2), nn.Conv2D(4, 4, 3, padding="SAME"),
+                 nn.Conv2D(8, 4, 3, padding=1, data_format="NHWC")):
+        with fast_ops.enabled_as(True), _counting() as ran:
+            y = fast_ops.conv2d(x, conv)
+        assert not ran
+        np.testing.assert_array_equal(y.numpy(), conv(x).numpy())
+
+
 def test_dropout_masks_are_seeded_and_unbiased():
     x, b = _t(np.ones((400, 250)), grad=False), _t(np.zeros(250), grad=False)
     k1 = _run("zoo_bias_act", x, b, 0, 7, 0.3)[1].numpy()
@@ -237,16 +276,18 @@ class _counting:
         fast_ops._run = self.real
 
 
-def _layer_grads(layer, inputs, on):
+def _layer_grads(layer, inputs, on, params=None):
+    """The output and gradients of `layer` (a Layer, or a function of the inputs with its Layer as `params`)."""
+    params = params or layer
     xs = [_t(a.numpy(), grad=not a.stop_gradient) for a in inputs]
-    layer.clear_gradients()
+    params.clear_gradients()
     with fast_ops.enabled_as(on), _counting() as ran:
         y = layer(*xs)
     assert bool(ran) == on, ran
     y = y[-1] if isinstance(y, list) else y
     (y * paddle.to_tensor(np.random.default_rng(4).standard_normal(y.shape).astype(np.float32))).sum().backward()
     return [y.numpy()] + [x.grad.numpy() for x in xs if not x.stop_gradient] + \
-        [p.grad.numpy() for p in layer.parameters() if p.grad is not None]
+        [p.grad.numpy() for p in params.parameters() if p.grad is not None]
 
 
 def _same_layer(layer, inputs, tol=1e-5):
@@ -330,7 +371,7 @@ def test_deeplabv3_fast_equals_reference_and_recomputes():
         m.train()
         with fast_ops.enabled_as(on), _counting() as ran:
             m({"image": x, "label": label})["loss"].backward()
-        assert ("zoo_bn_act" in ran and "zoo_bn_add_act" in ran) == on
+        assert ("zoo_bn_act" in ran and "zoo_bn_add_act" in ran and "zoo_conv2d" in ran) == on
     fast, remat, ref = models
     grads = {n: p.grad.numpy() for n, p in fast.named_parameters() if not p.stop_gradient}
     assert len(grads) > 60
@@ -376,7 +417,7 @@ def test_build_runs_once_under_the_lock_and_survives_a_read_only_cache(monkeypat
 
     def commands(out):
         script = f"echo built >> {calls}; sleep 0.3; echo lib > {out}"
-        return [["sh", "-c", script]], out[:-3] + ".o"
+        return [["sh", "-c", script]], [out[:-3] + ".o"]
     monkeypatch.setattr(fast_ops, "_compile_commands", commands)
     monkeypatch.setenv("ZOO_FAST_OPS_DIR", str(tmp_path / "cache"))
     paths = []

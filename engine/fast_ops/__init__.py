@@ -29,7 +29,8 @@ import paddle.nn.functional as F
 
 log = logging.getLogger("zoo")
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops.cc")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = [os.path.join(HERE, name) for name in ("ops.cc", "conv.cc")]
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-w", "-DNDEBUG",
             "-DPADDLE_WITH_CUSTOM_KERNEL", "-DPADDLE_EXTENSION_NAME=zoo_fast_ops", "-D_GLIBCXX_USE_CXX11_ABI=1"]
 _state = {"enabled": False, "loaded": None, "error": None}
@@ -77,6 +78,16 @@ def _cpu_key():
     return "".join(lines)
 
 
+def _onednn_headers():
+    """The folder holding oneapi/dnnl/dnnl.hpp: the paddle wheel ships oneDNN's library but not its
+    C++ headers; requirements.txt installs them (onednn-devel-cpu-gomp, into the environment's include/)."""
+    for root in (sysconfig.get_paths()["data"], sys.prefix, sys.base_prefix):
+        folder = os.path.join(root, "include")
+        if os.path.isfile(os.path.join(folder, "oneapi", "dnnl", "dnnl.hpp")):
+            return folder
+    raise RuntimeError("the oneDNN headers are missing (pip install onednn-devel-cpu-gomp, see requirements.txt)")
+
+
 def _compile_commands(out):
     """Compile with -fopenmp, then link against paddle's own OpenMP runtime (libiomp5, which also
     serves the GOMP entry points): one thread pool for MKL, paddle's kernels and ours. Linking
@@ -84,19 +95,22 @@ def _compile_commands(out):
     (measured: the fused kernels 3-10x slower with 2 threads than with 1)."""
     root = os.path.dirname(paddle.__file__)
     inc, libs, base = os.path.join(root, "include"), os.path.join(root, "libs"), os.path.join(root, "base")
-    obj = out[:-3] + ".o"
-    compile_ = ["g++", *CXXFLAGS, f"-I{inc}", f"-I{os.path.join(inc, 'third_party')}",
-                f"-I{sysconfig.get_paths()['include']}", "-c", SOURCE, "-o", obj]
-    link = ["g++", "-shared", obj, "-o", out, f"-L{libs}", f"-L{base}", f"-Wl,-rpath,{libs}", f"-Wl,-rpath,{base}",
-            "-Wl,--no-as-needed", "-l:libiomp5.so", "-l:libpaddle.so", "-Wl,--as-needed"]
-    return [compile_, link], obj
+    dnnl = _onednn_headers()
+    objs = [f"{out[:-3]}.{i}.o" for i in range(len(SOURCES))]
+    compiles = [["g++", *CXXFLAGS, f"-I{inc}", f"-I{os.path.join(inc, 'third_party')}", f"-I{dnnl}",
+                 f"-I{sysconfig.get_paths()['include']}", "-c", src, "-o", obj] for src, obj in zip(SOURCES, objs)]
+    link = ["g++", "-shared", *objs, "-o", out, f"-L{libs}", f"-L{base}", f"-Wl,-rpath,{libs}", f"-Wl,-rpath,{base}",
+            "-Wl,--no-as-needed", "-l:libiomp5.so", "-l:libdnnl.so.3", "-l:libpaddle.so", "-Wl,--as-needed"]
+    return [*compiles, link], objs
 
 
 def library_path():
     """Where this source, paddle build and CPU's library lives (built or not)."""
-    with open(SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read())
-    digest.update((" ".join(CXXFLAGS) + " link: libiomp5").encode())
+    digest = hashlib.sha256()
+    for src in SOURCES:
+        with open(src, "rb") as f:
+            digest.update(f.read())
+    digest.update((" ".join(CXXFLAGS) + " link: libiomp5 libdnnl").encode())
     digest.update(f"{paddle.__version__} {os.path.dirname(paddle.__file__)} {sys.version} {_cpu_key()}".encode())
     return os.path.join(cache_dir(), digest.hexdigest()[:16], "zoo_fast_ops.so")
 
@@ -125,7 +139,7 @@ def build(verbose=False):
             return path
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(fd)
-        commands, obj = _compile_commands(tmp)
+        commands, objs = _compile_commands(tmp)
         try:
             for cmd in commands:
                 if verbose:
@@ -141,8 +155,9 @@ def build(verbose=False):
             os.unlink(tmp)
             raise
         finally:
-            if os.path.exists(obj):
-                os.unlink(obj)
+            for obj in objs:
+                if os.path.exists(obj):
+                    os.unlink(obj)
         os.replace(tmp, path)
     return path
 
@@ -248,6 +263,19 @@ def _dropout(x, p, training, keep=None):
     if keep is not None:
         return x * keep.detach().astype(x.dtype) / (1.0 - p) if p else x
     return F.dropout(x, p, training=training) if p and training else x
+
+
+def conv2d(x, conv):
+    """conv(x) for a paddle Conv2D layer, through oneDNN's direct convolution (conv.cc) when the layer
+    is NCHW with zero padding given as numbers and one group; other layers take the layer itself."""
+    pads = conv._updated_padding
+    fast = (conv._data_format == "NCHW" and conv._groups == 1 and conv._padding_mode == "zeros"
+            and conv._padding_algorithm == "EXPLICIT" and len(pads) == 2 and x.ndim == 4)
+    if fast and active(x, conv.weight):
+        y = _run("zoo_conv2d", x, conv.weight, list(conv._stride), list(pads), list(conv._dilation),
+                 not x.stop_gradient)[0]
+        return y if conv.bias is None else y + conv.bias.reshape([1, -1, 1, 1])
+    return conv(x)
 
 
 def batch_norm_act(x, bn, relu=True, residual=None):

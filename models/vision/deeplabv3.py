@@ -48,7 +48,7 @@ class ConvBNReLU(nn.Layer):
         self.bn = nn.BatchNorm2D(cout)
 
     def forward(self, x):
-        return fast_ops.batch_norm_act(self.conv(x), self.bn)   # relu(bn(x)), fused with runtime.fast_ops
+        return fast_ops.batch_norm_act(fast_ops.conv2d(x, self.conv), self.bn)   # fast ops: runtime.fast_ops
 
 
 class ASPP(nn.Layer):

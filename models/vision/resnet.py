@@ -47,11 +47,11 @@ class ConvBN(nn.Layer):
         self.act = act
 
     def forward(self, x, residual=None):
-        """conv, BN, then ReLU(+ residual first, when given); with `runtime.fast_ops` BN, the add
-        and ReLU run as one fused CPU kernel in training (engine/fast_ops)."""
+        """conv, BN, then ReLU(+ residual first, when given); with `runtime.fast_ops` the conv runs
+        through oneDNN and BN, the add and ReLU as one fused CPU kernel in training (engine/fast_ops)."""
         if self.pool is not None:
             x = self.pool(x)
-        return fast_ops.batch_norm_act(self.conv(x), self.bn, relu=self.act or residual is not None,
+        return fast_ops.batch_norm_act(fast_ops.conv2d(x, self.conv), self.bn, relu=self.act or residual is not None,
                                        residual=residual)
 
 
