@@ -376,7 +376,7 @@ def test_build_runs_once_under_the_lock_and_survives_a_read_only_cache(monkeypat
 
     def commands(out):
         script = f"echo built >> {calls}; sleep 0.3; echo lib > {out}"
-        return [["sh", "-c", script]], out[:-3] + ".o"
+        return [["sh", "-c", script]], [out[:-3] + ".o"]
     monkeypatch.setattr(fast_ops, "_compile_commands", commands)
     monkeypatch.setenv("ZOO_FAST_OPS_DIR", str(tmp_path / "cache"))
     paths = []

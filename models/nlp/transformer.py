@@ -152,9 +152,9 @@ class MultiHeadAttention(nn.Layer):
 
     def attend(self, q, k, v, bias=None):
         if bias is not None and fast_ops.active(q):   # scale, mask, softmax, dropout in one kernel
-            weights = fast_ops.softmax_dropout(paddle.matmul(q, k, transpose_y=True), bias, self.scale,
+            weights = fast_ops.softmax_dropout(fast_ops.matmul(q, k, transpose_y=True), bias, self.scale,
                                                self.dropout, self.training)
-            return linear([self.out_proj], _merge_heads(paddle.matmul(weights, v)))
+            return linear([self.out_proj], _merge_heads(fast_ops.matmul(weights, v)))
         scores = paddle.matmul(q * self.scale, k, transpose_y=True)
         if bias is not None:
             scores = scores + bias
@@ -343,7 +343,7 @@ class Transformer(nn.Layer):
 
     def logits(self, h):
         if self.weight_sharing:
-            return paddle.matmul(h, self.trg_word_embedding.word_embedding.weight, transpose_y=True)
+            return fast_ops.matmul(h, self.trg_word_embedding.word_embedding.weight, transpose_y=True)
         return self.linear(h)
 
     def encode(self, src_ids, src_mask, index=None):
