@@ -188,6 +188,23 @@ def test_matmul_empty_sizes_other_forms_and_many_shapes():
     _close(fast_ops.matmul(xs[0], y).numpy(), xs[0].numpy() @ y.numpy())   # evicted, built again
 
 
+def test_matmul_of_strided_views():
+    """With paddle's stride kernels on, a transpose or slice is a view: the operator copies it first."""
+    before = paddle.get_flags(["FLAGS_use_stride_kernel"])
+    paddle.set_flags({"FLAGS_use_stride_kernel": True})
+    try:
+        b = _t(RNG.standard_normal((2, 3, 5, 8)), grad=False)
+        q, k = b[:, :, :, :4], b[:, :, :, 4:]
+        x, y = _t(RNG.standard_normal((7, 5))), _t(RNG.standard_normal((7, 3)))
+        with _counting() as ran:
+            _close(fast_ops.matmul(q, k, transpose_y=True).numpy(), paddle.matmul(q, k, transpose_y=True).numpy())
+            _compare(lambda x, y: fast_ops.matmul(x.transpose([1, 0]), y),
+                     lambda x, y: paddle.matmul(x.transpose([1, 0]), y), [x, y])
+        assert len(ran) >= 2
+    finally:
+        paddle.set_flags(before)
+
+
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 def test_smooth_cross_entropy(eps):
     """Loss and nll against the reference (cross entropy + gather + mean) over a vocabulary of 1037 (the
