@@ -5,9 +5,10 @@ python benchmarks/matmul_shapes.py [--threads 2] [--no-torch]
 
 Batch 32 x 32 tokens (1024 rows), d_model 512, FFN 2048, 8 heads, vocabulary 33712; per layer shape the
 forward GEMM and both gradients (dX = dY W^T, dW = X^T dY), the tied output projection h @ E^T and the
-batched attention products. Prints milliseconds per call (median-free: the mean over >= 0.5 s) and the
-paddle / oneDNN ratio: where it is above 1 the operator is worth using (it is, on every shape, on our
-AMD EPYC; re-run it on a new CPU).
+batched attention products. Prints milliseconds per call (the mean over >= 0.5 s; outputs allocated
+per call, as in training) and the paddle / oneDNN ratio: where it is above 1 the operator is worth
+using (it is on every shape on our AMD EPYC: 1.6-2.0x, the small batched attention products 1.0-1.5x;
+re-run it on a new CPU).
 """
 import argparse
 import json
@@ -49,7 +50,8 @@ def run_paddle(threads):
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import _bootstrap  # noqa: F401  (engine/cpu.py's environment before paddle loads)
     import paddle
-    from engine import fast_ops
+    from engine import cpu, fast_ops
+    cpu.keep_freed_memory()   # as runtime.setup does for training
     paddle.base.core.set_num_threads(threads)
     fast_ops.set_enabled(True, threads)
     if not fast_ops.active(paddle.ones([1])) or not fast_ops._state["dnnl"]:

@@ -9,7 +9,7 @@ library), the tensors are float32 on the CPU, and the library built. Otherwise i
 reference, which is also what the tests compare against.
 
 `matmul` (and so `linear`) runs on oneDNN (dnnl.cc, the libdnnl.so.3 the paddle wheel bundles) instead
-of paddle's MKL 2019: 1.5-2.5x faster GEMMs on our AMD EPYC. A paddle build without that library
+of paddle's MKL 2019: 1.6-2.0x faster GEMMs on our AMD EPYC (benchmarks/matmul_shapes.py). A paddle build without that library
 gets the library without dnnl.cc, and `matmul` takes paddle.matmul.
 
 The library is compiled on first use with the machine's g++ (-O3 -march=native -fopenmp), cached

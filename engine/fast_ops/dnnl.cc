@@ -1,8 +1,8 @@
 // CPU operators on oneDNN, the libdnnl.so.3 that the paddle wheel bundles (3.6 here). Why: paddle's
 // matmul runs on its bundled MKL 2019, which on AMD takes its AVX2 path (MKL_DEBUG_CPU_TYPE=5) and on
-// every CPU misses newer kernels; oneDNN's brgemm matmul picks the CPU's best ISA (AVX-512 on Zen 4/5,
-// AMX on Sapphire Rapids). Measured on our AMD EPYC (2 threads): 1.5-2.5x paddle.matmul on every
-// GEMM shape of the Transformer-base step (see engine/fast_ops/__init__.py `matmul`).
+// every CPU misses newer kernels; oneDNN's brgemm matmul picks the CPU's best ISA (AVX-512 on Zen 4/5 and
+// on the Intel Xeons). Measured on our AMD EPYC (2 threads): 1.6-2.0x paddle.matmul on every
+// layer GEMM of the Transformer-base step, 1.0-1.5x on its batched attention (benchmarks/matmul_shapes.py).
 //
 // The wheel ships the library but not its oneapi/dnnl headers, so the few C API calls used here are
 // declared below (the C ABI is stable within oneDNN 3.x). oneDNN is built with the OpenMP runtime
