@@ -89,12 +89,13 @@ def main():
     env.setdefault("GLOG_minloglevel", "2")
     results = {}
     for side in ["paddle"] + ([] if args.no_torch else ["torch"]):
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--side", side, "--threads", str(args.threads)],
-                              cwd=ROOT, env=env, capture_output=True, text=True)
+        cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--threads", str(args.threads)]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if proc.returncode:
             raise SystemExit(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"error: {side} failed")
         results[side] = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"{cpu_info()['model']}, {args.threads} threads, load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    print(f"{cpu_info()['model']}, {args.threads} threads, load average {load}")
     print(f"{'GEMM':<14} {'M x K x N':>18} {'paddle ms':>10} {'oneDNN ms':>10} {'torch ms':>9} {'paddle/oneDNN':>14}")
     for name, batch, M, K, N, tx, ty in SHAPES:
         pd_t, dn_t = results["paddle"][name]

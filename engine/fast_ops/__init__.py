@@ -8,9 +8,9 @@ dynamic (export and `to_static` always trace the reference path, so exported pro
 library), the tensors are float32 on the CPU, and the library built. Otherwise it runs the
 reference, which is also what the tests compare against.
 
-`matmul` (and so `linear`) runs on oneDNN (dnnl.cc, the libdnnl.so.3 the paddle wheel bundles) instead
-of paddle's MKL 2019: 1.6-2.0x faster GEMMs on our AMD EPYC (benchmarks/matmul_shapes.py). A paddle build without that library
-gets the library without dnnl.cc, and `matmul` takes paddle.matmul.
+`matmul` (and so `linear`) runs on oneDNN (dnnl.cc, the libdnnl.so.3 the paddle wheel bundles)
+instead of paddle's MKL 2019: 1.6-2.0x faster GEMMs on our AMD EPYC (benchmarks/matmul_shapes.py).
+A paddle build without that library gets the library without dnnl.cc, and `matmul` takes paddle.matmul.
 
 The library is compiled on first use with the machine's g++ (-O3 -march=native -fopenmp), cached
 under `$ZOO_FAST_OPS_DIR`, else `$PADDLE_ZOO_HOME/fast_ops`, else `~/.cache/paddle_zoo/fast_ops` (the
