@@ -5,6 +5,7 @@ MKL_DEBUG_CPU_TYPE=5 makes MKL take its AVX2 path on AMD CPUs, which it otherwis
 forces that same path instead of AVX-512/AMX (~200 -> ~126 GFLOP/s). So it is set on AMD only.
 This module imports nothing heavy: the tools and the tests call it before importing paddle.
 """
+import ctypes
 import os
 import platform
 
@@ -39,3 +40,17 @@ def mkl_environment(env=None):
         env.setdefault("MKL_DEBUG_CPU_TYPE", "5")
     env.setdefault("FLAGS_use_stride_kernel", "0")
     return env
+
+
+def keep_freed_memory(limit=1 << 30):
+    """Let glibc keep freed blocks (up to `limit` bytes each) in the process heap instead of unmapping
+    them. Paddle's CPU allocator returns every tensor to malloc; a block above glibc's mmap threshold
+    (32 MB at most) is unmapped on free and faulted in again page by page when the next step asks for
+    it (paddle.zeros of 138 MB, the Transformer's [tokens, vocabulary] logits: 60 ms, 2.3 GB/s).
+    Measured Transformer-base training step 1.30 -> 1.15 s, peak RSS +100 MB. False off glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        return bool(libc.mallopt(m_mmap_threshold, int(limit)) and libc.mallopt(m_trim_threshold, int(limit)))
+    except (OSError, AttributeError):
+        return False

@@ -9,7 +9,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from engine import fast_ops
+from engine import cpu, fast_ops
 from engine.registry import ConfigError
 
 log = logging.getLogger("zoo")
@@ -28,6 +28,8 @@ def setup(runtime_cfg):
     device = runtime_cfg.get("device", "auto")
     if device == "auto":
         device = "gpu" if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() else "cpu"
+    if device == "cpu":
+        cpu.keep_freed_memory()
     if device == "gpu" and not paddle.device.is_compiled_with_cuda():
         raise ConfigError("runtime.device: gpu asked for, but this paddle build has no CUDA "
                           "(install paddlepaddle-gpu, see README)")

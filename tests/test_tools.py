@@ -50,6 +50,31 @@ def test_mkl_setting_is_for_amd_only(monkeypatch, vendor, preset, expected):
     assert cpu.mkl_environment(env).get("MKL_DEBUG_CPU_TYPE") == expected
 
 
+def test_freed_memory_is_kept_in_the_heap():
+    """After keep_freed_memory a large block comes from the heap and stays there when freed (glibc's
+    mallinfo2: not in the mmapped bytes while held, in the free heap bytes after), instead of being
+    mapped and unmapped (and faulted in again) at every step."""
+    import ctypes
+
+    import numpy as np
+    from engine import cpu
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                          "fsmblks", "uordblks", "fordblks", "keepcost")]
+    libc = ctypes.CDLL("libc.so.6")
+    if not hasattr(libc, "mallinfo2"):
+        pytest.skip("glibc < 2.33")
+    libc.mallinfo2.restype = MallInfo2
+    assert cpu.keep_freed_memory()
+    size = 64 << 20
+    mapped = libc.mallinfo2().hblkhd
+    block = np.ones(size, np.uint8)
+    assert libc.mallinfo2().hblkhd - mapped < size
+    del block
+    assert libc.mallinfo2().fordblks >= size
+
+
 def test_benchmark_and_amp_check_time_the_trainers_step(yt8m_demo, monkeypatch, tmp_path):
     """tools/benchmark.py, tools/amp_check.py and the trainer all step through engine.trainer.TrainStep,
     so what is benchmarked is what training runs."""

@@ -11,10 +11,13 @@
 // reused by the backward kernels.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <numeric>
 #include <vector>
 
 #include "paddle/extension.h"
@@ -444,6 +447,97 @@ std::vector<paddle::Tensor> SoftmaxBackward(const paddle::Tensor& probs, const p
   return {dx};
 }
 
+// ------------------------------------------------------- label-smoothed cross entropy over logits
+// Per row z [V] and label y, q = (1 - eps) one_hot(y) + eps / V:
+//   nll = lse(z) - z_y;  loss = -sum_v q_v log p_v = nll + eps * (z_y - mean(z)).
+// A label outside [0, V) (paddle's ignore_index -1) gives 0 and no gradient. One pass over the logits
+// forward (row max, sum of exp, sum) and one backward, instead of paddle's cross entropy + take_along_axis
+// + mean and their gradients (each a full pass, several single-threaded, over a [tokens, vocabulary] tensor).
+inline float row_sum_blocked(const float* z, int64_t V, float shift, bool exp_) {
+  double total = 0.0;  // float partial sums of 1024, added in double: the error does not grow with V
+  for (int64_t start = 0; start < V; start += 1024) {
+    const int64_t end = std::min(V, start + 1024);
+    float part = 0.f;
+    if (exp_) {
+#pragma omp simd reduction(+ : part)
+      for (int64_t v = start; v < end; ++v) part += fast_exp(z[v] - shift);
+    } else {
+#pragma omp simd reduction(+ : part)
+      for (int64_t v = start; v < end; ++v) part += z[v];
+    }
+    total += part;
+  }
+  return static_cast<float>(total);
+}
+
+std::vector<paddle::Tensor> SmoothCEForward(const paddle::Tensor& logits, const paddle::Tensor& labels, float eps) {
+  check(logits, "logits");
+  PD_CHECK(labels.dtype() == paddle::DataType::INT64, "labels must be int64");
+  const int64_t V = last_dim(logits), R = logits.numel() / V;
+  PD_CHECK(labels.numel() == R, "labels must have one entry per row of the logits");
+  auto loss = paddle::empty(labels.shape(), logits.dtype(), logits.place());
+  auto nll = paddle::empty(labels.shape(), logits.dtype(), logits.place());
+  auto lse = paddle::empty({R}, logits.dtype(), logits.place());
+  const float* pz = logits.data<float>();
+  const int64_t* py = labels.data<int64_t>();
+  float *pl = loss.data<float>(), *pn = nll.data<float>(), *ps = lse.data<float>();
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* z = pz + r * V;
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t v = 0; v < V; ++v) mx = z[v] > mx ? z[v] : mx;
+    const float l = mx + std::log(row_sum_blocked(z, V, mx, true));
+    ps[r] = l;
+    const int64_t y = py[r];
+    if (y < 0 || y >= V) {
+      pl[r] = pn[r] = 0.f;
+      continue;
+    }
+    pn[r] = l - z[y];
+    pl[r] = pn[r] + (eps ? eps * (z[y] - row_sum_blocked(z, V, 0.f, false) / V) : 0.f);
+  }
+  return {loss, nll, lse};
+}
+
+// dz_v = (gl + gn) p_v - (gl (1 - eps) + gn) [v = y] - gl eps / V  (gl, gn: the gradients of loss, nll)
+std::vector<paddle::Tensor> SmoothCEBackward(const paddle::Tensor& logits, const paddle::Tensor& labels,
+                                             const paddle::Tensor& lse, const paddle::Tensor& dloss,
+                                             const paddle::Tensor& dnll, float eps) {
+  const int64_t V = last_dim(logits), R = logits.numel() / V;
+  auto dz = paddle::empty(logits.shape(), logits.dtype(), logits.place());
+  const float *pz = logits.data<float>(), *ps = lse.data<float>();
+  const float* pgl = dloss.initialized() ? dloss.data<float>() : nullptr;   // an unused output has no gradient
+  const float* pgn = dnll.initialized() ? dnll.data<float>() : nullptr;
+  const int64_t* py = labels.data<int64_t>();
+  float* po = dz.data<float>();
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* z = pz + r * V;
+    float* o = po + r * V;
+    const int64_t y = py[r];
+    if (y < 0 || y >= V) {
+      std::memset(o, 0, sizeof(float) * V);
+      continue;
+    }
+    const float gl = pgl ? pgl[r] : 0.f, gn = pgn ? pgn[r] : 0.f;
+    const float a = gl + gn, c = gl * eps / V, l = ps[r];
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v) o[v] = a * fast_exp(z[v] - l) - c;
+    o[y] -= gl * (1.0f - eps) + gn;
+  }
+  return {dz};
+}
+
+std::vector<std::vector<int64_t>> SmoothCEInferShape(const std::vector<int64_t>& logits,
+                                                     const std::vector<int64_t>& labels) {
+  return {labels, labels, {std::accumulate(labels.begin(), labels.end(), int64_t{1}, std::multiplies<int64_t>())}};
+}
+
+std::vector<paddle::DataType> SmoothCEInferDtype(const paddle::DataType& logits, const paddle::DataType& labels) {
+  return {logits, logits, logits};
+}
+
 // ------------------------------------------------------------- BatchNorm (+ residual) (+ ReLU), NCHW
 // Training: batch statistics (biased variance for the normalisation), running statistics updated in
 // place as Paddle's batch_norm does: running = momentum * running + (1 - momentum) * batch, with the
@@ -699,3 +793,16 @@ PD_BUILD_GRAD_OP(zoo_bn_add_act)
     .Outputs({paddle::Grad("X"), paddle::Grad("Scale"), paddle::Grad("Bias"), paddle::Grad("Residual")})
     .Attrs({"relu: bool"})
     .SetKernelFn(PD_KERNEL(BNAddActBackward));
+
+PD_BUILD_OP(zoo_smooth_cross_entropy)
+    .Inputs({"Logits", "Labels"})
+    .Outputs({"Loss", "Nll", "Lse"})
+    .Attrs({"eps: float"})
+    .SetKernelFn(PD_KERNEL(SmoothCEForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(SmoothCEInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(SmoothCEInferDtype));
+PD_BUILD_GRAD_OP(zoo_smooth_cross_entropy)
+    .Inputs({"Logits", "Labels", "Lse", paddle::Grad("Loss"), paddle::Grad("Nll")})
+    .Outputs({paddle::Grad("Logits")})
+    .Attrs({"eps: float"})
+    .SetKernelFn(PD_KERNEL(SmoothCEBackward));

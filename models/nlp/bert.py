@@ -147,14 +147,14 @@ def fast_encoder_layer(layer, x, bias):
     w = paddle.concat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], axis=1)
     b = paddle.concat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias])
     q, k, v = fast_ops.linear(x, w, b).reshape([B, S, 3, n, H // n]).transpose([2, 0, 3, 1, 4]).unbind(0)
-    probs = fast_ops.softmax_dropout(paddle.matmul(q, k, transpose_y=True), bias, (H // n) ** -0.5,
+    probs = fast_ops.softmax_dropout(fast_ops.matmul(q, k, transpose_y=True), bias, (H // n) ** -0.5,
                                      att.dropout, layer.training)
-    ctx = paddle.matmul(probs, v).transpose([0, 2, 1, 3]).reshape([B, S, H])
-    x = fast_ops.bias_dropout_residual_ln(paddle.matmul(ctx, att.out_proj.weight), att.out_proj.bias, x,
+    ctx = fast_ops.matmul(probs, v).transpose([0, 2, 1, 3]).reshape([B, S, H])
+    x = fast_ops.bias_dropout_residual_ln(fast_ops.matmul(ctx, att.out_proj.weight), att.out_proj.bias, x,
                                           layer.norm1.weight, layer.norm1.bias, layer.dropout1.p,
                                           layer.norm1._epsilon, layer.training)
     h = fast_ops.linear(x, layer.linear1.weight, layer.linear1.bias, act=layer.act_name)
-    return fast_ops.bias_dropout_residual_ln(paddle.matmul(h, layer.linear2.weight), layer.linear2.bias, x,
+    return fast_ops.bias_dropout_residual_ln(fast_ops.matmul(h, layer.linear2.weight), layer.linear2.bias, x,
                                              layer.norm2.weight, layer.norm2.bias, layer.dropout2.p,
                                              layer.norm2._epsilon, layer.training)
 
@@ -396,7 +396,7 @@ class LMPredictionHead(nn.Layer):
 
     def forward(self, hidden, decoder_weight):
         h = self.layer_norm(self.act(self.transform(hidden)))
-        return paddle.matmul(h, decoder_weight, transpose_y=True) + self.decoder_bias
+        return fast_ops.matmul(h, decoder_weight, transpose_y=True) + self.decoder_bias
 
 
 class PretrainingHeads(nn.Layer):

@@ -152,9 +152,9 @@ class MultiHeadAttention(nn.Layer):
 
     def attend(self, q, k, v, bias=None):
         if bias is not None and fast_ops.active(q):   # scale, mask, softmax, dropout in one kernel
-            weights = fast_ops.softmax_dropout(paddle.matmul(q, k, transpose_y=True), bias, self.scale,
+            weights = fast_ops.softmax_dropout(fast_ops.matmul(q, k, transpose_y=True), bias, self.scale,
                                                self.dropout, self.training)
-            return linear([self.out_proj], _merge_heads(paddle.matmul(weights, v)))
+            return linear([self.out_proj], _merge_heads(fast_ops.matmul(weights, v)))
         scores = paddle.matmul(q * self.scale, k, transpose_y=True)
         if bias is not None:
             scores = scores + bias
@@ -343,7 +343,7 @@ class Transformer(nn.Layer):
 
     def logits(self, h):
         if self.weight_sharing:
-            return paddle.matmul(h, self.trg_word_embedding.word_embedding.weight, transpose_y=True)
+            return fast_ops.matmul(h, self.trg_word_embedding.word_embedding.weight, transpose_y=True)
         return self.linear(h)
 
     def encode(self, src_ids, src_mask, index=None):
@@ -362,17 +362,9 @@ class Transformer(nn.Layer):
         return self.logits(h)
 
     def token_losses(self, logits, labels):
-        """Per-token (label-smoothed loss, nll) [B, T] with q = (1 - eps) one_hot + eps / V:
-        -sum_v q_v log p_v = nll + eps * (logit_label - mean_v logit_v), which needs no log-softmax
-        tensor (paddle's fused cross entropy is ~10x faster than log_softmax on CPU)."""
-        logits = logits.astype("float32")
-        labels = labels.unsqueeze(-1)
-        nll = F.cross_entropy(logits, labels, reduction="none", ignore_index=-1).squeeze(-1)
-        eps = self.label_smooth_eps
-        if not eps:
-            return nll, nll
-        picked = paddle.take_along_axis(logits, labels, axis=-1).squeeze(-1)
-        return nll + eps * (picked - logits.mean(axis=-1)), nll
+        """Per-token (label-smoothed loss, nll) [B, T] with q = (1 - eps) one_hot + eps / V
+        (fast_ops.smooth_cross_entropy: one fused pass over the logits, or its paddle reference)."""
+        return fast_ops.smooth_cross_entropy(logits.astype("float32"), labels, self.label_smooth_eps)
 
     # ------------------------------------------------------------------------------- forward
     def forward(self, batch):
