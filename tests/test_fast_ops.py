@@ -535,6 +535,28 @@ def test_fallback_when_disabled_or_unbuildable(monkeypatch, caplog):
     monkeypatch.setitem(fast_ops._state, "loaded", True)
 
 
+def test_without_onednn_headers_matmul_and_conv_take_paddle(monkeypatch, caplog):
+    """A machine without the oneDNN headers builds ops.cc alone (one warning); matmul and conv2d then
+    run paddle's kernels while the other fused operators stay on."""
+    monkeypatch.setattr(fast_ops, "_onednn_headers", lambda: None)
+    monkeypatch.setitem(fast_ops._state, "warned", False)
+    with caplog.at_level(logging.WARNING, logger="zoo"):
+        assert fast_ops._sources() == fast_ops.SOURCES[:1] and fast_ops._sources() == fast_ops.SOURCES[:1]
+        commands, _ = fast_ops._compile_commands("/tmp/x.so")
+    assert caplog.text.count("onednn-devel-cpu-gomp") == 1
+    assert len(commands) == 2 and not any("dnnl" in arg for arg in commands[-1])
+    monkeypatch.setitem(fast_ops._state, "dnnl", False)
+    conv = nn.Conv2D(3, 4, 3, padding=1)
+    x, w = _t(RNG.standard_normal((2, 3, 6, 5))), _t(RNG.standard_normal((5, 4)))
+    with fast_ops.enabled_as(True), _counting() as ran:
+        y = fast_ops.conv2d(x, conv)
+        z = fast_ops.matmul(x, w)
+        fast_ops.layer_norm(z, _t(np.ones(4)), _t(np.zeros(4)))
+    assert ran == ["zoo_layer_norm"]
+    np.testing.assert_array_equal(y.numpy(), conv(x).numpy())
+    np.testing.assert_array_equal(z.numpy(), paddle.matmul(x, w).numpy())
+
+
 def test_build_runs_once_under_the_lock_and_survives_a_read_only_cache(monkeypatch, tmp_path):
     """Concurrent first uses (workers, ranks, test sessions) build once; a cache folder that cannot be
     made or written (read-only home) moves the build to the temp folder. g++ is replaced by a counter."""
