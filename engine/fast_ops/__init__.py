@@ -8,7 +8,7 @@ dynamic (export and `to_static` always trace the reference path, so exported pro
 library), the tensors are float32 on the CPU, and the library built. Otherwise it runs the
 reference, which is also what the tests compare against.
 
-`matmul` (and so `linear`) and `conv2d` run on oneDNN (dnnl.cc, conv.cc; the libdnnl.so.3 the paddle
+`matmul` (and so `linear`) and `conv2d` run on oneDNN (dnnl.cc; the libdnnl.so.3 the paddle
 wheel bundles, its headers from onednn-devel-cpu-gomp) instead of paddle's MKL 2019 GEMMs and
 im2col convolutions: 1.6-2.0x faster GEMMs and ~2x faster 3x3 convolutions (forward + backward) on
 our AMD EPYC (benchmarks/matmul_shapes.py). Without that library or the headers, the library is
@@ -36,7 +36,7 @@ import paddle.nn.functional as F
 log = logging.getLogger("zoo")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = [os.path.join(HERE, name) for name in ("ops.cc", "dnnl.cc", "conv.cc")]
+SOURCES = [os.path.join(HERE, name) for name in ("ops.cc", "dnnl.cc")]
 DNNL = "libdnnl.so.3"
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-w", "-DNDEBUG",
             "-DPADDLE_WITH_CUSTOM_KERNEL", "-DPADDLE_EXTENSION_NAME=zoo_fast_ops", "-D_GLIBCXX_USE_CXX11_ABI=1"]
@@ -86,7 +86,7 @@ def _cpu_key():
 
 
 def _onednn_headers():
-    """The folder holding oneapi/dnnl/dnnl.h, or None: the paddle wheel ships oneDNN's library but not
+    """The folder holding oneapi/dnnl/dnnl.hpp, or None: the paddle wheel ships oneDNN's library but not
     its headers; requirements.txt installs them (onednn-devel-cpu-gomp, into the environment's include/)."""
     for root in (sysconfig.get_paths()["data"], sys.prefix, sys.base_prefix):
         folder = os.path.join(root, "include")
@@ -96,7 +96,7 @@ def _onednn_headers():
 
 
 def _sources():
-    """ops.cc, and the oneDNN operators (dnnl.cc: matmul, conv.cc: convolution) when the paddle build
+    """ops.cc, and the oneDNN operators (dnnl.cc: matmul, convolution) when the paddle build
     bundles oneDNN and its headers are installed; without them, one warning and paddle's own kernels."""
     libs = os.path.join(os.path.dirname(paddle.__file__), "libs")
     if os.path.isfile(os.path.join(libs, DNNL)) and _onednn_headers():
@@ -322,7 +322,7 @@ def _dropout(x, p, training, keep=None):
 
 
 def conv2d(x, conv):
-    """conv(x) for a paddle Conv2D layer, through oneDNN's direct convolution (conv.cc) when the layer
+    """conv(x) for a paddle Conv2D layer, through oneDNN's direct convolution (dnnl.cc) when the layer
     is NCHW with zero padding given as numbers and one group; other layers take the layer itself."""
     pads = conv._updated_padding
     fast = (conv._data_format == "NCHW" and conv._groups == 1 and conv._padding_mode == "zeros"

@@ -7,8 +7,9 @@
 // oneDNN is built with the OpenMP runtime and its GOMP/omp calls resolve to paddle's libiomp5 (loaded before libgomp): one thread pool with
 // MKL and the kernels of ops.cc, sized by ZOO_FAST_OPS_THREADS.
 //
-// Layout: a shared section (engine, stream, primitive cache, thread count), then one section per
-// operator. Each operator caches its primitives by problem (shape, strides, thread count).
+// Layout: a shared section (engine, stream, lock, thread count and one bounded cache of prepared
+// problems), then one section per operator: matmul (C API), convolution (C++ API, its reorders at the
+// NCHW boundary). Each operator caches what it prepares by problem (shape, strides, thread count).
 #include <omp.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -29,7 +31,7 @@
 // on: turn it off before the API is read (the config header is include-guarded).
 #include "oneapi/dnnl/dnnl_config.h"
 #undef DNNL_EXPERIMENTAL_SPARSE
-#include "oneapi/dnnl/dnnl.h"
+#include "oneapi/dnnl/dnnl.hpp"
 
 namespace zoo_dnnl {
 
@@ -42,73 +44,86 @@ int threads() {
   return n > 0 ? n : omp_get_max_threads();
 }
 
-// A primitive with the memory descriptors of its arguments (in execution-argument order).
+// A primitive with the memory descriptors of its arguments (in execution-argument order); owns them.
 struct Primitive {
   dnnl_primitive_t prim = nullptr;
   std::vector<std::pair<int, dnnl_memory_desc_t>> args;
+  Primitive() = default;
+  Primitive(const Primitive&) = delete;
+  Primitive& operator=(const Primitive&) = delete;
+  ~Primitive() {
+    if (prim != nullptr) dnnl_primitive_destroy(prim);
+    for (auto& a : args) dnnl_memory_desc_destroy(a.second);
+  }
 };
 
-// The CPU engine, an in-order stream and an LRU cache of primitives by problem key. The engine and
-// the primitives live for the process (never destroyed at exit: the library may be unloaded first).
+// The CPU engine, an in-order stream, one lock and an LRU cache of whatever an operator prepares for
+// a problem (primitives, descriptors), by key. The context lives for the process (never destroyed at
+// exit: the library may be unloaded first).
 class Context {
  public:
   static Context& get() {
     static Context* c = new Context();
     return *c;
   }
-  dnnl_engine_t engine() const { return engine_; }
+  const dnnl::engine& engine() const { return engine_; }
+  dnnl::stream& stream() { return stream_; }
+
+  // Held for one operator call: one problem runs at a time, with the configured number of OpenMP
+  // threads (oneDNN sizes its parallel regions by it), which is also part of every cache key.
+  std::unique_lock<std::mutex> enter(int* nthreads) {
+    std::unique_lock<std::mutex> lock(mu_);
+    *nthreads = threads();
+    if (omp_get_max_threads() != *nthreads) omp_set_num_threads(*nthreads);
+    return lock;
+  }
+
+  // What `make()` prepared for `key` (a std::shared_ptr<T>), made on a miss; call inside enter().
+  template <typename T, typename Make>
+  T& cached(const std::string& key, Make make) {
+    auto it = index_.find(key);
+    if (it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return *static_cast<T*>(it->second->second.get());
+    }
+    if (lru_.size() >= kCapacity) {  // sequence lengths and image sizes vary per batch: keep the recent
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+    std::shared_ptr<T> made = make();
+    lru_.emplace_front(key, made);
+    index_[key] = lru_.begin();
+    return *made;
+  }
 
   // Executes the primitive cached under `key` (built by `make` on a miss) on `ptrs` (one data pointer
-  // per argument, in the order of Primitive::args), with the configured number of OpenMP threads.
+  // per argument, in the order of Primitive::args).
   template <typename Make>
   void run(const std::string& key, Make make, const std::vector<void*>& ptrs) {
-    std::lock_guard<std::mutex> lock(mu_);
-    int nt = threads();
-    if (omp_get_max_threads() != nt) omp_set_num_threads(nt);  // oneDNN sizes its parallel regions by it
-    const Primitive& p = lookup(key + "|t" + std::to_string(nt), make);
+    int nt;
+    auto lock = enter(&nt);
+    const Primitive& p = cached<Primitive>(key + "|t" + std::to_string(nt), make);
     std::vector<dnnl_memory_t> mems(p.args.size());
     std::vector<dnnl_exec_arg_t> args(p.args.size());
     for (size_t i = 0; i < p.args.size(); ++i) {
-      ok(dnnl_memory_create(&mems[i], p.args[i].second, engine_, ptrs[i]), "memory_create");
+      ok(dnnl_memory_create(&mems[i], p.args[i].second, engine_.get(), ptrs[i]), "memory_create");
       args[i] = {p.args[i].first, mems[i]};
     }
-    dnnl_status_t s = dnnl_primitive_execute(p.prim, stream_, static_cast<int>(args.size()), args.data());
-    if (s == 0) s = dnnl_stream_wait(stream_);
+    dnnl_status_t s = dnnl_primitive_execute(p.prim, stream_.get(), static_cast<int>(args.size()), args.data());
+    if (s == 0) s = dnnl_stream_wait(stream_.get());
     for (auto m : mems) dnnl_memory_destroy(m);
     ok(s, "primitive_execute");
   }
 
  private:
-  Context() {
-    ok(dnnl_engine_create(&engine_, dnnl_cpu, 0), "engine_create");
-    ok(dnnl_stream_create(&stream_, engine_, dnnl_stream_in_order), "stream_create");
-  }
-
-  template <typename Make>
-  const Primitive& lookup(const std::string& key, Make make) {
-    auto it = cache_.find(key);
-    if (it != cache_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second.second);
-      return it->second.first;
-    }
-    if (cache_.size() >= kCapacity) {  // sequence lengths vary per batch: keep the recent problems
-      auto& old = cache_.at(lru_.back());
-      dnnl_primitive_destroy(old.first.prim);
-      for (auto& a : old.first.args) dnnl_memory_desc_destroy(a.second);
-      cache_.erase(lru_.back());
-      lru_.pop_back();
-    }
-    Primitive p = make(engine_);
-    lru_.push_front(key);
-    return cache_.emplace(key, std::make_pair(p, lru_.begin())).first->second.first;
-  }
+  Context() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
 
   static constexpr size_t kCapacity = 1024;
-  dnnl_engine_t engine_ = nullptr;
-  dnnl_stream_t stream_ = nullptr;
+  dnnl::engine engine_;
+  dnnl::stream stream_;
   std::mutex mu_;
-  std::list<std::string> lru_;
-  std::unordered_map<std::string, std::pair<Primitive, std::list<std::string>::iterator>> cache_;
+  std::list<std::pair<std::string, std::shared_ptr<void>>> lru_;
+  std::unordered_map<std::string, std::list<std::pair<std::string, std::shared_ptr<void>>>::iterator> index_;
 };
 
 dnnl_memory_desc_t f32_desc(int ndims, const int64_t* dims, const int64_t* strides) {
@@ -141,17 +156,17 @@ void gemm(int64_t batch, int64_t M, int64_t K, int64_t N, const Operand& a, cons
   }
   std::string key = "matmul";
   for (int64_t v : {batch, M, K, N, a.sb, a.sr, a.sc, b.sb, b.sr, b.sc}) key += "," + std::to_string(v);
-  auto make = [&](dnnl_engine_t eng) {
+  auto make = [&]() {
     const int64_t ad[3] = {batch, M, K}, as[3] = {batch > 1 ? a.sb : M * K, a.sr, a.sc};
     const int64_t bd[3] = {batch, K, N}, bs[3] = {batch > 1 ? b.sb : K * N, b.sr, b.sc};
     const int64_t cd[3] = {batch, M, N}, cs[3] = {M * N, N, 1};
-    Primitive p;
-    p.args = {{DNNL_ARG_SRC, f32_desc(3, ad, as)}, {DNNL_ARG_WEIGHTS, f32_desc(3, bd, bs)}, {DNNL_ARG_DST, f32_desc(3, cd, cs)}};
+    auto p = std::make_shared<Primitive>();
+    p->args = {{DNNL_ARG_SRC, f32_desc(3, ad, as)}, {DNNL_ARG_WEIGHTS, f32_desc(3, bd, bs)}, {DNNL_ARG_DST, f32_desc(3, cd, cs)}};
     dnnl_primitive_desc_t pd;
-    ok(dnnl_matmul_primitive_desc_create(&pd, eng, p.args[0].second, p.args[1].second, nullptr, p.args[2].second,
-                                         nullptr),
+    ok(dnnl_matmul_primitive_desc_create(&pd, Context::get().engine().get(), p->args[0].second, p->args[1].second,
+                                         nullptr, p->args[2].second, nullptr),
        "matmul_primitive_desc_create");
-    dnnl_status_t s = dnnl_primitive_create(&p.prim, pd);
+    dnnl_status_t s = dnnl_primitive_create(&p->prim, pd);
     dnnl_primitive_desc_destroy(pd);
     ok(s, "primitive_create");
     return p;
@@ -250,6 +265,121 @@ std::vector<std::vector<int64_t>> MatmulInferShape(const std::vector<int64_t>& x
 
 std::vector<paddle::DataType> MatmulInferDtype(const paddle::DataType& x, const paddle::DataType& y) { return {x}; }
 
+// ============================================================================= convolution
+// 2-D convolution for training: forward, data and weight gradients. Paddle's CPU convolution in the
+// dynamic graph is im2col + GEMM; oneDNN's direct JIT kernels run a ResNet 3x3 layer's forward +
+// backward in about half its time (README, "Against PyTorch"). Float32, NCHW activations and OIHW
+// weights in paddle's layout; oneDNN picks its own (blocked) layouts and we reorder at the boundary,
+// as PyTorch does for NCHW tensors. groups 1, symmetric zero padding, any stride and dilation.
+using dnnl::memory;
+
+struct ConvPlan {
+  memory::desc x, w, y;  // paddle's layouts
+  dnnl::convolution_forward::primitive_desc fwd;
+  dnnl::convolution_backward_data::primitive_desc bwd_data;
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights;
+  dnnl::convolution_forward fwd_prim;
+  dnnl::convolution_backward_data bwd_data_prim;
+  dnnl::convolution_backward_weights bwd_weights_prim;
+};
+
+// Call inside Context::enter().
+const ConvPlan& conv_plan(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,
+                          const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                          const std::vector<int64_t>& dilations, int nthreads) {
+  std::string key = "conv|t" + std::to_string(nthreads);
+  for (const auto* v : {&xs, &ws, &strides, &pads, &dilations})
+    for (int64_t d : *v) key += "," + std::to_string(d);
+  return Context::get().cached<ConvPlan>(key, [&]() {
+    using Tag = memory::format_tag;
+    const auto f32 = memory::data_type::f32;
+    const memory::dims st{strides[0], strides[1]}, pd{pads[0], pads[1]};
+    const memory::dims dl{dilations[0] - 1, dilations[1] - 1};  // oneDNN counts the gaps
+    memory::dims ys{xs[0], ws[0], 0, 0};
+    for (int i = 0; i < 2; ++i) {
+      const int64_t span = dilations[i] * (ws[2 + i] - 1) + 1;
+      ys[2 + i] = (xs[2 + i] + 2 * pads[i] - span) / strides[i] + 1;
+    }
+    auto p = std::make_shared<ConvPlan>();
+    p->x = memory::desc(memory::dims(xs.begin(), xs.end()), f32, Tag::nchw);
+    p->w = memory::desc(memory::dims(ws.begin(), ws.end()), f32, Tag::oihw);
+    p->y = memory::desc(ys, f32, Tag::nchw);
+    const memory::desc xa(p->x.get_dims(), f32, Tag::any), wa(p->w.get_dims(), f32, Tag::any), ya(ys, f32, Tag::any);
+    const auto alg = dnnl::algorithm::convolution_direct;
+    const dnnl::engine& eng = Context::get().engine();
+    p->fwd = dnnl::convolution_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, alg, xa, wa, ya,
+                                                       st, dl, pd, pd);
+    p->bwd_data = dnnl::convolution_backward_data::primitive_desc(eng, alg, xa, wa, ya, st, dl, pd, pd, p->fwd);
+    p->bwd_weights =
+        dnnl::convolution_backward_weights::primitive_desc(eng, alg, xa, wa, ya, st, dl, pd, pd, p->fwd);
+    p->fwd_prim = dnnl::convolution_forward(p->fwd);
+    p->bwd_data_prim = dnnl::convolution_backward_data(p->bwd_data);
+    p->bwd_weights_prim = dnnl::convolution_backward_weights(p->bwd_weights);
+    return p;
+  });
+}
+
+// `user` itself when it already has the layout the primitive wants, else a reordered copy
+memory as(const memory& user, const memory::desc& want) {
+  if (user.get_desc() == want) return user;
+  memory m(want, Context::get().engine());
+  dnnl::reorder(user, m).execute(Context::get().stream(), const_cast<memory&>(user), m);
+  return m;
+}
+
+// a buffer in the primitive's layout for an output, copied to `user` by `finish`
+memory out_for(const memory& user, const memory::desc& got) {
+  return user.get_desc() == got ? user : memory(got, Context::get().engine());
+}
+
+void finish(memory& m, memory& user) {
+  if (m.get_data_handle() != user.get_data_handle()) dnnl::reorder(m, user).execute(Context::get().stream(), m, user);
+}
+
+memory wrap(const memory::desc& d, const paddle::Tensor& t) {
+  return memory(d, Context::get().engine(), const_cast<float*>(t.data<float>()));
+}
+
+std::vector<paddle::Tensor> ConvForward(const paddle::Tensor& x, const paddle::Tensor& w,
+                                        const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                                        const std::vector<int64_t>& dilations, bool need_dx) {
+  int nt;
+  auto lock = Context::get().enter(&nt);
+  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, nt);
+  auto y = paddle::empty(p.y.get_dims(), x.dtype(), x.place());
+  auto& s = Context::get().stream();
+  memory xu = wrap(p.x, x), wu = wrap(p.w, w), yu = wrap(p.y, y);
+  memory xm = as(xu, p.fwd.src_desc()), wm = as(wu, p.fwd.weights_desc()), ym = out_for(yu, p.fwd.dst_desc());
+  p.fwd_prim.execute(s, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}});
+  finish(ym, yu);
+  s.wait();
+  return {y};
+}
+
+std::vector<paddle::Tensor> ConvBackward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor& dy,
+                                         const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                                         const std::vector<int64_t>& dilations, bool need_dx) {
+  int nt;
+  auto lock = Context::get().enter(&nt);
+  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, nt);
+  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());  // left unwritten when the input needs no grad
+  auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
+  auto& s = Context::get().stream();
+  memory xu = wrap(p.x, x), wu = wrap(p.w, w), dyu = wrap(p.y, dy), dxu = wrap(p.x, dx), dwu = wrap(p.w, dw);
+  memory dy_w = as(dyu, p.bwd_weights.diff_dst_desc());
+  if (need_dx) {
+    memory dy_d = p.bwd_data.diff_dst_desc() == dy_w.get_desc() ? dy_w : as(dyu, p.bwd_data.diff_dst_desc());
+    memory wm = as(wu, p.bwd_data.weights_desc()), dxm = out_for(dxu, p.bwd_data.diff_src_desc());
+    p.bwd_data_prim.execute(s, {{DNNL_ARG_DIFF_DST, dy_d}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DIFF_SRC, dxm}});
+    finish(dxm, dxu);
+  }
+  memory xm = as(xu, p.bwd_weights.src_desc()), dwm = out_for(dwu, p.bwd_weights.diff_weights_desc());
+  p.bwd_weights_prim.execute(s, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_DIFF_DST, dy_w}, {DNNL_ARG_DIFF_WEIGHTS, dwm}});
+  finish(dwm, dwu);
+  s.wait();
+  return {dx, dw};
+}
+
 }  // namespace zoo_dnnl
 
 PD_BUILD_OP(zoo_matmul)
@@ -264,3 +394,16 @@ PD_BUILD_GRAD_OP(zoo_matmul)
     .Outputs({paddle::Grad("X"), paddle::Grad("Y")})
     .Attrs({"transpose_x: bool", "transpose_y: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::MatmulBackward));
+
+PD_BUILD_OP(zoo_conv2d)
+    .Inputs({"X", "W"})
+    .Outputs({"Out"})
+    .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
+            "need_dx: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvForward));
+PD_BUILD_GRAD_OP(zoo_conv2d)
+    .Inputs({"X", "W", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("W")})
+    .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
+            "need_dx: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvBackward));
