@@ -535,6 +535,22 @@ def test_fallback_when_disabled_or_unbuildable(monkeypatch, caplog):
     monkeypatch.setitem(fast_ops._state, "loaded", True)
 
 
+def test_a_corrupt_cached_library_is_one_warning_line(monkeypatch, tmp_path, caplog):
+    """A cached library that no longer loads (a truncated file): one warning line naming it, then the
+    reference path; paddle's loader error brings several lines of advice that are not ours to print."""
+    monkeypatch.setenv("ZOO_FAST_OPS_DIR", str(tmp_path))
+    path = fast_ops.library_path()
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        f.write("garbage")
+    monkeypatch.setitem(fast_ops._state, "loaded", None)
+    with caplog.at_level(logging.WARNING, logger="zoo"):
+        assert fast_ops.load() is False
+    warnings = [r.getMessage() for r in caplog.records if "not available" in r.getMessage()]
+    assert len(warnings) == 1 and path in warnings[0] and "\n" not in warnings[0], warnings
+    monkeypatch.setitem(fast_ops._state, "loaded", True)
+
+
 def test_without_onednn_headers_matmul_and_conv_take_paddle(monkeypatch, caplog):
     """A machine without the oneDNN headers builds ops.cc alone (one warning); matmul and conv2d then
     run paddle's kernels while the other fused operators stay on."""

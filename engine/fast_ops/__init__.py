@@ -197,8 +197,9 @@ def load():
             _state["loaded"], _state["dnnl"] = True, len(_sources()) > 1
             log.info("fast_ops: fused C++ operators loaded (%s)", path)
         except Exception as e:   # noqa: BLE001 - any failure means: use the reference path
-            _state["loaded"], _state["error"] = False, str(e)
-            log.warning("fast_ops: the C++ operators are not available (%s); using the pure Paddle path", e)
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]   # paddle's loader adds advice lines
+            _state["loaded"], _state["error"] = False, reason
+            log.warning("fast_ops: the C++ operators are not available (%s); using the pure Paddle path", reason)
     return _state["loaded"]
 
 
