@@ -11,7 +11,7 @@ reference, which is also what the tests compare against.
 `matmul` (and so `linear`) and `conv2d` run on oneDNN (dnnl.cc; the libdnnl.so.3 the paddle
 wheel bundles, its headers from onednn-devel-cpu-gomp) instead of paddle's MKL 2019 GEMMs and
 im2col convolutions: 1.6-2.0x faster GEMMs and ~2x faster 3x3 convolutions (forward + backward) on
-our AMD EPYC (benchmarks/matmul_shapes.py). Without that library or the headers, the library is
+our AMD EPYC (benchmarks/kernel_shapes.py). Without that library or the headers, the library is
 built without those two files and `matmul` / `conv2d` take paddle's kernels.
 
 The library is compiled on first use with the machine's g++ (-O3 -march=native -fopenmp), cached

@@ -2,7 +2,7 @@
 // matmul runs on its bundled MKL 2019, which on AMD takes its AVX2 path (MKL_DEBUG_CPU_TYPE=5) and on
 // every CPU misses newer kernels; oneDNN's brgemm matmul picks the CPU's best ISA (AVX-512 on Zen 4/5 and
 // on the Intel Xeons). Measured on our AMD EPYC (2 threads): 1.6-2.0x paddle.matmul on every
-// layer GEMM of the Transformer-base step, 1.0-1.5x on its batched attention (benchmarks/matmul_shapes.py).
+// layer GEMM of the Transformer-base step, 1.0-1.5x on its batched attention (benchmarks/kernel_shapes.py).
 //
 // oneDNN is built with the OpenMP runtime and its GOMP/omp calls resolve to paddle's libiomp5 (loaded before libgomp): one thread pool with
 // MKL and the kernels of ops.cc, sized by ZOO_FAST_OPS_THREADS.

@@ -1,0 +1,139 @@
+"""The kernels our oneDNN operators replace, shape by shape: paddle's own kernel against our operator
+(engine.fast_ops) in one process, and PyTorch's in another (same threads, same environment).
+
+python benchmarks/kernel_shapes.py [--threads 2] [--no-torch]
+
+GEMMs of the Transformer-base step: batch 32 x 32 tokens (1024 rows), d_model 512, FFN 2048, 8 heads,
+vocabulary 33712; per layer shape the forward GEMM and both gradients (dX = dY W^T, dW = X^T dY), the
+tied output projection h @ E^T and the batched attention products (paddle.matmul vs fast_ops.matmul).
+Convolutions of the ResNet-50 recipes, forward + both gradients as in a training step: TSN-R50's
+(4 videos x 3 segments = 12 frames at 224) and DeepLabV3-R50 OS8's dilated ones (2 images at 512),
+paddle's conv2d vs fast_ops.conv2d.
+
+Prints milliseconds per call (the mean over >= 0.5 s; outputs allocated per call, as in training) and
+the paddle / oneDNN ratio: where it is above 1 the operator is worth using (on our AMD EPYC: every
+GEMM 1.6-2.0x, the small batched attention products 1.0-1.5x; re-run it on a new CPU).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# name, batch (0: plain 2-D), M, K, N, transpose_x, transpose_y
+SHAPES = []
+for _k, _n, _name in [(512, 1536, "qkv"), (512, 512, "q/out"), (512, 1024, "kv"), (512, 2048, "ffn1"),
+                      (2048, 512, "ffn2")]:
+    SHAPES += [(f"{_name} fwd", 0, 1024, _k, _n, False, False), (f"{_name} dX", 0, 1024, _n, _k, False, True),
+               (f"{_name} dW", 0, _k, 1024, _n, True, False)]
+SHAPES += [("logits fwd", 0, 1024, 512, 33712, False, True), ("logits dH", 0, 1024, 33712, 512, False, False),
+           ("logits dE", 0, 33712, 1024, 512, True, False),
+           ("q k^T", 256, 32, 64, 32, False, True), ("w v", 256, 32, 32, 64, False, False),
+           ("dw = dO v^T", 256, 32, 64, 32, False, True), ("dv = w^T dO", 256, 32, 32, 64, True, False)]
+
+
+# name, N, C, H, W, out channels, kernel, stride, dilation (padding keeps the size: dilation * (k - 1) / 2)
+CONVS = [("tsn stem 7x7/2", 12, 3, 224, 224, 64, 7, 2, 1), ("tsn res2 3x3", 12, 64, 56, 56, 64, 3, 1, 1),
+         ("tsn res2 1x1", 12, 256, 56, 56, 64, 1, 1, 1), ("tsn res3 3x3", 12, 128, 28, 28, 128, 3, 1, 1),
+         ("tsn res4 3x3", 12, 256, 14, 14, 256, 3, 1, 1), ("tsn res5 3x3", 12, 512, 7, 7, 512, 3, 1, 1),
+         ("dlv3 res4 3x3 d2", 2, 256, 64, 64, 256, 3, 1, 2), ("dlv3 res5 3x3 d4", 2, 512, 64, 64, 512, 3, 1, 4),
+         ("dlv3 aspp 3x3 d12", 2, 2048, 64, 64, 256, 3, 1, 12)]
+
+
+def _per_call(fn, budget=0.5):
+    fn()
+    n, tic = 0, time.perf_counter()
+    while n < 3 or time.perf_counter() - tic < budget:
+        fn()
+        n += 1
+    return (time.perf_counter() - tic) / n
+
+
+def _operands(rand, batch, M, K, N, tx, ty):
+    lead = [batch] if batch else []
+    return rand(lead + ([K, M] if tx else [M, K])), rand(lead + ([N, K] if ty else [K, N]))
+
+
+def run_paddle(threads):
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import _bootstrap  # noqa: F401  (engine/cpu.py's environment before paddle loads)
+    import paddle
+    from engine import cpu, fast_ops
+    cpu.keep_freed_memory()   # as runtime.setup does for training
+    paddle.base.core.set_num_threads(threads)
+    fast_ops.set_enabled(True, threads)
+    if not fast_ops.active(paddle.ones([1])) or not fast_ops._state["dnnl"]:
+        raise SystemExit(f"error: the oneDNN operators are not available ({fast_ops._state['error']})")
+    gemms, convs = {}, {}
+    for name, batch, M, K, N, tx, ty in SHAPES:
+        x, y = _operands(paddle.rand, batch, M, K, N, tx, ty)
+        gemms[name] = (_per_call(lambda: paddle.matmul(x, y, tx, ty)), _per_call(lambda: fast_ops.matmul(x, y, tx, ty)))
+    for name, n, c, h, w, o, k, stride, dilation in CONVS:
+        conv = paddle.nn.Conv2D(c, o, k, stride=stride, padding=dilation * (k - 1) // 2, dilation=dilation,
+                                bias_attr=False)
+        x = paddle.rand([n, c, h, w])
+        x.stop_gradient = False
+
+        def step(on):
+            with fast_ops.enabled_as(on):
+                fast_ops.conv2d(x, conv).sum().backward()
+        convs[name] = (_per_call(lambda: step(False)), _per_call(lambda: step(True)))
+    return {"gemm": gemms, "conv": convs}
+
+
+def run_torch(threads):
+    import torch
+    torch.set_num_threads(threads)
+    gemms, convs = {}, {}
+    for name, batch, M, K, N, tx, ty in SHAPES:
+        x, y = _operands(lambda s: torch.rand(*s), batch, M, K, N, tx, ty)
+        a, b = (x.transpose(-1, -2) if tx else x), (y.transpose(-1, -2) if ty else y)
+        gemms[name] = _per_call(lambda: torch.matmul(a, b))
+    for name, n, c, h, w, o, k, stride, dilation in CONVS:
+        x = torch.rand(n, c, h, w, requires_grad=True)
+        weight = torch.rand(o, c, k, k, requires_grad=True)
+        convs[name] = _per_call(lambda: torch.nn.functional.conv2d(
+            x, weight, stride=stride, padding=dilation * (k - 1) // 2, dilation=dilation).sum().backward())
+    return {"gemm": gemms, "conv": convs}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--side", choices=["paddle", "torch"], help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.side:
+        print(json.dumps(run_paddle(args.threads) if args.side == "paddle" else run_torch(args.threads)))
+        return
+    sys.path.insert(0, ROOT)
+    from engine.cpu import cpu_info, mkl_environment
+    env = mkl_environment(dict(os.environ))
+    env.setdefault("GLOG_minloglevel", "2")
+    results = {}
+    for side in ["paddle"] + ([] if args.no_torch else ["torch"]):
+        cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--threads", str(args.threads)]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        if proc.returncode:
+            raise SystemExit(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"error: {side} failed")
+        results[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    print(f"{cpu_info()['model']}, {args.threads} threads, load average {load}")
+    tables = [("gemm", "GEMM", "M x K x N", [(r[0], (f"{r[1]}x" if r[1] else "") + f"{r[2]}x{r[3]}x{r[4]}")
+                                             for r in SHAPES]),
+              ("conv", "conv fwd+bwd", "N x C x H x W > O", [(r[0], f"{r[1]}x{r[2]}x{r[3]}x{r[4]}>{r[5]}")
+                                                            for r in CONVS])]
+    for kind, title, size_title, rows in tables:
+        print(f"\n{title:<18} {size_title:>20} {'paddle ms':>10} {'oneDNN ms':>10} {'torch ms':>9} {'paddle/oneDNN':>14}")
+        for name, size in rows:
+            pd_t, dn_t = results["paddle"][kind][name]
+            th = f"{results['torch'][kind][name] * 1e3:9.2f}" if "torch" in results else f"{'-':>9}"
+            print(f"{name:<18} {size:>20} {pd_t * 1e3:10.2f} {dn_t * 1e3:10.2f} {th} {pd_t / dn_t:14.2f}")
+
+
+if __name__ == "__main__":
+    main()
