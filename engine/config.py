@@ -54,6 +54,7 @@ RUNTIME_KEYS = {
     "sync_bn": (bool, False),
     "trust_weights": (bool, False),           # unpickle weight files in full (engine/weightfile.py)
     "fast_ops": (bool, True),                 # fused C++ CPU operators (engine/fast_ops), else pure Paddle
+    "keep_freed_memory": (bool, True),        # CPU: glibc keeps freed blocks (faster steps, more peak memory)
     "world_size": (int, 1),                   # recorded by the trainer; not an input
 }
 LOADER_KEYS = {

@@ -28,7 +28,7 @@ def setup(runtime_cfg):
     device = runtime_cfg.get("device", "auto")
     if device == "auto":
         device = "gpu" if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() else "cpu"
-    if device == "cpu":
+    if device == "cpu" and runtime_cfg.get("keep_freed_memory", True):
         cpu.keep_freed_memory()
     if device == "gpu" and not paddle.device.is_compiled_with_cuda():
         raise ConfigError("runtime.device: gpu asked for, but this paddle build has no CUDA "

@@ -75,6 +75,17 @@ def test_freed_memory_is_kept_in_the_heap():
     assert libc.mallinfo2().fordblks >= size
 
 
+def test_runtime_keeps_freed_memory_unless_the_config_says_no(monkeypatch):
+    from engine import config, cpu, runtime
+    calls = []
+    monkeypatch.setattr(cpu, "keep_freed_memory", lambda: calls.append(1) or True)
+    for overrides, expected in (([], [1]), (["runtime.keep_freed_memory=false"], [])):
+        calls.clear()
+        cfg = config.load("configs/nlp/bert/bert_glue_demo.yaml", overrides + ["runtime.device=cpu"],
+                          validate_config=False)
+        runtime.setup(config.section(cfg, "runtime", config.RUNTIME_KEYS))
+        assert calls == expected, overrides
+
 def test_benchmark_and_amp_check_time_the_trainers_step(yt8m_demo, monkeypatch, tmp_path):
     """tools/benchmark.py, tools/amp_check.py and the trainer all step through engine.trainer.TrainStep,
     so what is benchmarked is what training runs."""
