@@ -1,8 +1,8 @@
 """Our training step against a PyTorch eager peer at the same shapes, on this machine, in one run.
 
 python benchmarks/peers.py [--only BERT-base ...] [--rounds 2] [--steps 3] [--reference]
-                           [--json benchmarks/results/peers.json]        # `make bench-peers`
-python benchmarks/peers.py --show [--readme]                            # the table from the JSON (into README.md)
+                           [--json PATH]                 # `make bench-peers`
+python benchmarks/peers.py --show [--readme] [--kind amd|intel]   # the table from the JSON (into README.md)
 python benchmarks/peers.py --run NAME --side ours|theirs [--steps N] [--profile]   # one process
 
 Each (model, side) runs in its own process with the same environment (engine/cpu.py's settings for
@@ -13,6 +13,9 @@ optimizer, LR schedule) on the model the recipe builds; theirs is benchmarks/tor
 get the same numpy batch (`make_batch`), a warm-up step, then `--steps` timed steps; a side's time is
 the median step. The ratio is our samples/s over theirs (> 1: we are faster). `--reference` adds
 our pure-Paddle path (`runtime.fast_ops: false`). `--profile` prints the per-op table of a side.
+Results are per CPU kind (benchmarks/report.py): the JSON defaults to
+benchmarks/results/<kind>/peers.json of the machine at hand, and `--readme` replaces only that
+kind's table in README.md (`--kind` shows or writes another kind's JSON).
 Needs benchmarks/requirements.txt (torch, transformers) on top of the runtime requirements.
 """
 import argparse
@@ -30,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+from benchmarks import report  # noqa: E402
 
 # name -> our recipe (+ overrides), batch size, the shapes in words
 PEERS = {
@@ -186,7 +190,7 @@ def table(args):
     env = mkl_environment(dict(os.environ))
     env.setdefault("GLOG_minloglevel", "2")
     names = args.only or list(PEERS)
-    args.git_commit = _git_commit()                    # the code the run started with
+    args.git_commit = report.git_commit()                    # the code the run started with
     rows = []
     for name in names:
         runs = {"ours": [], "theirs": [], "ours-ref": []}
@@ -215,7 +219,7 @@ def _save(args, env, rows):
     flags = open("/proc/cpuinfo").read().split("flags", 1)[-1].split("\n", 1)[0].split() if os.path.exists(
         "/proc/cpuinfo") else []
     result = {"command": " ".join(["benchmarks/peers.py"] + sys.argv[1:]), "cpu": info["model"],
-              "cpu_vendor": info["vendor"], "cpu_count": os.cpu_count(),
+              "cpu_vendor": info["vendor"], "cpu_kind": report.cpu_kind(info["vendor"]), "cpu_count": os.cpu_count(),
               "cpu_flags": [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags],
               "threads": args.threads, "python": platform.python_version(),
               "env": {k: env.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "FLAGS_use_stride_kernel")},
@@ -227,6 +231,7 @@ def _save(args, env, rows):
             result.update({k: row["runs"][side][0][k] for k in ("paddle", "torch") if k in row["runs"][side][0]})
     if args.json:
         path = os.path.join(ROOT, args.json)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         old = {}
         if os.path.isfile(path) and args.only:          # --only updates those rows, keeps the others
             with open(path) as f:
@@ -236,14 +241,6 @@ def _save(args, env, rows):
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
     return result
-
-
-def _git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def _uptime():
@@ -269,19 +266,13 @@ def table_lines(result):
     return lines
 
 
-README_START, README_END = "<!-- bench-peers: start (benchmarks/peers.py --readme) -->", "<!-- bench-peers: end -->"
+def kind_of(result):
+    return result.get("cpu_kind") or report.cpu_kind(result.get("cpu_vendor") or "")
 
 
-def write_readme(result, path=os.path.join(ROOT, "README.md")):
-    """Replace the table between the README's bench-peers markers by the one of this JSON."""
-    with open(path) as f:
-        text = f.read()
-    if README_START not in text or README_END not in text:
-        raise SystemExit(f"error: {path}: the markers {README_START!r} and {README_END!r} are missing")
-    head, rest = text.split(README_START, 1)
-    tail = rest.split(README_END, 1)[1]
-    with open(path, "w") as f:
-        f.write(head + README_START + "\n" + "\n".join(table_lines(result)) + "\n" + README_END + tail)
+def write_readme(result, path=None):
+    """Replace this JSON's CPU kind's bench-peers table in the README; other kinds' stay."""
+    report.write_readme("bench-peers", kind_of(result), table_lines(result), "benchmarks/peers.py --readme", path)
 
 
 def show(result):
@@ -295,7 +286,8 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--reference", action="store_true", help="also time our pure-Paddle path (fast_ops off)")
-    p.add_argument("--json", default="benchmarks/results/peers.json")
+    p.add_argument("--json", help="default: benchmarks/results/<this CPU's kind>/peers.json")
+    p.add_argument("--kind", help="with --show/--readme: the results of this CPU kind (default: this machine's)")
     p.add_argument("--show", action="store_true")
     p.add_argument("--readme", action="store_true", help="write the table from the JSON into README.md")
     p.add_argument("--run", choices=list(PEERS), help="one side in this process; prints a JSON line")
@@ -303,10 +295,15 @@ def main():
     p.add_argument("--no-fast-ops", action="store_true")
     p.add_argument("--profile", action="store_true", help="with --run: per-op table of one step")
     args = p.parse_args()
+    if not args.json:
+        args.json = os.path.relpath(os.path.join(report.results_dir(args.kind), "peers.json"), ROOT)
     if args.run:
         print(json.dumps(run_one(args.run, args.side, args.steps, args.threads, not args.no_fast_ops, args.profile)))
     elif args.show or args.readme:
-        with open(os.path.join(ROOT, args.json)) as f:
+        path = os.path.join(ROOT, args.json)
+        if not os.path.isfile(path):
+            raise SystemExit(f"error: {args.json}: no results of this CPU kind yet (run make bench-peers here)")
+        with open(path) as f:
             result = json.load(f)
         show(result)
         if args.readme:

@@ -55,6 +55,7 @@ RUNTIME_KEYS = {
     "trust_weights": (bool, False),           # unpickle weight files in full (engine/weightfile.py)
     "fast_ops": (bool, True),                 # fused C++ CPU operators (engine/fast_ops), else pure Paddle
     "keep_freed_memory": (bool, True),        # CPU: glibc keeps freed blocks (faster steps, more peak memory)
+    "flush_denormals": (bool, True),          # CPU: FTZ + DAZ, subnormal floats computed as 0 (engine/cpu.py)
     "world_size": (int, 1),                   # recorded by the trainer; not an input
 }
 LOADER_KEYS = {

@@ -24,7 +24,9 @@ def setup(runtime_cfg):
     """Threads, device and (when launched on several processes) the parallel environment."""
     threads = runtime_cfg.get("num_threads") or len(os.sched_getaffinity(0))
     paddle.base.core.set_num_threads(threads)
-    fast_ops.set_enabled(runtime_cfg.get("fast_ops", True), threads)
+    flush = runtime_cfg.get("flush_denormals", True)
+    cpu.flush_denormals(flush)      # this thread (paddle's kernels; threads and processes started later)
+    fast_ops.set_enabled(runtime_cfg.get("fast_ops", True), threads, flush_denormals=flush)
     device = runtime_cfg.get("device", "auto")
     if device == "auto":
         device = "gpu" if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() else "cpu"

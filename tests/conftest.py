@@ -4,10 +4,14 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-from engine.cpu import mkl_environment  # noqa: E402  (before paddle is imported)
+from engine.cpu import flush_denormals, mkl_environment  # noqa: E402  (before paddle is imported)
 
 mkl_environment()
 os.environ.setdefault("GLOG_minloglevel", "2")
+# In-process tests compute as the tools do (runtime.flush_denormals defaults to true): FTZ + DAZ on
+# this thread, inherited by the threads started later. ZOO_TEST_FLUSH_DENORMALS=0 runs them without
+# it (e.g. the golden tests both ways); tests/test_denormals.py sets and restores it itself.
+flush_denormals(os.environ.get("ZOO_TEST_FLUSH_DENORMALS", "1") != "0")
 
 import pytest  # noqa: E402
 

@@ -2,10 +2,14 @@
 
 python tools/benchmark.py -c CONFIG [-o k=v ...] [--steps N] [--batch-size B] [--workers 0 2]
                           [--synthetic] [--tokens KEY] [--drop-keys KEY ...] [--json PATH]
-python tools/benchmark.py --table     # the README's table (BENCH_TABLE below), JSON under benchmarks/results/
-python tools/benchmark.py --show      # the same table from the committed JSON
+python tools/benchmark.py --table     # the README's table (BENCH_TABLE below), JSON per row
+python tools/benchmark.py --show [--readme] [--kind amd|intel]   # the same table from the committed JSON
 python tools/benchmark.py -c CONFIG --backend inference [--batch-sizes 1 8] [--weights W]
 python tools/benchmark.py --table --backend inference   # README latency table (INFER_TABLE)
+
+The JSON of the tables lives per CPU kind, benchmarks/results/<kind>/ (and .../<kind>/inference/),
+of the machine that ran them; `--show` reads this machine's kind unless `--kind` names another, and
+`--readme` replaces only that kind's table in README.md (benchmarks/report.py).
 
 The reader is timed alone (iterating the train DataLoader, for each worker count) and the model alone
 (train steps and eval forwards on batches already in memory), so the reader's share of a step is
@@ -30,6 +34,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks import report
 from engine import cli
 from engine.cpu import cpu_info
 
@@ -90,14 +95,6 @@ BENCH_TABLE = [
     ("DeepLabV3-R50-OS8-recompute", "configs/vision/deeplabv3/deeplabv3_r50vd_os8_40k_voc12aug.yaml",
      VOC_DEMO + ["model.backbone.recompute=true"], 2, "the same with backbone.recompute: true"),
 ]
-
-
-def _git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=_bootstrap.ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def _time_reader(cfg, batch_size, workers, steps, seed):
@@ -188,7 +185,7 @@ def bench(config_path, overrides, steps, batch_size, workers, synthetic, tokens=
     result = {
         "command": " ".join([os.path.relpath(sys.argv[0], _bootstrap.ROOT)] + sys.argv[1:]),
         "config": config_path, "overrides": list(overrides), "batch_size": bs, "steps": steps,
-        "git_commit": _git_commit(), "paddle": paddle.__version__, "python": platform.python_version(),
+        "git_commit": report.git_commit(), "paddle": paddle.__version__, "python": platform.python_version(),
         "cpu": cpu_info()["model"], "cpu_vendor": cpu_info()["vendor"], "device": rt["device"],
         "threads": rt["threads"],
         "env": {k: os.environ.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "FLAGS_use_stride_kernel")},
@@ -269,7 +266,7 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
                              "p90_ms": _percentile(times, 90), "samples_per_s": bs * len(times) / sum(times)})
     return {"command": " ".join([os.path.relpath(sys.argv[0], _bootstrap.ROOT)] + sys.argv[1:]),
             "config": config_path, "overrides": list(overrides), "split": split, "steps": steps,
-            "weights": weights, "git_commit": _git_commit(), "paddle": paddle.__version__,
+            "weights": weights, "git_commit": report.git_commit(), "paddle": paddle.__version__,
             "cpu": cpu_info()["model"], "cpu_vendor": cpu_info()["vendor"], "threads": rt["threads"],
             "env": {k: os.environ.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS")},
             "rows": rows, "peak_memory_mb": runtime.peak_memory_mb(),
@@ -321,10 +318,29 @@ def _print_inference(name, r):
               f"p90 {row['p90_ms']:9.1f} ms  {row['samples_per_s']:8.2f} samples/s")
 
 
+def _heading(rows):
+    """The line above a table: the CPU, threads, paddle and commits of its rows' JSON."""
+    r = rows[0][-1]
+    vendor = next((x[-1]["cpu_vendor"] for x in rows if x[-1].get("cpu_vendor")), "?")
+    commits = sorted({str(x[-1].get("git_commit"))[:10] for x in rows})
+    return (f"{r['cpu']} ({vendor}), {r['threads']} threads, paddle {r['paddle']}; "
+            f"rows measured at commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}")
+
+
+def _emit(args, name, lines, rows):
+    if not rows:
+        lines = [f"Not measured on this CPU kind ({args.kind or report.cpu_kind()}) yet: run `tools/benchmark.py "
+                 f"--table{' --backend inference' if name == 'bench-inference' else ''}` on such a machine."]
+    print("\n" + "\n".join(lines))
+    if args.readme:
+        report.write_readme(name, args.kind or report.cpu_kind(), lines, "tools/benchmark.py --show --readme"
+                            + (" --backend inference" if name == "bench-inference" else ""))
+
+
 def _inference_table(args):
     rows = []
     for name, cfg_path, overrides, sizes, note in INFER_TABLE:
-        out = os.path.join(_bootstrap.ROOT, "benchmarks", "results", "inference", f"{name.lower()}.json")
+        out = os.path.join(report.results_dir(args.kind), "inference", f"{name.lower()}.json")
         cmd = [sys.executable, os.path.abspath(__file__), "-c", cfg_path, "--backend", "inference",
                "--batch-sizes", *map(str, sizes), "--steps", str(args.steps),
                "--json", os.path.relpath(out, _bootstrap.ROOT)]
@@ -335,9 +351,10 @@ def _inference_table(args):
         if os.path.isfile(out):
             with open(out) as f:
                 rows.append((name, note, json.load(f)))
-    print("\n| model | input | batch | dynamic p50 / p90 ms | exported + oneDNN p50 / p90 ms | exported, no oneDNN "
-          "p50 / p90 ms | samples/s (dynamic / oneDNN / no oneDNN) | load (1 min) |")
-    print("|---|---|---|---|---|---|---|---|")
+    lines = [_heading(rows) if rows else "", "",
+             "| model | input | batch | dynamic p50 / p90 ms | exported + oneDNN p50 / p90 ms | exported, no oneDNN "
+             "p50 / p90 ms | samples/s (dynamic / oneDNN / no oneDNN) | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, note, r in rows:
         for bs in sorted({row["batch"] for row in r["rows"]}):
             by = {row["backend"]: row for row in r["rows"] if row["batch"] == bs}
@@ -346,7 +363,8 @@ def _inference_table(args):
             sps = " / ".join(f"{by[b]['samples_per_s']:.2f}" for b in ("dynamic", "exported, oneDNN", "exported, no oneDNN"))
             load = r.get("load_avg_1m_before_after")
             load = "-" if load is None else " / ".join(map(str, load))
-            print(f"| {name} | {note} | {bs} | {' | '.join(cells)} | {sps} | {load} |")
+            lines.append(f"| {name} | {note} | {bs} | {' | '.join(cells)} | {sps} | {load} |")
+    _emit(args, "bench-inference", lines, rows)
 
 
 def _print(result):
@@ -371,14 +389,18 @@ def main():
     p.add_argument("--tokens", metavar="KEY", help="also count tokens/s from the batch's KEY_len")
     p.add_argument("--drop-keys", nargs="+", default=[], metavar="KEY", help="batch keys removed before eval forwards")
     p.add_argument("--json", help="write the result here")
-    p.add_argument("--table", action="store_true", help="run BENCH_TABLE, write benchmarks/results/*.json")
-    p.add_argument("--show", action="store_true", help="print the table from benchmarks/results/*.json")
+    p.add_argument("--table", action="store_true", help="run BENCH_TABLE, write benchmarks/results/<kind>/*.json")
+    p.add_argument("--show", action="store_true", help="print the table from benchmarks/results/<kind>/*.json")
     p.add_argument("--only", nargs="+", help="with --table: rerun only these rows (names as in BENCH_TABLE)")
+    p.add_argument("--kind", help="with --show: the results of this CPU kind (amd, intel; default: this machine's)")
+    p.add_argument("--readme", action="store_true", help="with --show/--table: write the table into README.md")
     p.add_argument("--backend", choices=["dynamic", "inference"], default="dynamic",
                    help="inference: prediction latency, dynamic vs exported (oneDNN on/off)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="with --backend inference")
     p.add_argument("--weights", help="with --backend inference: weights to load (default: initial weights)")
     args = p.parse_args()
+    if args.kind and args.table:
+        p.error("--kind is for --show: --table measures this machine's kind")
     if args.backend == "inference" and (args.table or args.show):
         return _inference_table(args)
     if args.backend == "inference":
@@ -394,7 +416,7 @@ def main():
     if args.table or args.show:
         rows = []
         for name, cfg_path, overrides, bs, note, *extra in BENCH_TABLE:
-            out = os.path.join(_bootstrap.ROOT, "benchmarks", "results", f"{name.lower()}.json")
+            out = os.path.join(report.results_dir(args.kind), f"{name.lower()}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "-c", cfg_path, "--batch-size", str(bs),
                    "--steps", str(args.steps), "--json", os.path.relpath(out, _bootstrap.ROOT),
                    "--workers", *map(str, args.workers)]
@@ -406,15 +428,18 @@ def main():
             if os.path.isfile(out):
                 with open(out) as f:
                     rows.append((name, note, json.load(f)))
-        print("\n| model | batch | input | params | train samples/s | eval samples/s | reader alone, samples/s "
-              "(workers) | reader share of a train step | peak MB |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        lines = [_heading(rows) if rows else "", "",
+                 "| model | batch | input | params | train samples/s | eval samples/s | reader alone, samples/s "
+                 "(workers) | reader share of a train step | peak MB |",
+                 "|---|---|---|---|---|---|---|---|---|"]
         for name, note, r in rows:
             workers = " / ".join(f"{v['samples_per_s']:.0f} ({w.split('_')[1]})" for w, v in r["reader"].items())
             share = " / ".join(f"{100 * v['share_of_train_step']:.1f}%" for v in r["reader"].values())
             tokens = f" ({r['train_tokens_per_s']:.0f} tokens/s)" if r.get("train_tokens_per_s") else ""
-            print(f"| {name} | {r['batch_size']} | {note} | {r['params']:,} | {r['train_samples_per_s']:.2f}{tokens} | "
-                  f"{r['eval_samples_per_s']:.2f} | {workers} | {share} | {r['peak_memory_mb']:.0f} |")
+            lines.append(f"| {name} | {r['batch_size']} | {note} | {r['params']:,} | "
+                         f"{r['train_samples_per_s']:.2f}{tokens} | {r['eval_samples_per_s']:.2f} | {workers} | "
+                         f"{share} | {r['peak_memory_mb']:.0f} |")
+        _emit(args, "bench", lines, rows)
         return
     if not args.config:
         p.error("-c CONFIG is required (or --table)")

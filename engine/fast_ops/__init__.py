@@ -21,6 +21,7 @@ paddle build and the CPU; concurrent processes (DataLoader workers, data-paralle
 sessions) wait on a file lock and build it once. A failed build logs one warning and the reference
 path is used.
 """
+import ctypes
 import fcntl
 import hashlib
 import logging
@@ -40,15 +41,46 @@ SOURCES = [os.path.join(HERE, name) for name in ("ops.cc", "dnnl.cc")]
 DNNL = "libdnnl.so.3"
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-w", "-DNDEBUG",
             "-DPADDLE_WITH_CUSTOM_KERNEL", "-DPADDLE_EXTENSION_NAME=zoo_fast_ops", "-D_GLIBCXX_USE_CXX11_ABI=1"]
-_state = {"enabled": False, "loaded": None, "error": None, "dnnl": False}
+_state = {"enabled": False, "loaded": None, "error": None, "dnnl": False, "path": None, "flush": None}
 
 
-def set_enabled(enabled, threads=None):
-    """Turn the fast path on or off for this process; `threads` for the operators' OpenMP loops."""
+def set_enabled(enabled, threads=None, flush_denormals=None):
+    """Turn the fast path on or off for this process; `threads` for the operators' OpenMP loops;
+    `flush_denormals` (True/False; None leaves it) for the threads that run the operators."""
     _state["enabled"] = bool(enabled)
     if threads:
         os.environ["ZOO_FAST_OPS_THREADS"] = str(int(threads))
+    if flush_denormals is not None:
+        set_flush_denormals(flush_denormals)
     return _state["enabled"]
+
+
+def set_flush_denormals(on):
+    """FTZ + DAZ (on) or neither (off) on every thread that runs one of our operators or oneDNN's
+    kernels inside them: each operator sets its calling thread's MXCSR, OpenMP copies it to the
+    workers (ops.cc, "floating-point mode"). engine.cpu.flush_denormals sets the thread that calls
+    it; runtime.setup does both. Kept for a library loaded later."""
+    _state["flush"] = bool(on)
+    if _state["loaded"]:
+        _library().zoo_set_fp_mode(int(bool(on)))
+
+
+def _library():
+    """The loaded library through ctypes (the same handle paddle's loader opened) for its C entries."""
+    if "cdll" not in _state:
+        _state["cdll"] = ctypes.CDLL(_state["path"])
+        _state["cdll"].zoo_threads_mxcsr.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.c_int]
+    return _state["cdll"]
+
+
+def threads_mxcsr(n):
+    """The MXCSR of the calling thread as our operators set it, and of `n` OpenMP threads in one of
+    their parallel regions (what the guard's tests check); None without the library."""
+    if not load():
+        return None
+    out = (ctypes.c_uint * n)()
+    seen = _library().zoo_threads_mxcsr(out, n)
+    return list(out)[:seen]
 
 
 def is_enabled():
@@ -194,7 +226,9 @@ def load():
             from paddle.utils.cpp_extension.extension_utils import load_op_meta_info_and_register_op
             path = build()
             load_op_meta_info_and_register_op(path)
-            _state["loaded"], _state["dnnl"] = True, len(_sources()) > 1
+            _state["loaded"], _state["dnnl"], _state["path"] = True, len(_sources()) > 1, path
+            if _state["flush"] is not None:
+                _library().zoo_set_fp_mode(int(_state["flush"]))
             log.info("fast_ops: fused C++ operators loaded (%s)", path)
         except Exception as e:   # noqa: BLE001 - any failure means: use the reference path
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0]   # paddle's loader adds advice lines

@@ -33,6 +33,8 @@
 #undef DNNL_EXPERIMENTAL_SPARSE
 #include "oneapi/dnnl/dnnl.hpp"
 
+void zoo_apply_fp_mode();  // ops.cc: runtime.flush_denormals on the calling thread
+
 namespace zoo_dnnl {
 
 void ok(dnnl_status_t s, const char* what) { PD_CHECK(s == 0, "oneDNN ", what, " failed (status ", s, ")"); }
@@ -73,6 +75,7 @@ class Context {
   // threads (oneDNN sizes its parallel regions by it), which is also part of every cache key.
   std::unique_lock<std::mutex> enter(int* nthreads) {
     std::unique_lock<std::mutex> lock(mu_);
+    zoo_apply_fp_mode();   // the denormal guard on the calling thread; OpenMP copies it to oneDNN's workers
     *nthreads = threads();
     if (omp_get_max_threads() != *nthreads) omp_set_num_threads(*nthreads);
     return lock;

@@ -5,13 +5,22 @@
 // written for the compiler's vectoriser (no libm calls inside them: exp and erf are our own
 // polynomial approximations, accurate to a few float ulps / 1.5e-7 absolute for erf).
 //
+// No kernel writes a subnormal float (|v| < 2^-126) where the exact result is below float32's normal
+// range: it writes 0 instead (`flush`, and `fast_exp` is 0 below ln 2^-126). Intel cores compute on
+// subnormal operands 70-100x slower, and one such value in a softmax row reaches every GEMM after it
+// (reference/platform.md "Denormals"). Inputs that already are subnormal pass through unchanged; the
+// process-wide guard (flush-to-zero and denormals-are-zero, `runtime.flush_denormals`, engine/cpu.py)
+// treats those, and is applied to the calling thread on every operator call (`zoo_apply_fp_mode`).
+//
 // Dropout masks come from a counter-based hash of (seed, element index), so a kernel is
 // deterministic for a seed whatever the thread count; the Python side draws the seed from Paddle's
 // generator (paddle.seed and recompute's RNG restore keep working). Masks are returned as uint8 and
 // reused by the backward kernels.
 #include <omp.h>
+#include <xmmintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +31,46 @@
 
 #include "paddle/extension.h"
 
+// ------------------------------------------------------------- floating-point mode of the threads
+// The flush-to-zero (FTZ, MXCSR bit 15) and denormals-are-zero (DAZ, bit 6) guard, process-wide:
+// -1 leave every thread as it is (nobody asked), 1 set both bits, 0 clear them. MXCSR is per thread:
+// each operator (here and in dnnl.cc) applies the mode to its calling thread on entry, and the
+// OpenMP runtime (libiomp5) copies the caller's MXCSR to its workers at every parallel region
+// (KMP_INHERIT_FP_CONTROL, on by default), oneDNN's included.
+namespace zoo_fp {
+std::atomic<int> mode{-1};
+constexpr unsigned kBits = 0x8040u;
+}  // namespace zoo_fp
+
+void zoo_apply_fp_mode() {
+  const int m = zoo_fp::mode.load(std::memory_order_relaxed);
+  if (m < 0) return;
+  const unsigned csr = _mm_getcsr(), want = m ? (csr | zoo_fp::kBits) : (csr & ~zoo_fp::kBits);
+  if (csr != want) _mm_setcsr(want);
+}
+
+extern "C" {
+// Called through ctypes by engine/fast_ops (runtime.flush_denormals).
+void zoo_set_fp_mode(int m) {
+  zoo_fp::mode.store(m < 0 ? -1 : (m ? 1 : 0));
+  zoo_apply_fp_mode();
+}
+
+// The MXCSR of `n` OpenMP threads in one parallel region (the tests check every thread's bits).
+int zoo_threads_mxcsr(unsigned* out, int n) {
+  zoo_apply_fp_mode();
+  int seen = 0;
+#pragma omp parallel num_threads(n)
+  {
+    const int t = omp_get_thread_num();
+    if (t < n) out[t] = _mm_getcsr();
+#pragma omp atomic
+    seen++;
+  }
+  return seen;
+}
+}
+
 namespace {
 
 int threads() {
@@ -31,9 +80,18 @@ int threads() {
   return n > 0 ? n : omp_get_num_procs();
 }
 
+constexpr float kMinNormal = 1.17549435e-38f;  // 2^-126, FLT_MIN
+
+// v, or 0 where |v| is below float32's normal range (a subnormal result is written as exact zero)
+inline float flush(float v) { return std::fabs(v) < kMinNormal ? 0.f : v; }
+
 inline float fast_exp(float x) {
-  // exp(x) = 2^n * exp(r), r in [-ln2/2, ln2/2]; degree-6 polynomial (Cephes expf coefficients)
-  x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+  // exp(x) = 2^n * exp(r), r in [-ln2/2, ln2/2]; degree-6 polynomial (Cephes expf coefficients).
+  // Below ln 2^-126 = -87.3365 the exact value is subnormal or underflows: 0 (clamping the argument
+  // instead gave ~1e-38 for every masked attention position). The inputs here are <= 0 (softmax,
+  // cross entropy, the GELU tail); above 88.37 2^n would overflow the exponent field.
+  const bool under = x < -87.3365f;
+  x = under ? -87.3365f : (x > 88.37f ? 88.37f : x);
   float n = std::nearbyint(x * 1.44269504088896341f);
   float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -46,7 +104,8 @@ inline float fast_exp(float x) {
   int32_t e = (static_cast<int32_t>(n) + 127) << 23;
   float s;
   std::memcpy(&s, &e, sizeof(s));
-  return p * s;
+  const float y = p * s;
+  return under || y < kMinNormal ? 0.f : y;
 }
 
 inline float fast_erf(float x) {
@@ -103,7 +162,7 @@ void column_sums(int64_t M, int64_t N, float* out, F f) {
   for (int64_t j = 0; j < N; ++j) {
     float s = 0.f;
     for (int t = 0; t < nt; ++t) s += part[static_cast<size_t>(t) * N + j];
-    out[j] = s;
+    out[j] = flush(s);
   }
 }
 
@@ -119,7 +178,7 @@ int64_t last_dim(const paddle::Tensor& t) { return t.shape().back(); }
 template <int ACT>
 inline float act_fwd(float z) {
   if (ACT == 1) return z > 0.f ? z : 0.f;
-  if (ACT == 2) return 0.5f * z * (1.0f + fast_erf(z * 0.70710678118654752f));
+  if (ACT == 2) return flush(0.5f * z * (1.0f + fast_erf(z * 0.70710678118654752f)));
   return z;
 }
 template <int ACT>
@@ -157,7 +216,7 @@ void bias_act_rows_grad(const float* px, const float* pb, const uint8_t* pk, con
 #pragma omp simd
     for (int64_t j = 0; j < N; ++j) {
       const int64_t k = i * N + j;
-      pdx[k] = pk[k] ? pdy[k] * scale * act_grad<ACT>(px[k] + pb[j]) : 0.f;
+      pdx[k] = pk[k] ? flush(pdy[k] * scale * act_grad<ACT>(px[k] + pb[j])) : 0.f;
     }
   }
 }
@@ -165,6 +224,7 @@ void bias_act_rows_grad(const float* px, const float* pb, const uint8_t* pk, con
 // out = keep * act(x + b) / (1 - p)
 std::vector<paddle::Tensor> BiasActForward(const paddle::Tensor& x, const paddle::Tensor& b, int act, int64_t seed,
                                            float p) {
+  zoo_apply_fp_mode();
   check(x, "x");
   check(b, "bias");
   const int64_t N = last_dim(x), M = x.numel() / N;
@@ -183,6 +243,7 @@ std::vector<paddle::Tensor> BiasActForward(const paddle::Tensor& x, const paddle
 
 std::vector<paddle::Tensor> BiasActBackward(const paddle::Tensor& x, const paddle::Tensor& b,
                                             const paddle::Tensor& keep, const paddle::Tensor& dy, int act, float p) {
+  zoo_apply_fp_mode();
   const int64_t N = last_dim(x), M = x.numel() / N;
   auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
   auto db = paddle::empty(b.shape(), b.dtype(), b.place());
@@ -215,7 +276,7 @@ void layer_norm_rows(const float* h, int64_t M, int64_t N, const float* g, const
     rstd[i] = r;
     float* o = out + i * N;
 #pragma omp simd
-    for (int64_t j = 0; j < N; ++j) o[j] = (hr[j] - mu) * r * g[j] + be[j];
+    for (int64_t j = 0; j < N; ++j) o[j] = flush((hr[j] - mu) * r * g[j] + be[j]);
   }
 }
 
@@ -238,7 +299,7 @@ void layer_norm_rows_grad(const float* h, const float* dy, int64_t M, int64_t N,
     c /= N;
     float* o = dh + i * N;
 #pragma omp simd
-    for (int64_t j = 0; j < N; ++j) o[j] = r * (g[j] * d[j] - a - (hr[j] - mu) * r * c);
+    for (int64_t j = 0; j < N; ++j) o[j] = flush(r * (g[j] * d[j] - a - (hr[j] - mu) * r * c));
   }
   if (dg != nullptr) {
     column_sums(M, N, dg, [&](int64_t i, int64_t j) { return dy[i * N + j] * (h[i * N + j] - mean[i]) * rstd[i]; });
@@ -260,6 +321,7 @@ void bias_dropout_residual(const float* x, const float* b, const float* res, con
 
 std::vector<paddle::Tensor> BDRForward(const paddle::Tensor& x, const paddle::Tensor& b, const paddle::Tensor& res,
                                        int64_t seed, float p) {
+  zoo_apply_fp_mode();
   check(x, "x");
   check(b, "bias");
   check(res, "residual");
@@ -276,6 +338,7 @@ std::vector<paddle::Tensor> BDRForward(const paddle::Tensor& x, const paddle::Te
 // dx = dout * keep * scale, db = column sums of dx, dres = dout
 std::vector<paddle::Tensor> BDRBackward(const paddle::Tensor& x, const paddle::Tensor& keep,
                                         const paddle::Tensor& dout, float p) {
+  zoo_apply_fp_mode();
   const int64_t N = last_dim(x), M = x.numel() / N;
   auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
   auto db = paddle::empty({N}, x.dtype(), x.place());
@@ -299,6 +362,7 @@ std::vector<paddle::Tensor> BDRBackward(const paddle::Tensor& x, const paddle::T
 std::vector<paddle::Tensor> BDRLNForward(const paddle::Tensor& x, const paddle::Tensor& b, const paddle::Tensor& res,
                                          const paddle::Tensor& g, const paddle::Tensor& be, int64_t seed, float p,
                                          float eps) {
+  zoo_apply_fp_mode();
   check(x, "x");
   check(b, "bias");
   check(res, "residual");
@@ -323,6 +387,7 @@ std::vector<paddle::Tensor> BDRLNForward(const paddle::Tensor& x, const paddle::
 std::vector<paddle::Tensor> BDRLNBackward(const paddle::Tensor& keep, const paddle::Tensor& h,
                                           const paddle::Tensor& g, const paddle::Tensor& mean,
                                           const paddle::Tensor& rstd, const paddle::Tensor& dout, float p) {
+  zoo_apply_fp_mode();
   const int64_t N = last_dim(h), M = h.numel() / N;
   auto dres = paddle::empty(h.shape(), h.dtype(), h.place());
   auto dx = paddle::empty(h.shape(), h.dtype(), h.place());
@@ -345,6 +410,7 @@ std::vector<paddle::Tensor> BDRLNBackward(const paddle::Tensor& keep, const padd
 // --------------------------------------------------------------------------------- LayerNorm
 std::vector<paddle::Tensor> LNForward(const paddle::Tensor& x, const paddle::Tensor& g, const paddle::Tensor& be,
                                       float eps) {
+  zoo_apply_fp_mode();
   check(x, "x");
   check(g, "weight");
   check(be, "bias");
@@ -360,6 +426,7 @@ std::vector<paddle::Tensor> LNForward(const paddle::Tensor& x, const paddle::Ten
 
 std::vector<paddle::Tensor> LNBackward(const paddle::Tensor& x, const paddle::Tensor& g, const paddle::Tensor& mean,
                                        const paddle::Tensor& rstd, const paddle::Tensor& dout) {
+  zoo_apply_fp_mode();
   const int64_t N = last_dim(x), M = x.numel() / N;
   auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
   auto dg = paddle::empty({N}, x.dtype(), x.place());
@@ -373,6 +440,7 @@ std::vector<paddle::Tensor> LNBackward(const paddle::Tensor& x, const paddle::Te
 // x [B, H, S, T]; mask [Bm, 1, Sm, T] with Bm in {1, B}, Sm in {1, S} (broadcast over heads)
 std::vector<paddle::Tensor> SoftmaxForward(const paddle::Tensor& x, const paddle::Tensor& mask, float scale,
                                            int64_t seed, float p) {
+  zoo_apply_fp_mode();
   check(x, "scores");
   check(mask, "mask");
   auto xs = x.shape(), ms = mask.shape();
@@ -413,7 +481,7 @@ std::vector<paddle::Tensor> SoftmaxForward(const paddle::Tensor& x, const paddle
     const uint8_t* kr = pk + r * T;
 #pragma omp simd
     for (int64_t t = 0; t < T; ++t) {
-      pr[t] *= inv;
+      pr[t] = flush(pr[t] * inv);
       orow[t] = kr[t] ? pr[t] * drop_scale : 0.f;
     }
   }
@@ -423,6 +491,7 @@ std::vector<paddle::Tensor> SoftmaxForward(const paddle::Tensor& x, const paddle
 // dz = y * (g - sum(g * y)), g = dout * keep / (1 - p); dx = scale * dz
 std::vector<paddle::Tensor> SoftmaxBackward(const paddle::Tensor& probs, const paddle::Tensor& keep,
                                             const paddle::Tensor& dout, float scale, float p) {
+  zoo_apply_fp_mode();
   const int64_t T = last_dim(probs), rows = probs.numel() / T;
   auto dx = paddle::empty(probs.shape(), probs.dtype(), probs.place());
   const float *py = probs.data<float>(), *pd = dout.data<float>();
@@ -442,7 +511,7 @@ std::vector<paddle::Tensor> SoftmaxBackward(const paddle::Tensor& probs, const p
       dot += o[t] * y[t];
     }
 #pragma omp simd
-    for (int64_t t = 0; t < T; ++t) o[t] = scale * y[t] * (o[t] - dot);
+    for (int64_t t = 0; t < T; ++t) o[t] = flush(scale * y[t] * (o[t] - dot));
   }
   return {dx};
 }
@@ -471,6 +540,7 @@ inline float row_sum_blocked(const float* z, int64_t V, float shift, bool exp_) 
 }
 
 std::vector<paddle::Tensor> SmoothCEForward(const paddle::Tensor& logits, const paddle::Tensor& labels, float eps) {
+  zoo_apply_fp_mode();
   check(logits, "logits");
   PD_CHECK(labels.dtype() == paddle::DataType::INT64, "labels must be int64");
   const int64_t V = last_dim(logits), R = logits.numel() / V;
@@ -504,6 +574,7 @@ std::vector<paddle::Tensor> SmoothCEForward(const paddle::Tensor& logits, const 
 std::vector<paddle::Tensor> SmoothCEBackward(const paddle::Tensor& logits, const paddle::Tensor& labels,
                                              const paddle::Tensor& lse, const paddle::Tensor& dloss,
                                              const paddle::Tensor& dnll, float eps) {
+  zoo_apply_fp_mode();
   const int64_t V = last_dim(logits), R = logits.numel() / V;
   auto dz = paddle::empty(logits.shape(), logits.dtype(), logits.place());
   const float *pz = logits.data<float>(), *ps = lse.data<float>();
@@ -523,7 +594,7 @@ std::vector<paddle::Tensor> SmoothCEBackward(const paddle::Tensor& logits, const
     const float gl = pgl ? pgl[r] : 0.f, gn = pgn ? pgn[r] : 0.f;
     const float a = gl + gn, c = gl * eps / V, l = ps[r];
 #pragma omp simd
-    for (int64_t v = 0; v < V; ++v) o[v] = a * fast_exp(z[v] - l) - c;
+    for (int64_t v = 0; v < V; ++v) o[v] = flush(a * fast_exp(z[v] - l) - c);
     o[y] -= gl * (1.0f - eps) + gn;
   }
   return {dz};
@@ -571,6 +642,7 @@ std::vector<paddle::Tensor> BNActForwardImpl(const paddle::Tensor& x, const padd
                                              const paddle::Tensor& be, const paddle::Tensor& rmean,
                                              const paddle::Tensor& rvar, const float* res, float momentum, float eps,
                                              bool relu) {
+  zoo_apply_fp_mode();
   check(x, "x");
   auto xs = x.shape();
   PD_CHECK(xs.size() >= 2, "BatchNorm input must be [N, C, ...]");
@@ -589,8 +661,8 @@ std::vector<paddle::Tensor> BNActForwardImpl(const paddle::Tensor& x, const padd
   float* rv = const_cast<float*>(rvar.data<float>());
   for (int64_t c = 0; c < C; ++c) {
     pinv[c] = 1.0f / std::sqrt(var[c] + eps);
-    rm[c] = momentum * rm[c] + (1.0f - momentum) * pmean[c];
-    rv[c] = momentum * rv[c] + (1.0f - momentum) * var[c];
+    rm[c] = flush(momentum * rm[c] + (1.0f - momentum) * pmean[c]);
+    rv[c] = flush(momentum * rv[c] + (1.0f - momentum) * var[c]);
   }
   const float *pg = g.data<float>(), *pb = be.data<float>();
   float* py = y.data<float>();
@@ -605,13 +677,13 @@ std::vector<paddle::Tensor> BNActForwardImpl(const paddle::Tensor& x, const padd
         const float* rp = res + off;
 #pragma omp simd
         for (int64_t i = 0; i < HW; ++i) {
-          const float v = xp[i] * a + sh + rp[i];
+          const float v = flush(xp[i] * a + sh + rp[i]);
           yp[i] = relu ? (v > 0.f ? v : 0.f) : v;
         }
       } else {
 #pragma omp simd
         for (int64_t i = 0; i < HW; ++i) {
-          const float v = xp[i] * a + sh;
+          const float v = flush(xp[i] * a + sh);
           yp[i] = relu ? (v > 0.f ? v : 0.f) : v;
         }
       }
@@ -641,6 +713,7 @@ std::vector<paddle::Tensor> BNActBackwardImpl(const paddle::Tensor& x, const pad
                                               const paddle::Tensor& mean, const paddle::Tensor& invstd,
                                               const paddle::Tensor& y, const paddle::Tensor& dy, bool relu,
                                               bool with_res) {
+  zoo_apply_fp_mode();
   auto xs = x.shape();
   const int64_t N = xs[0], C = xs[1], HW = x.numel() / (N * C);
   const double M = static_cast<double>(N * HW);
@@ -685,8 +758,8 @@ std::vector<paddle::Tensor> BNActBackwardImpl(const paddle::Tensor& x, const pad
       sg += gg;
     }
     const float dbeta = static_cast<float>(sb), dgamma = static_cast<float>(sg) * inv;
-    pdb[c] = dbeta;
-    pdg[c] = dgamma;
+    pdb[c] = flush(dbeta);
+    pdg[c] = flush(dgamma);
     const float k = pg[c] * inv, mb = dbeta / static_cast<float>(M), mg = dgamma * inv / static_cast<float>(M);
     for (int64_t n = 0; n < N; ++n) {
       const int64_t off = (n * C + c) * HW;
@@ -695,7 +768,7 @@ std::vector<paddle::Tensor> BNActBackwardImpl(const paddle::Tensor& x, const pad
 #pragma omp simd
       for (int64_t i = 0; i < HW; ++i) {
         const float d = (!relu || yp[i] > 0.f) ? dp[i] : 0.f;
-        o[i] = k * (d - mb - (xp[i] - mu) * mg);
+        o[i] = flush(k * (d - mb - (xp[i] - mu) * mg));
       }
     }
   }

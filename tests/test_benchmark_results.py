@@ -1,0 +1,115 @@
+"""Benchmark results are kept per CPU kind (benchmarks/report.py): one JSON folder and one README
+table per kind, so a run on an Intel machine never overwrites the AMD figures, nor the reverse."""
+import json
+import os
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+from benchmarks import report  # noqa: E402
+
+KINDS = {"amd": ("AuthenticAMD", "AMD EPYC 9004", 1.97), "intel": ("GenuineIntel", "Intel Xeon 8480", 0.94)}
+
+
+def _peers_json(kind):
+    vendor, model, ratio = KINDS[kind]
+    run = {"load_before": 1.5}
+    return {"cpu": model, "cpu_vendor": vendor, "threads": 2, "paddle": "3.3.1", "torch": "2.13.0",
+            "steps": 3, "rounds": 2, "git_commit": "0123456789abcdef", "uptime_end": "1.0 1.0 1.0",
+            "rows": [{"name": "BERT-base", "batch": 8, "input": "seq 128", "ours_s_per_step": 1.0,
+                      "theirs_s_per_step": ratio, "ratio": ratio, "runs": {"ours": [run], "theirs": [run]}}]}
+
+
+def _bench_json(kind):
+    vendor, model, ratio = KINDS[kind]
+    return {"cpu": model, "cpu_vendor": vendor, "threads": 2, "paddle": "3.3.1", "git_commit": "fedcba9876543210",
+            "batch_size": 16, "params": 108737304, "train_samples_per_s": 10 * ratio, "eval_samples_per_s": 9.0,
+            "reader": {"workers_0": {"samples_per_s": 1000.0, "share_of_train_step": 0.002}}, "peak_memory_mb": 3119}
+
+
+README_TEXT = """# title
+
+## Speed
+
+<!-- bench amd: start (tools/benchmark.py --show --readme) -->
+old amd training table
+<!-- bench amd: end -->
+
+text between
+
+<!-- bench-peers amd: start (benchmarks/peers.py --readme) -->
+old amd table
+<!-- bench-peers amd: end -->
+
+after
+"""
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    """Results of both kinds under a temporary benchmarks/results/ and a README with AMD blocks only."""
+    monkeypatch.setattr(report, "RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(report, "README", str(tmp_path / "README.md"))
+    (tmp_path / "README.md").write_text(README_TEXT)
+    for kind in KINDS:
+        folder = tmp_path / "results" / kind
+        folder.mkdir(parents=True)
+        (folder / "peers.json").write_text(json.dumps(_peers_json(kind)))
+        (folder / "attentionlstm.json").write_text(json.dumps(_bench_json(kind)))
+    return tmp_path
+
+
+def _block(text, name, kind):
+    start = text.index(f"<!-- {name} {kind}: start")
+    return text[start:text.index(f"<!-- {name} {kind}: end -->", start)]
+
+
+def test_the_kind_comes_from_the_vendor(monkeypatch):
+    from engine import cpu
+    for vendor, kind in (("AuthenticAMD", "amd"), ("GenuineIntel", "intel"), ("HygonGenuine", "hygongenuine")):
+        monkeypatch.setattr(cpu, "cpu_info", lambda v=vendor: {"vendor": v, "model": "x"})
+        assert report.cpu_kind() == kind
+        assert report.results_dir() == os.path.join(report.RESULTS, kind)
+
+
+def test_two_kinds_render_two_peer_tables_and_each_write_keeps_the_other(results):
+    import peers
+    readme = results / "README.md"
+    amd, intel = (json.loads((results / "results" / k / "peers.json").read_text()) for k in ("amd", "intel"))
+    peers.write_readme(intel, str(readme))                 # no Intel block yet: added after the AMD one
+    text = readme.read_text()
+    assert "old amd table" in _block(text, "bench-peers", "amd")
+    peers.write_readme(amd, str(readme))
+    text = readme.read_text()
+    amd_block, intel_block = _block(text, "bench-peers", "amd"), _block(text, "bench-peers", "intel")
+    assert "AMD EPYC 9004 (AuthenticAMD)" in amd_block and "**1.97**" in amd_block and "Intel" not in amd_block
+    assert "Intel Xeon 8480 (GenuineIntel)" in intel_block and "**0.94**" in intel_block and "AMD" not in intel_block
+    assert text.index("bench-peers amd: end") < text.index("bench-peers intel: start") < text.index("\nafter\n")
+    assert "old amd training table" in text                # another table's block is untouched
+    peers.write_readme(intel, str(readme))                 # rewriting one kind leaves the other byte for byte
+    assert _block(readme.read_text(), "bench-peers", "amd") == amd_block
+    assert readme.read_text().count("<!-- bench-peers intel: start") == 1
+
+
+def test_benchmark_show_reads_and_writes_one_kind(results, monkeypatch, capsys):
+    import benchmark
+    for kind in ("intel", "amd"):
+        monkeypatch.setattr(sys, "argv", ["tools/benchmark.py", "--show", "--readme", "--kind", kind])
+        benchmark.main()
+    text = (results / "README.md").read_text()
+    amd_block, intel_block = _block(text, "bench", "amd"), _block(text, "bench", "intel")
+    assert "| AttentionLSTM | 16 |" in amd_block and "| 19.70 |" in amd_block and "Intel" not in amd_block
+    assert "| AttentionLSTM | 16 |" in intel_block and "| 9.40 |" in intel_block and "AMD" not in intel_block
+    assert "old amd table" in _block(text, "bench-peers", "amd")
+
+
+def test_a_readme_without_the_tables_markers_is_one_error_line(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# nothing here\n")
+    with pytest.raises(SystemExit, match=r"^error: .*README.md: no '<!-- bench-peers KIND: start -->' block"):
+        report.write_readme("bench-peers", "intel", ["a table"], "benchmarks/peers.py --readme", str(readme))
