@@ -169,17 +169,18 @@ def _load():
     return os.getloadavg()[0]
 
 
-def _spawn(name, side, args, env, fast_ops=True):
-    cmd = [sys.executable, os.path.abspath(__file__), "--run", name, "--side", side, "--steps", str(args.steps),
-           "--threads", str(args.threads)] + ([] if fast_ops else ["--no-fast-ops"])
+def _spawn(name, side, args, env, fast_ops=True, root=ROOT):
+    """One side in its own process; `root` another checkout for the baseline side (its own peers.py)."""
+    cmd = [sys.executable, os.path.join(root, "benchmarks", "peers.py"), "--run", name, "--side", side,
+           "--steps", str(args.steps), "--threads", str(args.threads)] + ([] if fast_ops else ["--no-fast-ops"])
     load = _load()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     if proc.returncode:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
         raise SystemExit(f"error: {name} ({side}) failed")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result.update(load_before=load, load_after=_load())
-    label = side if side == "theirs" else ("ours" if fast_ops else "ours-ref")
+    label = side if side == "theirs" else ("baseline" if root != ROOT else "ours" if fast_ops else "ours-ref")
     print(f"  {name:<17} {label:<8} {result['s_per_step']:8.3f} s/step  {result['samples_per_s']:7.2f} samples/s  "
           f"(load {load:.2f})", flush=True)
     return result
@@ -193,11 +194,16 @@ def table(args):
     args.git_commit = report.git_commit()                    # the code the run started with
     rows = []
     for name in names:
-        runs = {"ours": [], "theirs": [], "ours-ref": []}
+        runs = {"ours": [], "theirs": [], "ours-ref": [], "baseline": []}
         for r in range(args.rounds):
             order = ["ours", "theirs"] if r % 2 == 0 else ["theirs", "ours"]
+            if args.baseline:   # ours at another commit, beside ours: ours, baseline, theirs / theirs, baseline, ours
+                order.insert(1, "baseline")
             for side in order:
-                runs[side].append(_spawn(name, side, args, env))
+                if side == "baseline":
+                    runs[side].append(_spawn(name, "ours", args, env, root=os.path.abspath(args.baseline)))
+                else:
+                    runs[side].append(_spawn(name, side, args, env))
             if args.reference:
                 runs["ours-ref"].append(_spawn(name, "ours", args, env, fast_ops=False))
         med = {k: statistics.median([t for r in v for t in r["times"]]) for k, v in runs.items() if v}
@@ -206,8 +212,12 @@ def table(args):
                "ratio": med["theirs"] / med["ours"], "runs": runs}
         if "ours-ref" in med:
             row.update(ours_reference_s_per_step=med["ours-ref"], reference_ratio=med["theirs"] / med["ours-ref"])
+        if "baseline" in med:
+            row.update(baseline_s_per_step=med["baseline"], over_baseline=med["baseline"] / med["ours"],
+                       baseline_commit=report.git_commit(os.path.abspath(args.baseline)))
         rows.append(row)
-        print(f"  {name}: ours/theirs throughput {row['ratio']:.2f}", flush=True)
+        print(f"  {name}: ours/theirs throughput {row['ratio']:.2f}"
+              + (f", ours/baseline {row['over_baseline']:.3f}" if "over_baseline" in row else ""), flush=True)
         result = _save(args, env, rows)                # after every row: a stopped run keeps what it measured
     show(result)
 
@@ -219,7 +229,8 @@ def _save(args, env, rows):
     flags = open("/proc/cpuinfo").read().split("flags", 1)[-1].split("\n", 1)[0].split() if os.path.exists(
         "/proc/cpuinfo") else []
     result = {"command": " ".join(["benchmarks/peers.py"] + sys.argv[1:]), "cpu": info["model"],
-              "cpu_vendor": info["vendor"], "cpu_kind": report.cpu_kind(info["vendor"]), "cpu_count": os.cpu_count(),
+              "cpu_vendor": info["vendor"], "cpu_family": info["family"], "cpu_model_id": info["model_id"],
+              "cpu_kind": report.cpu_kind(info), "cpu_count": os.cpu_count(),
               "cpu_flags": [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags],
               "threads": args.threads, "python": platform.python_version(),
               "env": {k: env.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "FLAGS_use_stride_kernel")},
@@ -250,16 +261,21 @@ def _uptime():
 def table_lines(result):
     """The markdown table (and its heading line) of a peers JSON."""
     ref = any("reference_ratio" in r for r in result["rows"])
-    lines = [f"{result['cpu']} ({result['cpu_vendor']}), {result['threads']} threads, paddle {result.get('paddle')} "
+    base = any("over_baseline" in r for r in result["rows"])
+    lines = [f"{result['cpu']} ({kind_of(result)}, {result['cpu_vendor']}), {result['threads']} threads, paddle {result.get('paddle')} "
              f"vs torch {result.get('torch')}, {result['steps']} timed steps x {result['rounds']} rounds per side, "
              f"commit {str(result.get('git_commit'))[:10]}; load average at the end: {result.get('uptime_end')}",
              "",
              "| model | batch | input | ours s/step | PyTorch s/step | ours / PyTorch samples/s |"
-             + (" pure-Paddle path / PyTorch |" if ref else "") + " load (1 min) |",
-             "|---|---|---|---|---|---|" + ("---|" if ref else "") + "---|"]
+             + (" pure-Paddle path / PyTorch |" if ref else "") + (" ours / baseline (commit) |" if base else "")
+             + " load (1 min) |",
+             "|---|---|---|---|---|---|" + ("---|" if ref else "") + ("---|" if base else "") + "---|"]
     for r in result["rows"]:
         loads = [x["load_before"] for side in ("ours", "theirs") for x in r["runs"][side]]
         extra = f" {r['reference_ratio']:.2f} |" if "reference_ratio" in r else (" - |" if ref else "")
+        if base:
+            extra += (f" {r['over_baseline']:.3f} ({str(r.get('baseline_commit'))[:7]}) |" if "over_baseline" in r
+                      else " - |")
         lines.append(f"| {r['name']} | {r['batch']} | {r['input']} | {r['ours_s_per_step']:.3f} | "
                      f"{r['theirs_s_per_step']:.3f} | **{r['ratio']:.2f}** |{extra} "
                      f"{min(loads):.1f}-{max(loads):.1f} |")
@@ -267,7 +283,7 @@ def table_lines(result):
 
 
 def kind_of(result):
-    return result.get("cpu_kind") or report.cpu_kind(result.get("cpu_vendor") or "")
+    return result.get("cpu_kind") or report.cpu_kind({"vendor": result.get("cpu_vendor")})
 
 
 def write_readme(result, path=None):
@@ -286,6 +302,8 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--reference", action="store_true", help="also time our pure-Paddle path (fast_ops off)")
+    p.add_argument("--baseline", metavar="CHECKOUT", help="also time ours from another checkout (e.g. a git "
+                   "worktree of the previous commit), alternating: is a change faster or slower here?")
     p.add_argument("--json", help="default: benchmarks/results/<this CPU's kind>/peers.json")
     p.add_argument("--kind", help="with --show/--readme: the results of this CPU kind (default: this machine's)")
     p.add_argument("--show", action="store_true")

@@ -2,8 +2,12 @@
 
 Our machines are AMD EPYC on some days and Intel Xeon on others, and a speed figure holds for the
 kind it was measured on (the Intel cores pay 70-100x for subnormal floats, MKL takes another path on
-AMD, ...). So every result goes under benchmarks/results/<kind>/ (kind: `amd`, `intel`, else the
-vendor string in lower case), and the README holds one block per (table, kind) between the markers
+AMD, ...), and within a vendor for its microarchitecture: the same 2-core "AMD EPYC" is a Zen 4 on
+some days (two 256-bit FMA pipes: a 1024x512 @ 512x33712 GEMM in 165 ms on 2 threads) and was
+faster than any Zen 4 can be on others (78 ms, 453 GFLOP/s: Zen 5's full-width AVX-512). So every
+result goes under benchmarks/results/<kind>/, kind = vendor-microarchitecture from /proc/cpuinfo's
+family and model (`amd-zen4`, `amd-zen5`, `intel-sapphirerapids`, ...; an unknown one
+`<vendor>-f<family>m<model>`), and the README holds one block per (table, kind) between the markers
 
     <!-- NAME KIND: start (COMMAND) -->  ...  <!-- NAME KIND: end -->
 
@@ -17,15 +21,31 @@ import subprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 README = os.path.join(ROOT, "README.md")
-KINDS = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}
+VENDORS = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}
+# (vendor, family) -> [(first model, last model, name)], from AMD's and Intel's family/model tables
+MICROARCH = {
+    ("amd", 23): [(0x00, 0x2f, "zen"), (0x30, 0xff, "zen2")],
+    ("amd", 25): [(0x00, 0x0f, "zen3"), (0x10, 0x1f, "zen4"), (0x20, 0x5f, "zen3"), (0x60, 0xaf, "zen4")],
+    ("amd", 26): [(0x00, 0xff, "zen5")],
+    ("intel", 6): [(0x55, 0x55, "skylake"), (0x6a, 0x6c, "icelake"), (0x8f, 0x8f, "sapphirerapids"),
+                   (0xcf, 0xcf, "emeraldrapids"), (0xad, 0xae, "graniterapids")],
+}
 
 
-def cpu_kind(vendor=None):
-    """'amd', 'intel' or the vendor in lower case, from a vendor string (default: this machine's)."""
-    if vendor is None:
+def cpu_kind(info=None):
+    """'amd-zen4', 'intel-sapphirerapids', ... for a cpu_info() dict (default: this machine's); a
+    family or model outside the table gives '<vendor>-f<family>m<model>', no family the vendor alone."""
+    if info is None:
         from engine.cpu import cpu_info
-        vendor = cpu_info()["vendor"]
-    return KINDS.get(vendor, (vendor or "unknown").lower())
+        info = cpu_info()
+    vendor = VENDORS.get(info.get("vendor"), (info.get("vendor") or "unknown").lower())
+    family, model = info.get("family"), info.get("model_id")
+    if family is None:
+        return vendor
+    for first, last, name in MICROARCH.get((vendor, family), []):
+        if model is not None and first <= model <= last:
+            return f"{vendor}-{name}"
+    return f"{vendor}-f{family}m{model}"
 
 
 def results_dir(kind=None):
@@ -39,9 +59,9 @@ def kinds():
     return sorted(d for d in os.listdir(RESULTS) if os.path.isdir(os.path.join(RESULTS, d)))
 
 
-def git_commit():
+def git_commit(root=ROOT):
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None

@@ -11,17 +11,23 @@ import platform
 
 
 def cpu_info():
-    """{'vendor': 'AuthenticAMD' | 'GenuineIntel' | ..., 'model': 'AMD EPYC ...'} from /proc/cpuinfo."""
-    info = {"vendor": "", "model": platform.processor()}
+    """{'vendor': 'AuthenticAMD' | 'GenuineIntel' | ..., 'model': 'AMD EPYC ...', 'family': 25,
+    'model_id': 17} from /proc/cpuinfo (family and model number: the microarchitecture, which a
+    hypervisor's model name such as plain 'AMD EPYC' hides; None where unknown)."""
+    info = {"vendor": "", "model": platform.processor(), "family": None, "model_id": None}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                key = key.strip()
+                key, value = key.strip(), value.strip()
                 if key == "vendor_id" and not info["vendor"]:
-                    info["vendor"] = value.strip()
+                    info["vendor"] = value
+                elif key == "cpu family" and info["family"] is None and value.isdigit():
+                    info["family"] = int(value)
+                elif key == "model" and info["model_id"] is None and value.isdigit():
+                    info["model_id"] = int(value)
                 elif key == "model name":
-                    info["model"] = value.strip()
+                    info["model"] = value
                     break
     except OSError:
         pass

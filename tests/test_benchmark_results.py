@@ -13,13 +13,15 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 from benchmarks import report  # noqa: E402
 
-KINDS = {"amd": ("AuthenticAMD", "AMD EPYC 9004", 1.97), "intel": ("GenuineIntel", "Intel Xeon 8480", 0.94)}
+KINDS = {"amd-zen4": ("AuthenticAMD", "AMD EPYC 9004", 1.97),
+         "intel-sapphirerapids": ("GenuineIntel", "Intel Xeon 8480", 0.94)}
+AMD, INTEL = KINDS
 
 
 def _peers_json(kind):
     vendor, model, ratio = KINDS[kind]
     run = {"load_before": 1.5}
-    return {"cpu": model, "cpu_vendor": vendor, "threads": 2, "paddle": "3.3.1", "torch": "2.13.0",
+    return {"cpu": model, "cpu_vendor": vendor, "cpu_kind": kind, "threads": 2, "paddle": "3.3.1", "torch": "2.13.0",
             "steps": 3, "rounds": 2, "git_commit": "0123456789abcdef", "uptime_end": "1.0 1.0 1.0",
             "rows": [{"name": "BERT-base", "batch": 8, "input": "seq 128", "ours_s_per_step": 1.0,
                       "theirs_s_per_step": ratio, "ratio": ratio, "runs": {"ours": [run], "theirs": [run]}}]}
@@ -27,7 +29,8 @@ def _peers_json(kind):
 
 def _bench_json(kind):
     vendor, model, ratio = KINDS[kind]
-    return {"cpu": model, "cpu_vendor": vendor, "threads": 2, "paddle": "3.3.1", "git_commit": "fedcba9876543210",
+    return {"cpu": model, "cpu_vendor": vendor, "cpu_kind": kind, "threads": 2, "paddle": "3.3.1",
+            "git_commit": "fedcba9876543210",
             "batch_size": 16, "params": 108737304, "train_samples_per_s": 10 * ratio, "eval_samples_per_s": 9.0,
             "reader": {"workers_0": {"samples_per_s": 1000.0, "share_of_train_step": 0.002}}, "peak_memory_mb": 3119}
 
@@ -36,15 +39,15 @@ README_TEXT = """# title
 
 ## Speed
 
-<!-- bench amd: start (tools/benchmark.py --show --readme) -->
+<!-- bench amd-zen4: start (tools/benchmark.py --show --readme) -->
 old amd training table
-<!-- bench amd: end -->
+<!-- bench amd-zen4: end -->
 
 text between
 
-<!-- bench-peers amd: start (benchmarks/peers.py --readme) -->
+<!-- bench-peers amd-zen4: start (benchmarks/peers.py --readme) -->
 old amd table
-<!-- bench-peers amd: end -->
+<!-- bench-peers amd-zen4: end -->
 
 after
 """
@@ -69,43 +72,55 @@ def _block(text, name, kind):
     return text[start:text.index(f"<!-- {name} {kind}: end -->", start)]
 
 
-def test_the_kind_comes_from_the_vendor(monkeypatch):
+@pytest.mark.parametrize("vendor, family, model, kind", [
+    ("AuthenticAMD", 25, 17, "amd-zen4"), ("AuthenticAMD", 26, 2, "amd-zen5"), ("AuthenticAMD", 25, 1, "amd-zen3"),
+    ("GenuineIntel", 6, 143, "intel-sapphirerapids"), ("GenuineIntel", 6, 207, "intel-emeraldrapids"),
+    ("GenuineIntel", 6, 3, "intel-f6m3"), ("HygonGenuine", 24, 0, "hygongenuine-f24m0"),
+    ("AuthenticAMD", None, None, "amd")])
+def test_the_kind_is_vendor_and_microarchitecture(monkeypatch, vendor, family, model, kind):
+    """From /proc/cpuinfo's family and model (AMD's family 19h models 10h-1Fh are Zen 4 (Genoa), family
+    1Ah Zen 5; Intel's family 6 model 8Fh Sapphire Rapids): a hypervisor's plain 'AMD EPYC' hides it."""
     from engine import cpu
-    for vendor, kind in (("AuthenticAMD", "amd"), ("GenuineIntel", "intel"), ("HygonGenuine", "hygongenuine")):
-        monkeypatch.setattr(cpu, "cpu_info", lambda v=vendor: {"vendor": v, "model": "x"})
-        assert report.cpu_kind() == kind
-        assert report.results_dir() == os.path.join(report.RESULTS, kind)
+    monkeypatch.setattr(cpu, "cpu_info", lambda: {"vendor": vendor, "model": "x", "family": family, "model_id": model})
+    assert report.cpu_kind() == kind
+    assert report.results_dir() == os.path.join(report.RESULTS, kind)
+
+
+def test_this_machine_has_a_family_and_model():
+    from engine.cpu import cpu_info
+    info = cpu_info()
+    assert isinstance(info["family"], int) and isinstance(info["model_id"], int), info
 
 
 def test_two_kinds_render_two_peer_tables_and_each_write_keeps_the_other(results):
     import peers
     readme = results / "README.md"
-    amd, intel = (json.loads((results / "results" / k / "peers.json").read_text()) for k in ("amd", "intel"))
+    amd, intel = (json.loads((results / "results" / k / "peers.json").read_text()) for k in (AMD, INTEL))
     peers.write_readme(intel, str(readme))                 # no Intel block yet: added after the AMD one
     text = readme.read_text()
-    assert "old amd table" in _block(text, "bench-peers", "amd")
+    assert "old amd table" in _block(text, "bench-peers", AMD)
     peers.write_readme(amd, str(readme))
     text = readme.read_text()
-    amd_block, intel_block = _block(text, "bench-peers", "amd"), _block(text, "bench-peers", "intel")
-    assert "AMD EPYC 9004 (AuthenticAMD)" in amd_block and "**1.97**" in amd_block and "Intel" not in amd_block
-    assert "Intel Xeon 8480 (GenuineIntel)" in intel_block and "**0.94**" in intel_block and "AMD" not in intel_block
-    assert text.index("bench-peers amd: end") < text.index("bench-peers intel: start") < text.index("\nafter\n")
+    amd_block, intel_block = _block(text, "bench-peers", AMD), _block(text, "bench-peers", INTEL)
+    assert "AMD EPYC 9004 (amd-zen4, AuthenticAMD)" in amd_block and "**1.97**" in amd_block and "Intel" not in amd_block
+    assert "Intel Xeon 8480 (intel-sapphirerapids, GenuineIntel)" in intel_block and "**0.94**" in intel_block and "AMD" not in intel_block
+    assert text.index(f"bench-peers {AMD}: end") < text.index(f"bench-peers {INTEL}: start") < text.index("\nafter\n")
     assert "old amd training table" in text                # another table's block is untouched
     peers.write_readme(intel, str(readme))                 # rewriting one kind leaves the other byte for byte
-    assert _block(readme.read_text(), "bench-peers", "amd") == amd_block
-    assert readme.read_text().count("<!-- bench-peers intel: start") == 1
+    assert _block(readme.read_text(), "bench-peers", AMD) == amd_block
+    assert readme.read_text().count(f"<!-- bench-peers {INTEL}: start") == 1
 
 
 def test_benchmark_show_reads_and_writes_one_kind(results, monkeypatch, capsys):
     import benchmark
-    for kind in ("intel", "amd"):
+    for kind in (INTEL, AMD):
         monkeypatch.setattr(sys, "argv", ["tools/benchmark.py", "--show", "--readme", "--kind", kind])
         benchmark.main()
     text = (results / "README.md").read_text()
-    amd_block, intel_block = _block(text, "bench", "amd"), _block(text, "bench", "intel")
+    amd_block, intel_block = _block(text, "bench", AMD), _block(text, "bench", INTEL)
     assert "| AttentionLSTM | 16 |" in amd_block and "| 19.70 |" in amd_block and "Intel" not in amd_block
     assert "| AttentionLSTM | 16 |" in intel_block and "| 9.40 |" in intel_block and "AMD" not in intel_block
-    assert "old amd table" in _block(text, "bench-peers", "amd")
+    assert "old amd table" in _block(text, "bench-peers", AMD)
 
 
 def test_a_readme_without_the_tables_markers_is_one_error_line(tmp_path):

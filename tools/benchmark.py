@@ -186,7 +186,8 @@ def bench(config_path, overrides, steps, batch_size, workers, synthetic, tokens=
         "command": " ".join([os.path.relpath(sys.argv[0], _bootstrap.ROOT)] + sys.argv[1:]),
         "config": config_path, "overrides": list(overrides), "batch_size": bs, "steps": steps,
         "git_commit": report.git_commit(), "paddle": paddle.__version__, "python": platform.python_version(),
-        "cpu": cpu_info()["model"], "cpu_vendor": cpu_info()["vendor"], "device": rt["device"],
+        "cpu": cpu_info()["model"], "cpu_vendor": cpu_info()["vendor"], "cpu_kind": report.cpu_kind(),
+        "cpu_family": cpu_info()["family"], "cpu_model_id": cpu_info()["model_id"], "device": rt["device"],
         "threads": rt["threads"],
         "env": {k: os.environ.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "FLAGS_use_stride_kernel")},
         "synthetic_inputs": synthetic, "reader": {},
@@ -267,7 +268,8 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
     return {"command": " ".join([os.path.relpath(sys.argv[0], _bootstrap.ROOT)] + sys.argv[1:]),
             "config": config_path, "overrides": list(overrides), "split": split, "steps": steps,
             "weights": weights, "git_commit": report.git_commit(), "paddle": paddle.__version__,
-            "cpu": cpu_info()["model"], "cpu_vendor": cpu_info()["vendor"], "threads": rt["threads"],
+            "cpu": cpu_info()["model"], "cpu_vendor": cpu_info()["vendor"], "cpu_kind": report.cpu_kind(),
+            "cpu_family": cpu_info()["family"], "cpu_model_id": cpu_info()["model_id"], "threads": rt["threads"],
             "env": {k: os.environ.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS")},
             "rows": rows, "peak_memory_mb": runtime.peak_memory_mb(),
             "load_avg_1m_before_after": [load_before, round(os.getloadavg()[0], 2)]}
@@ -322,8 +324,9 @@ def _heading(rows):
     """The line above a table: the CPU, threads, paddle and commits of its rows' JSON."""
     r = rows[0][-1]
     vendor = next((x[-1]["cpu_vendor"] for x in rows if x[-1].get("cpu_vendor")), "?")
+    kind = next((x[-1]["cpu_kind"] for x in rows if x[-1].get("cpu_kind")), "?")
     commits = sorted({str(x[-1].get("git_commit"))[:10] for x in rows})
-    return (f"{r['cpu']} ({vendor}), {r['threads']} threads, paddle {r['paddle']}; "
+    return (f"{r['cpu']} ({kind}, {vendor}), {r['threads']} threads, paddle {r['paddle']}; "
             f"rows measured at commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}")
 
 
