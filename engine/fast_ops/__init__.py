@@ -20,6 +20,10 @@ temp folder when that is not writable), in a folder named by a hash of the sourc
 paddle build and the CPU; concurrent processes (DataLoader workers, data-parallel ranks, test
 sessions) wait on a file lock and build it once. A failed build logs one warning and the reference
 path is used.
+
+No operator writes a subnormal float where the exact result is below float32's normal range (ops.cc
+says why); `set_flush_denormals` (runtime.flush_denormals) adds FTZ/DAZ for the threads that run the
+operators and oneDNN's kernels inside them (tests/test_denormals.py).
 """
 import ctypes
 import fcntl
