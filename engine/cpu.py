@@ -71,23 +71,23 @@ _FENV_SIZE, _MXCSR_AT = 32, 28
 
 
 def _fenv():
+    """(libm, the calling thread's fenv_t buffer, its MXCSR), or None off x86-64 glibc."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return None
     try:
-        return ctypes.CDLL("libm.so.6")
+        libm = ctypes.CDLL("libm.so.6")
     except OSError:
-        return None
-
-
-def mxcsr():
-    """The calling thread's MXCSR, or None off x86-64 glibc."""
-    libm = _fenv()
-    if libm is None:
         return None
     env = ctypes.create_string_buffer(_FENV_SIZE)
     if libm.fegetenv(env):
         return None
-    return int.from_bytes(env.raw[_MXCSR_AT:_MXCSR_AT + 4], "little")
+    return libm, env, int.from_bytes(env.raw[_MXCSR_AT:_MXCSR_AT + 4], "little")
+
+
+def mxcsr():
+    """The calling thread's MXCSR, or None off x86-64 glibc."""
+    got = _fenv()
+    return got and got[2]
 
 
 def flush_denormals(on=True):
@@ -100,13 +100,10 @@ def flush_denormals(on=True):
     that call its operators. It changes float32 and float64 numerics for everything in the process,
     numpy included: results below 1.2e-38 (float32) / 2.2e-308 (float64) become 0, as torch's
     set_flush_denormal does. False off x86-64 glibc (nothing changed)."""
-    libm = _fenv()
-    if libm is None:
+    got = _fenv()
+    if got is None:
         return False
-    env = ctypes.create_string_buffer(_FENV_SIZE)
-    if libm.fegetenv(env):
-        return False
-    csr = int.from_bytes(env.raw[_MXCSR_AT:_MXCSR_AT + 4], "little")
+    libm, env, csr = got
     csr = csr | FTZ | DAZ if on else csr & ~(FTZ | DAZ)
     env[_MXCSR_AT:_MXCSR_AT + 4] = csr.to_bytes(4, "little")
     return libm.fesetenv(env) == 0 and mxcsr() == csr
