@@ -12,7 +12,7 @@ from engine import builder
 from engine.components import load_all
 from engine.pretrained import WEIGHTS, load_entry_state, load_pretrained, map_keys
 from engine.registry import ConfigError
-from tests.helpers import ROOT
+from tests.helpers import ROOT, counting_fused_ops
 
 load_all()
 from models.nlp import bert as B  # noqa: E402
@@ -91,19 +91,55 @@ def golden_pretraining():
     return model, report, state, gw
 
 
-def test_golden_pretraining_outputs(golden_pretraining):
-    model, report, _, _ = golden_pretraining
-    assert report["missing"] == [] and report["unexpected"] == []
-    assert report["ignored"] == ["cls.predictions.decoder_weight"]   # the tied decoder's legacy alias
+GOLDEN_KEYS = ("sequence_output.slice", "pooled_output", "mlm_logits.rows", "nsp_logits")
+
+
+def _pretraining_outputs(model):
+    """The oracle's four outputs of `model` on the oracle's (padded, masked) inputs, and the oracle."""
     z = np.load(os.path.join(DATA, "bert_base_paddlenlp_names_hf_oracle.npz"))
     with paddle.no_grad():
         seq, pooled = model.bert(*(paddle.to_tensor(z[k]) for k in ("input_ids", "token_type_ids", "attention_mask")))
         pos = z["mlm_positions"]
         mlm, nsp = model.heads(seq, pooled, paddle.to_tensor(pos[:, 0] * z["input_ids"].shape[1] + pos[:, 1]))
-    close(seq.numpy()[:, :, :16], z["sequence_output.slice"])
-    close(pooled.numpy(), z["pooled_output"])
-    close(mlm.numpy(), z["mlm_logits.rows"])
-    close(nsp.numpy(), z["nsp_logits"])
+    return [seq.numpy()[:, :, :16], pooled.numpy(), mlm.numpy(), nsp.numpy()], z
+
+
+def test_golden_pretraining_outputs(golden_pretraining):
+    model, report, _, _ = golden_pretraining
+    assert report["missing"] == [] and report["unexpected"] == []
+    assert report["ignored"] == ["cls.predictions.decoder_weight"]   # the tied decoder's legacy alias
+    outputs, z = _pretraining_outputs(model)
+    for ours, key in zip(outputs, GOLDEN_KEYS):
+        close(ours, z[key])
+
+
+def test_golden_outputs_on_the_fused_path_with_and_without_the_denormal_guard(golden_pretraining):
+    """The same oracle through our fused operators (oneDNN matmuls, masked softmax, GELU, LayerNorm),
+    with runtime.flush_denormals on and off: both within the golden tolerance, and the guard's own
+    effect (the largest difference between the two; 0.0 when measured) below 1e-5 of the output
+    scale; the message says how large it is."""
+    from engine import cpu, fast_ops
+    model = golden_pretraining[0]
+    before = bool(cpu.mxcsr() & (cpu.FTZ | cpu.DAZ))
+    fast_ops.set_enabled(True, 2)
+    runs = {}
+    try:
+        for flush in (True, False):
+            cpu.flush_denormals(flush)
+            fast_ops.set_flush_denormals(flush)
+            with counting_fused_ops() as ran:
+                runs[flush], z = _pretraining_outputs(model)
+            assert {"zoo_matmul", "zoo_softmax_dropout", "zoo_bias_act"} <= set(ran), sorted(set(ran))
+    finally:
+        cpu.flush_denormals(before)
+        fast_ops.set_flush_denormals(before)
+        fast_ops.set_enabled(False)
+    for i, key in enumerate(GOLDEN_KEYS):
+        on, off = runs[True][i], runs[False][i]
+        effect = float(np.abs(on - off).max())
+        assert effect <= 1e-5 * max(1.0, float(np.abs(z[key]).max())), f"{key}: the guard moves it by {effect}"
+        close(on, z[key])
+        close(off, z[key])
 
 
 def test_golden_seqcls_logits(golden_pretraining):

@@ -17,7 +17,7 @@ import pytest
 
 from engine import fast_ops
 from tests.conftest import BERT_PRETRAIN_DEMO
-from tests.helpers import read_metrics, tool
+from tests.helpers import counting_fused_ops as _counting, read_metrics, tool
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -386,19 +386,6 @@ def test_dropout_masks_are_seeded_and_unbiased():
 
 
 # ------------------------------------------------------------------------------------- layers
-class _counting:
-    """Count the fused operators run inside the block (a fast path that silently fell back to the
-    reference would make the comparisons vacuous)."""
-
-    def __enter__(self):
-        self.names, self.real = [], fast_ops._run
-        fast_ops._run = lambda name, *a: self.names.append(name) or self.real(name, *a)
-        return self.names
-
-    def __exit__(self, *exc):
-        fast_ops._run = self.real
-
-
 def _layer_grads(layer, inputs, on, params=None):
     """The output and gradients of `layer` (a Layer, or a function of the inputs with its Layer as `params`)."""
     params = params or layer
