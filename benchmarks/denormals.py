@@ -112,11 +112,8 @@ def run(threads, flush):
         r, m = _median_ms(lambda: fn(random)), _median_ms(lambda: fn(masked))
         rows.append({"name": name, "random_ms": r, "masked_ms": m, "ratio": m / r})
         print(f"  {name:<68} random {r:8.2f} ms  masked {m:8.2f} ms  ratio {m / r:5.2f}", flush=True)
-    info = cpu.cpu_info()
-    return {"command": " ".join(["benchmarks/denormals.py"] + sys.argv[1:]), "cpu": info["model"],
-            "cpu_vendor": info["vendor"], "cpu_family": info["family"], "cpu_model_id": info["model_id"],
-            "cpu_kind": report.cpu_kind(info), "threads": threads,
-            "flush_denormals": flush, "paddle": paddle.__version__, "python": platform.python_version(),
+    return {"command": " ".join(["benchmarks/denormals.py"] + sys.argv[1:]), **report.cpu_record(),
+            "threads": threads, "flush_denormals": flush, "paddle": paddle.__version__, "python": platform.python_version(),
             "git_commit": report.git_commit(), "load_average_end": os.getloadavg()[0], "rows": rows}
 
 

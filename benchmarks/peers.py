@@ -2,7 +2,7 @@
 
 python benchmarks/peers.py [--only BERT-base ...] [--rounds 2] [--steps 3] [--reference]
                            [--json PATH]                 # `make bench-peers`
-python benchmarks/peers.py --show [--readme] [--kind amd|intel]   # the table from the JSON (into README.md)
+python benchmarks/peers.py --show [--readme] [--kind KIND]   # the table from the JSON (into README.md)
 python benchmarks/peers.py --run NAME --side ours|theirs [--steps N] [--profile]   # one process
 
 Each (model, side) runs in its own process with the same environment (engine/cpu.py's settings for
@@ -224,13 +224,10 @@ def table(args):
 
 def _save(args, env, rows):
     """The JSON of the rows measured so far (with --only, merged into the file's other rows)."""
-    from engine.cpu import cpu_info
-    info = cpu_info()
     flags = open("/proc/cpuinfo").read().split("flags", 1)[-1].split("\n", 1)[0].split() if os.path.exists(
         "/proc/cpuinfo") else []
-    result = {"command": " ".join(["benchmarks/peers.py"] + sys.argv[1:]), "cpu": info["model"],
-              "cpu_vendor": info["vendor"], "cpu_family": info["family"], "cpu_model_id": info["model_id"],
-              "cpu_kind": report.cpu_kind(info), "cpu_count": os.cpu_count(),
+    result = {"command": " ".join(["benchmarks/peers.py"] + sys.argv[1:]), **report.cpu_record(),
+              "cpu_count": os.cpu_count(),
               "cpu_flags": [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags],
               "threads": args.threads, "python": platform.python_version(),
               "env": {k: env.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "FLAGS_use_stride_kernel")},
@@ -313,6 +310,8 @@ def main():
     p.add_argument("--no-fast-ops", action="store_true")
     p.add_argument("--profile", action="store_true", help="with --run: per-op table of one step")
     args = p.parse_args()
+    if args.kind and not (args.show or args.readme):
+        p.error("--kind is for --show/--readme: a run measures this machine's kind")
     if not args.json:
         args.json = os.path.relpath(os.path.join(report.results_dir(args.kind), "peers.json"), ROOT)
     if args.run:

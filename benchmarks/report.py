@@ -48,15 +48,17 @@ def cpu_kind(info=None):
     return f"{vendor}-f{family}m{model}"
 
 
+def cpu_record(info=None):
+    """The CPU fields every result JSON records (/proc/cpuinfo read once)."""
+    if info is None:
+        from engine.cpu import cpu_info
+        info = cpu_info()
+    return {"cpu": info["model"], "cpu_vendor": info["vendor"], "cpu_family": info["family"],
+            "cpu_model_id": info["model_id"], "cpu_kind": cpu_kind(info)}
+
+
 def results_dir(kind=None):
     return os.path.join(RESULTS, kind or cpu_kind())
-
-
-def kinds():
-    """The kinds that have results, sorted."""
-    if not os.path.isdir(RESULTS):
-        return []
-    return sorted(d for d in os.listdir(RESULTS) if os.path.isdir(os.path.join(RESULTS, d)))
 
 
 def git_commit(root=ROOT):

@@ -3,7 +3,7 @@
 python tools/benchmark.py -c CONFIG [-o k=v ...] [--steps N] [--batch-size B] [--workers 0 2]
                           [--synthetic] [--tokens KEY] [--drop-keys KEY ...] [--json PATH]
 python tools/benchmark.py --table     # the README's table (BENCH_TABLE below), JSON per row
-python tools/benchmark.py --show [--readme] [--kind amd|intel]   # the same table from the committed JSON
+python tools/benchmark.py --show [--readme] [--kind KIND]   # the same table from the committed JSON
 python tools/benchmark.py -c CONFIG --backend inference [--batch-sizes 1 8] [--weights W]
 python tools/benchmark.py --table --backend inference   # README latency table (INFER_TABLE)
 
@@ -36,7 +36,6 @@ import time
 
 from benchmarks import report
 from engine import cli
-from engine.cpu import cpu_info
 
 # (name, config, overrides, batch size, note): what `make bench` measures for the README.
 YT8M_DEMO = ["reader.train.files=[data/youtube8m_demo/train.list]", "reader.train.num_workers=0"]
@@ -186,8 +185,7 @@ def bench(config_path, overrides, steps, batch_size, workers, synthetic, tokens=
         "command": " ".join([os.path.relpath(sys.argv[0], _bootstrap.ROOT)] + sys.argv[1:]),
         "config": config_path, "overrides": list(overrides), "batch_size": bs, "steps": steps,
         "git_commit": report.git_commit(), "paddle": paddle.__version__, "python": platform.python_version(),
-        "cpu": cpu_info()["model"], "cpu_vendor": cpu_info()["vendor"], "cpu_kind": report.cpu_kind(),
-        "cpu_family": cpu_info()["family"], "cpu_model_id": cpu_info()["model_id"], "device": rt["device"],
+        **report.cpu_record(), "device": rt["device"],
         "threads": rt["threads"],
         "env": {k: os.environ.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "FLAGS_use_stride_kernel")},
         "synthetic_inputs": synthetic, "reader": {},
@@ -268,8 +266,7 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
     return {"command": " ".join([os.path.relpath(sys.argv[0], _bootstrap.ROOT)] + sys.argv[1:]),
             "config": config_path, "overrides": list(overrides), "split": split, "steps": steps,
             "weights": weights, "git_commit": report.git_commit(), "paddle": paddle.__version__,
-            "cpu": cpu_info()["model"], "cpu_vendor": cpu_info()["vendor"], "cpu_kind": report.cpu_kind(),
-            "cpu_family": cpu_info()["family"], "cpu_model_id": cpu_info()["model_id"], "threads": rt["threads"],
+            **report.cpu_record(), "threads": rt["threads"],
             "env": {k: os.environ.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS")},
             "rows": rows, "peak_memory_mb": runtime.peak_memory_mb(),
             "load_avg_1m_before_after": [load_before, round(os.getloadavg()[0], 2)]}
@@ -331,7 +328,10 @@ def _heading(rows):
 
 
 def _emit(args, name, lines, rows):
-    if not rows:
+    """Print the table (under its heading) and, with --readme, write it into this kind's README block."""
+    if rows:
+        lines = [_heading(rows), ""] + lines
+    else:
         lines = [f"Not measured on this CPU kind ({args.kind or report.cpu_kind()}) yet: run `tools/benchmark.py "
                  f"--table{' --backend inference' if name == 'bench-inference' else ''}` on such a machine."]
     print("\n" + "\n".join(lines))
@@ -354,8 +354,7 @@ def _inference_table(args):
         if os.path.isfile(out):
             with open(out) as f:
                 rows.append((name, note, json.load(f)))
-    lines = [_heading(rows) if rows else "", "",
-             "| model | input | batch | dynamic p50 / p90 ms | exported + oneDNN p50 / p90 ms | exported, no oneDNN "
+    lines = ["| model | input | batch | dynamic p50 / p90 ms | exported + oneDNN p50 / p90 ms | exported, no oneDNN "
              "p50 / p90 ms | samples/s (dynamic / oneDNN / no oneDNN) | load (1 min) |",
              "|---|---|---|---|---|---|---|---|"]
     for name, note, r in rows:
@@ -395,7 +394,7 @@ def main():
     p.add_argument("--table", action="store_true", help="run BENCH_TABLE, write benchmarks/results/<kind>/*.json")
     p.add_argument("--show", action="store_true", help="print the table from benchmarks/results/<kind>/*.json")
     p.add_argument("--only", nargs="+", help="with --table: rerun only these rows (names as in BENCH_TABLE)")
-    p.add_argument("--kind", help="with --show: the results of this CPU kind (amd, intel; default: this machine's)")
+    p.add_argument("--kind", help="with --show: the results of this CPU kind (e.g. amd-zen4; default: this machine's)")
     p.add_argument("--readme", action="store_true", help="with --show/--table: write the table into README.md")
     p.add_argument("--backend", choices=["dynamic", "inference"], default="dynamic",
                    help="inference: prediction latency, dynamic vs exported (oneDNN on/off)")
@@ -431,8 +430,7 @@ def main():
             if os.path.isfile(out):
                 with open(out) as f:
                     rows.append((name, note, json.load(f)))
-        lines = [_heading(rows) if rows else "", "",
-                 "| model | batch | input | params | train samples/s | eval samples/s | reader alone, samples/s "
+        lines = ["| model | batch | input | params | train samples/s | eval samples/s | reader alone, samples/s "
                  "(workers) | reader share of a train step | peak MB |",
                  "|---|---|---|---|---|---|---|---|---|"]
         for name, note, r in rows:
