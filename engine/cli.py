@@ -13,14 +13,9 @@ def parser(description):
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. -o train.epochs=2 -o reader.train.batch_size=8")
     p.add_argument("--trust-weights", action="store_true",
-                   help="unpickle weight files in full (they could run code): only for files you trust "
-                        "(= -o runtime.trust_weights=true)")
+                   help="unpickle weight files in full (they could run code): only for files you trust; "
+                        "a flag of the command, never a config key, so no recipe can switch the guard off")
     return p
-
-
-def overrides(args):
-    """The -o overrides, with the flags that are config keys added."""
-    return list(args.override) + (["runtime.trust_weights=true"] if args.trust_weights else [])
 
 
 def default_output(config_path):

@@ -52,7 +52,6 @@ RUNTIME_KEYS = {
     "num_threads": (int, 0, at_least(0)),     # CPU math threads; 0 = the cores available
     "device": (str, "auto", one_of("auto", "cpu", "gpu")),
     "sync_bn": (bool, False),
-    "trust_weights": (bool, False),           # unpickle weight files in full (engine/weightfile.py)
     "fast_ops": (bool, True),                 # fused C++ CPU operators (engine/fast_ops), else pure Paddle
     "keep_freed_memory": (bool, True),        # CPU: glibc keeps freed blocks (faster steps, more peak memory)
     "flush_denormals": (bool, True),          # CPU: FTZ + DAZ, subnormal floats computed as 0 (engine/cpu.py)
@@ -311,6 +310,9 @@ def validate(cfg, origins=None, root_file="<config>"):
             check.component(cfg[key], reg, key)
     check.section(cfg.get("train"), TRAIN_KEYS, "train")
     check.section((cfg.get("train") or {}).get("amp"), AMP_KEYS, "train.amp")
+    if "trust_weights" in (cfg.get("runtime") or {}):
+        check.fail("runtime.trust_weights", "not a config key: trusting a weight file to run code is the choice "
+                   "of whoever runs the command, never of a recipe; pass --trust-weights")
     check.section(cfg.get("runtime"), RUNTIME_KEYS, "runtime")
     reader = cfg.get("reader") or {}
     if not isinstance(reader, dict):

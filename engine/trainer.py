@@ -105,7 +105,7 @@ class Plan:
         return (self.max_steps - step) * self.accum
 
 
-def fit(cfg, output_dir, resume=None, make_scaler=make_scaler):
+def fit(cfg, output_dir, resume=None, trust_weights=False, make_scaler=make_scaler):
     train_cfg = C.section(cfg, "train", C.TRAIN_KEYS)
     rt_cfg = C.section(cfg, "runtime", C.RUNTIME_KEYS)
     rt = runtime.setup(rt_cfg)
@@ -128,7 +128,7 @@ def fit(cfg, output_dir, resume=None, make_scaler=make_scaler):
     if train_cfg["pretrained"]:
         from engine.pretrained import load_pretrained
         load_pretrained(model, train_cfg["pretrained"], log=log.info, weights_format=train_cfg["weights_format"],
-                        trust=rt_cfg["trust_weights"])
+                        trust=trust_weights)
     if rt_cfg["sync_bn"]:  # GPU only: runtime.setup refuses it on CPU, where it has no kernel
         model = runtime.convert_sync_bn(model)
     train_step = build_train_step(cfg, model, plan.steps_per_epoch, plan.total_steps, rt["world_size"],
@@ -144,7 +144,7 @@ def fit(cfg, output_dir, resume=None, make_scaler=make_scaler):
     start_epoch, start_batch, step, best, rng = 0, 0, 0, None, None
     resume_path = checkpoint.find_resume(resume, output_dir) if resume else None
     if resume_path:
-        state = checkpoint.load(resume_path, model, train_step.optimizer, train_step.scaler, rt_cfg["trust_weights"])
+        state = checkpoint.load(resume_path, model, train_step.optimizer, train_step.scaler, trust_weights)
         start_epoch, start_batch, step, best = state["epoch"], state.get("batch", 0), state["step"], state.get("best")
         rng = state["rng"]
         log.info("resumed from %s (epoch %d, batch %d, step %d)", resume_path, start_epoch, start_batch, step)

@@ -5,8 +5,8 @@ dict written by `paddle.save` needs nothing but numpy arrays and dtypes, plain c
 the `(name, array)` tuples paddle writes for tensors, and, for static-graph tensors, paddle's own
 `eval("data", {"data": array})`. Those, and nothing else, are allowed here: a file that asks for
 anything more is refused with one line naming the file and the global it asked for, before that
-global is ever called. A file the user trusts is read in full with `trust=True` (`--trust-weights`,
-`runtime.trust_weights`), which is said once in the log.
+global is ever called. A file the user trusts is read in full with `trust=True` (the tools'
+`--trust-weights` flag; never a config key), which is said once in the log.
 """
 import _compat_pickle
 import logging

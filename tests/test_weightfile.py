@@ -1,7 +1,8 @@
 """Weight files are data: a `.pdparams` whose pickle would run code is refused wherever weights enter
 (--weights, train.pretrained, --resume, a pretrained entry's cache), before anything runs; with
 --trust-weights it loads and the log says so. What paddle.save writes loads unchanged, and our own
-checkpoints hold no pickle beyond the allow-list (scaler and RNG state are JSON)."""
+checkpoints hold no pickle beyond the allow-list (scaler and RNG state are JSON). Trust is a flag of
+the command only: no recipe, base or override can switch the guard off."""
 import glob
 import json
 import os
@@ -45,7 +46,8 @@ def test_code_in_a_weight_file_is_refused_everywhere_weights_enter(yt8m_demo, tm
     tool("train", "-c", ATTENTION_LSTM_DEMO, *SMALL, "-o", "train.epochs=null", "-o", "train.max_steps=3",
          "-o", "train.save_steps=2", "--output", run)
     good = run / "final" / "model.pdparams"
-    markers = {name: tmp_path / f"created_by_{name}" for name in ("weights", "pretrained", "resume", "entry", "trusted")}
+    refused = ("weights", "pretrained", "resume", "entry", "export", "infer")
+    markers = {name: tmp_path / f"created_by_{name}" for name in refused + ("trusted",)}
     evil = {}
     for name, marker in markers.items():
         evil[name] = tmp_path / f"{name}.pdparams"
@@ -58,6 +60,7 @@ def test_code_in_a_weight_file_is_refused_everywhere_weights_enter(yt8m_demo, tm
     (home / "weights" / "AttentionLSTM_yt8").mkdir(parents=True)
     shutil.copy(evil["entry"], home / "weights" / "AttentionLSTM_yt8" / "AttentionLSTM_yt8.pdparams")
     al = ["-c", ATTENTION_LSTM_DEMO, *SMALL]
+    shard = os.path.join(yt8m_demo, "tfrecord", "validate0000.tfrecord")
     results = tools_in_one_process([
         ("eval", al + ["--weights", evil["weights"], "--output", tmp_path / "e1"], None),
         ("train", al + ["-o", f"train.pretrained={evil['pretrained']}", "--output", tmp_path / "t1"], None),
@@ -65,9 +68,11 @@ def test_code_in_a_weight_file_is_refused_everywhere_weights_enter(yt8m_demo, tm
                         "--resume", ckpt, "--output", resume], None),
         ("eval", ["-c", ATTENTION_LSTM_DEMO, "--weights", "AttentionLSTM_yt8", "--output", tmp_path / "e2"],
          {"PADDLE_ZOO_HOME": str(home)}),
+        ("export", al + ["--weights", evil["export"], "--output", tmp_path / "x1"], None),
+        ("infer", al + ["--weights", evil["infer"], "--input", shard, "--output", tmp_path / "i1"], None),
         ("eval", al + ["--weights", evil["trusted"], "--trust-weights", "--output", tmp_path / "e3"], None),
     ])
-    for name, result in zip(["weights", "pretrained", "resume", "entry"], results):
+    for name, result in zip(refused, results):
         line = one_error_line(result)
         assert line and "refused to unpickle" in line and "numpy.memmap" in line and "--trust-weights" in line, \
             (name, result)
@@ -176,3 +181,32 @@ def test_youtube8m_pkl_features_are_read_as_data_too(tmp_path):
     with pytest.raises(SampleError, match=r"bad.pkl.*refused to unpickle: it asks for numpy.memmap"):
         YouTube8M(files=[str(bad)], num_classes=4)
     assert not marker.exists()
+
+
+def test_trust_comes_from_the_command_never_from_a_config(yt8m_demo, tmp_path):
+    """A shared recipe plus a crafted file must not run code: runtime.trust_weights in a file, in a
+    _base_ or in -o is refused naming where it came from; a --trust-weights run's config.yaml does not
+    carry it and reruns as is."""
+    base = tmp_path / "base.yaml"
+    base.write_text(f"_base_: {os.path.join(ROOT, ATTENTION_LSTM_DEMO)}\nruntime:\n  trust_weights: true\n")
+    child = tmp_path / "child.yaml"
+    child.write_text(f"_base_: {base}\ntrain:\n  epochs: 1\n")
+    direct = tmp_path / "direct.yaml"
+    direct.write_text(f"_base_: {os.path.join(ROOT, ATTENTION_LSTM_DEMO)}\nruntime:\n  trust_weights: false\n")
+    run = tmp_path / "run"
+    results = tools_in_one_process([
+        ("train", ["-c", child, "--output", tmp_path / "t1"], None),
+        ("train", ["-c", direct, "--output", tmp_path / "t2"], None),
+        ("eval", ["-c", ATTENTION_LSTM_DEMO, "-o", "runtime.trust_weights=true", "--weights", "x.pdparams"], None),
+        ("train", ["-c", ATTENTION_LSTM_DEMO, *SMALL, "-o", "train.epochs=null", "-o", "train.max_steps=2",
+                   "--trust-weights", "--output", run], None),
+    ])
+    for result, origin in zip(results[:3], [str(base), str(direct), "-o"]):
+        line = one_error_line(result)
+        assert line and line.startswith(f"error: {origin}: runtime.trust_weights: not a config key") \
+            and "--trust-weights" in line, result
+    assert results[3]["code"] == 0, results[3]["stderr"][-2000:]
+    resolved = (run / "config.yaml").read_text()
+    assert "trust" not in resolved
+    rerun = tool("train", "-c", run / "config.yaml", "--output", tmp_path / "rerun", check=False)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]

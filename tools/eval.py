@@ -22,7 +22,7 @@ def main():
     from engine.evaluator import evaluate
     from engine.pretrained import load_pretrained
     load_all()
-    cfg = config.load(args.config, cli.overrides(args))
+    cfg = config.load(args.config, list(args.override))
     rt_cfg = config.section(cfg, "runtime", config.RUNTIME_KEYS)
     rt = runtime.setup(rt_cfg)
     output = args.output or os.path.join(cli.default_output(args.config), "eval")
@@ -33,7 +33,7 @@ def main():
     if os.path.isdir(weights):
         weights = os.path.join(weights, "model.pdparams")
     load_pretrained(model, weights, strict=True, weights_format=args.weights_format,
-                    trust=rt_cfg["trust_weights"])
+                    trust=args.trust_weights)
     loader, dataset, _ = builder.build_loader(cfg, split, rt_cfg["seed"], rt["world_size"], rt["rank"])
     amp = config.section(config.section(cfg, "train", config.TRAIN_KEYS), "amp", config.AMP_KEYS)
     metrics = evaluate(model, loader, builder.build_metric(cfg, dataset), amp)

@@ -26,7 +26,7 @@ def main():
     from engine.components import load_all
     from engine.pretrained import load_pretrained
     load_all()
-    cfg = config.load(args.config, cli.overrides(args))
+    cfg = config.load(args.config, list(args.override))
     rt_cfg = config.section(cfg, "runtime", config.RUNTIME_KEYS)
     runtime.setup(dict(rt_cfg, device="cpu"))
     runtime.setup_logging(None)
@@ -35,7 +35,7 @@ def main():
     if args.weights:
         weights = os.path.join(args.weights, "model.pdparams") if os.path.isdir(args.weights) else args.weights
         load_pretrained(model, weights, strict=True, weights_format=args.weights_format,
-                        trust=rt_cfg["trust_weights"])
+                        trust=args.trust_weights)
     spec = export.export(model, cfg, args.output, label_names=_label_names(cfg), example=_example(cfg, rt_cfg))
     print(f"exported {cfg['model']['name']} to {args.output}: inputs "
           + ", ".join(f"{n} {list(s.shape)}" for n, s in spec["inputs"].items())

@@ -33,7 +33,7 @@ def main():
     from engine.pretrained import load_pretrained
     from engine.registry import DATASETS, OUTPUTS, ConfigError
     load_all()
-    cfg = config.load(args.config, cli.overrides(args))
+    cfg = config.load(args.config, list(args.override))
     if not cfg.get("infer"):
         raise ConfigError(f"{args.config}: the recipe has no infer section (how to write predictions, "
                           f"e.g. infer: {{name: TopK}}; known: {', '.join(OUTPUTS.names())})")
@@ -52,7 +52,7 @@ def main():
         model = builder.build_model(cfg["model"])
         weights = os.path.join(args.weights, "model.pdparams") if os.path.isdir(args.weights) else args.weights
         load_pretrained(model, weights, strict=True, weights_format=args.weights_format,
-                        trust=rt_cfg["trust_weights"])
+                        trust=args.trust_weights)
     model.eval()
     loader, _, _ = builder.build_loader(cfg, split, rt_cfg["seed"], dataset=dataset, batch_size=args.batch_size)
     writer = OUTPUTS.build(cfg["infer"])

@@ -14,11 +14,11 @@ def main():
     from engine import config, runtime, trainer
     from engine.components import load_all
     load_all()
-    overrides = cli.overrides(args) + ([f"runtime.seed={args.seed}"] if args.seed is not None else [])
+    overrides = list(args.override) + ([f"runtime.seed={args.seed}"] if args.seed is not None else [])
     cfg = config.load(args.config, overrides)
     output = args.output or cli.default_output(args.config)
     runtime.setup_logging(output, runtime.world()[1])
-    _, metrics = trainer.fit(cfg, output, resume=args.resume)
+    _, metrics = trainer.fit(cfg, output, resume=args.resume, trust_weights=args.trust_weights)
     if metrics and runtime.world()[1] == 0:
         print("final metrics: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
                                            for k, v in metrics.items()))
