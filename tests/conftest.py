@@ -6,6 +6,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from engine.cpu import flush_denormals, mkl_environment  # noqa: E402  (before paddle is imported)
 
+USER_MKL_DEBUG_CPU_TYPE = os.environ.get("MKL_DEBUG_CPU_TYPE")  # before our default: the user's own choice
 mkl_environment()
 os.environ.setdefault("GLOG_minloglevel", "2")
 # In-process tests compute as the tools do (runtime.flush_denormals defaults to true): FTZ + DAZ on
