@@ -138,3 +138,21 @@ def deeplab_demo_run(voc_demo, tmp_path_factory):
     out = tmp_path_factory.mktemp("deeplab_demo")
     tool("train", "-c", DEEPLAB_DEMO, "--output", out)
     return out
+
+
+@pytest.fixture(params=["reference", "fused"])
+def op_path(request):
+    """Run a golden test on both operator paths: pure Paddle, and our fused C++ operators (what train,
+    eval and infer run by default, `runtime.fast_ops`). Yields an OpPath recording the fused operators
+    that ran, so the test can show the fused path was really taken."""
+    from engine import fast_ops
+    from tests.helpers import OpPath, counting_fused_ops
+    fused = request.param == "fused"
+    if fused:
+        fast_ops.set_enabled(True, 2)
+        assert fast_ops.load(), fast_ops._state["error"]
+    try:
+        with fast_ops.enabled_as(fused), counting_fused_ops() as ran:
+            yield OpPath(fused, ran)
+    finally:
+        fast_ops.set_enabled(False)

@@ -45,6 +45,22 @@ class counting_fused_ops:
         self.ops._run = self.real
 
 
+class OpPath:
+    """Which operator path a test runs on (the `op_path` fixture) and the fused operators seen so far."""
+
+    def __init__(self, fused, ran):
+        self.fused, self.ran = fused, ran
+
+    def check(self, *names):
+        """The fused path ran at least these operators; the reference path ran none. A model with no
+        fused operator passes no names: then both paths are the same code, and that is asserted."""
+        seen = sorted(set(self.ran))
+        if self.fused and names:
+            assert set(names) <= set(seen), f"the fused path did not run {sorted(set(names) - set(seen))}: {seen}"
+        else:
+            assert not seen, f"fused operators ran on the {'fused' if self.fused else 'reference'} path: {seen}"
+
+
 def read_metrics(output_dir):
     with open(os.path.join(output_dir, "metrics.json")) as f:
         return json.load(f)

@@ -104,11 +104,15 @@ def _pretraining_outputs(model):
     return [seq.numpy()[:, :, :16], pooled.numpy(), mlm.numpy(), nsp.numpy()], z
 
 
-def test_golden_pretraining_outputs(golden_pretraining):
+BERT_FUSED = ("zoo_matmul", "zoo_softmax_dropout", "zoo_bias_act", "zoo_bias_dropout_residual_ln")
+
+
+def test_golden_pretraining_outputs(golden_pretraining, op_path):
     model, report, _, _ = golden_pretraining
     assert report["missing"] == [] and report["unexpected"] == []
     assert report["ignored"] == ["cls.predictions.decoder_weight"]   # the tied decoder's legacy alias
     outputs, z = _pretraining_outputs(model)
+    op_path.check(*BERT_FUSED)
     for ours, key in zip(outputs, GOLDEN_KEYS):
         close(ours, z[key])
 
@@ -142,7 +146,7 @@ def test_golden_outputs_on_the_fused_path_with_and_without_the_denormal_guard(go
         close(off, z[key])
 
 
-def test_golden_seqcls_logits(golden_pretraining):
+def test_golden_seqcls_logits(golden_pretraining, op_path):
     """The fine-tuning model takes the pretraining file's encoder (dropping its declared foreign
     heads) plus the seq-cls table's classifier, and gives the oracle's logits."""
     model, _, state, gw = golden_pretraining
@@ -159,6 +163,7 @@ def test_golden_seqcls_logits(golden_pretraining):
     batch = {"input_ids": z["input_ids"], "token_type_ids": z["token_type_ids"], "attention_mask": z["attention_mask"]}
     with paddle.no_grad():
         logits = clf(batch)["logits"].numpy()
+    op_path.check(*BERT_FUSED)
     close(logits, z["seqcls_logits"])
 
 
@@ -181,7 +186,7 @@ def test_minilm_loads_through_the_hugging_face_layout(minilm):
     assert model.config["hidden_size"] == 384 and model.config["num_hidden_layers"] == 6
 
 
-def test_minilm_token_ids_hidden_states_and_embeddings(minilm):
+def test_minilm_token_ids_hidden_states_and_embeddings(minilm, op_path):
     _, model, tok, _ = minilm
     meta = _json("minilm_l6_v2_real.json")
     z = np.load(os.path.join(DATA, "minilm_l6_v2_real.npz"))
@@ -197,6 +202,7 @@ def test_minilm_token_ids_hidden_states_and_embeddings(minilm):
     np.testing.assert_allclose(seq[:, :, :16], z["last_hidden_state.slice"], atol=1e-4, rtol=0)
     np.testing.assert_allclose(seq[:, 0], z["last_hidden_state.cls"], atol=1e-4, rtol=0)
     emb = B.sentence_embeddings(model, tok, meta["sentences"])
+    op_path.check(*BERT_FUSED)
     np.testing.assert_allclose(emb, z["embeddings"], atol=1e-5, rtol=0)
     np.testing.assert_allclose(emb @ emb.T, z["cosine"], atol=1e-5, rtol=0)
 

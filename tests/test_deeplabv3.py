@@ -67,12 +67,19 @@ def test_parameter_count_is_the_official_table():
     assert 23527264 + head == 39068531
 
 
-def test_golden_paddleseg_r50vd_os8():
+@pytest.fixture(scope="module")
+def golden_deeplab():
     tab = table("keys_paddleseg_deeplabv3_resnet50_os8_cityscapes.json")
-    model = DeepLabV3(num_classes=19)
-    model.eval()
+    with paddle.LazyGuard():     # weights come from the golden table: skip the random initialisation
+        model = DeepLabV3(num_classes=19)
     report = load_entry_state(model, golden_state_dict(tab["params"]),
                               WEIGHTS.get("deeplabv3_r50vd_os8_cityscapes_80k"), strict=True, log=quiet)
+    model.eval()
+    return model, report
+
+
+def test_golden_paddleseg_r50vd_os8(golden_deeplab, op_path):
+    model, report = golden_deeplab
     assert report["missing"] == [] and report["unexpected"] == [] and report["loaded"] == 312
     ref = np.load(os.path.join(DATA, "paddleseg_deeplabv3_r50vd_os8.npz"))
     x = paddle.to_tensor(ref["x"])
@@ -82,6 +89,7 @@ def test_golden_paddleseg_r50vd_os8():
         aspp = model.aspp(feats[3]).numpy()
         logits = model.logits(x).numpy()
         label_map = model({"image": x})["label_map"].numpy()
+    op_path.check("zoo_conv2d")     # eval: oneDNN's convolution (BN in eval is the reference)
     close(head.numpy(), ref["head_logit"])
     stats_close(head.numpy(), ref["head_logit.stats"])
     close(aspp[:, :8], ref["aspp_out.slice"])

@@ -113,11 +113,12 @@ def test_bad_configs_raise():
 
 
 # ------------------------------------------------------------------------- key tables + golden
-def test_tsn_golden_paddlevideo():
+def test_tsn_golden_paddlevideo(op_path):
     params = table("keys_paddlevideo_tsn_r50_k400.json")["params"]
-    model = TSN(num_classes=400)
-    model.eval()
+    with paddle.LazyGuard():     # weights come from the golden table: skip the random initialisation
+        model = TSN(num_classes=400)
     report = load_entry_state(model, golden_state_dict(params), WEIGHTS.get("tsn_r50_k400_3seg"), log=quiet)
+    model.eval()
     assert report["missing"] == [] and report["unexpected"] == [] and report["loaded"] == 267
     ref = golden("paddlevideo_tsn_r50.npz")
     x = paddle.to_tensor(ref["x"])  # [1, 3 segments, 3, 64, 64]
@@ -125,6 +126,7 @@ def test_tsn_golden_paddlevideo():
         out = model({"imgs": x})
         seg = model.segment_features(x.unsqueeze(1))[0, 0]
         feat = model.backbone(x.reshape([3, 3, 64, 64]))[-1].numpy()
+    op_path.check("zoo_conv2d")     # eval: oneDNN's convolution (BN in eval is the reference)
     close(out["logits"].numpy(), ref["logits"])
     close(seg.numpy(), ref["seg_pooled_feat"])
     close(feat[:, :8], ref["backbone_feat.slice"])
@@ -132,16 +134,18 @@ def test_tsn_golden_paddlevideo():
     np.testing.assert_allclose(out["probs"].numpy().sum(-1), 1.0, rtol=1e-5)
 
 
-def test_resnet50_vd_golden_paddleseg():
+def test_resnet50_vd_golden_paddleseg(op_path):
     params = table("keys_paddleseg_resnet50_vd_backbone.json")["params"]
-    model = ResNet(depth=50, variant="d", output_stride=8, multi_grid=[1, 2, 4], out_indices=[0, 1, 2, 3])
-    model.eval()
+    with paddle.LazyGuard():
+        model = ResNet(depth=50, variant="d", output_stride=8, multi_grid=[1, 2, 4], out_indices=[0, 1, 2, 3])
     report = load_entry_state(model, golden_state_dict(params), WEIGHTS.get("resnet50_vd_ssld_v2_paddleseg"),
                               log=quiet)
+    model.eval()
     assert report["missing"] == [] and report["unexpected"] == [] and report["loaded"] == 275
     ref = golden("paddleseg_resnet50_vd_backbone.npz")
     with paddle.no_grad():
         feats = [f.numpy() for f in model(paddle.to_tensor(ref["x"]))]
+    op_path.check("zoo_conv2d")
     assert [f.shape[1:] for f in feats] == [(256, 16, 16), (512, 8, 8), (1024, 8, 8), (2048, 8, 8)]
     for i, f in enumerate(feats):
         close(f[:, :16, :8, :8], ref[f"feat{i}.slice"])
@@ -149,7 +153,7 @@ def test_resnet50_vd_golden_paddleseg():
         stats_close(f, ref[f"feat{i}.stats"])
 
 
-def test_resnet50_frozen_golden_ppdet():
+def test_resnet50_frozen_golden_ppdet(op_path):
     """The Mask R-CNN trunk: PaddleDetection names, freeze_at 0 (= frozen_stages 1), frozen BN."""
     tab = table("keys_ppdet_mask_rcnn_r50_fpn_1x_coco.json")
     model = ResNet(depth=50, out_indices=[0, 1, 2, 3], frozen_stages=1, freeze_norm=True)
@@ -165,6 +169,7 @@ def test_resnet50_frozen_golden_ppdet():
     ref = golden("ppdet_mask_rcnn_r50_fpn.npz")
     with paddle.no_grad():
         feats = [f.numpy() for f in model(paddle.to_tensor(ref["image"]))]
+    op_path.check("zoo_conv2d")
     for i, f in enumerate(feats):
         close(f[:, :8, :8, :8], ref[f"backbone.res{i + 2}.slice"])
         stats_close(f, ref[f"backbone.res{i + 2}.stats"])

@@ -131,11 +131,12 @@ def test_attention_lstm_official_keys_load(golden_lstm):
         np.testing.assert_array_equal(own[alias].numpy(), expected)
 
 
-def test_attention_lstm_matches_official_golden(golden_lstm):
+def test_attention_lstm_matches_official_golden(golden_lstm, op_path):
     model, _, _, ref, _ = golden_lstm
     batch = {k: ref[k] for k in ("rgb", "rgb_len", "rgb_mask", "audio", "audio_len", "audio_mask")}
     assert batch["rgb_mask"].ndim == 3  # FeatureDecoder's [B,T,D] mask layout is accepted
     out = run(model, batch)
+    op_path.check()      # no fused operator of ours in this model: both paths are the same code
     for key in ("logits", "probs"):
         diff = np.abs(out[key] - ref[key])
         tol = 1e-4 * max(1.0, np.abs(ref[key]).max()) + 1e-4 * np.abs(ref[key])
