@@ -15,19 +15,26 @@ q = (1 - eps) * one_hot + eps / V.
 Decoding is incremental: the encoder runs once per batch, the cross-attention keys/values of each
 decoder layer are projected once, and the self-attention keys/values of the tokens already generated
 are cached and extended by one row per step (`use_cache: false` recomputes the whole decoder
-prefix every step instead: the same tokens, kept for tests and the benchmark). Beam search keeps
-the `beam_size` best unfinished hypotheses among the 2 x beam_size best candidates of a step; an
-end-of-sentence candidate ranked inside the first `beam_size` is finished with the GNMT length
-penalty, score = sum(log p) / ((5 + |Y|) / 6) ** alpha (|Y| counts the tokens generated, `<e>`
-included), and a sentence stops once it has `beam_size` finished hypotheses or reaches its maximum
-length `max_len_a * |source| + max_len_b` (capped by the position table). With beam_size 1 this is
-exactly greedy decoding.
+prefix every step instead: the same tokens, kept for tests and the benchmark). Two searches
+(`beam_search_version`):
+- `v1` (default): PaddleNLP's default, its InferTransformerModel with beam_search_version v1, i.e.
+  paddle.nn.BeamSearchDecoder under paddle.nn.dynamic_decode(max_step_num=max_out_len) (`BeamSearch.v1`
+  says how; a test compares the two token for token). Its published BLEU (26.89 base, 27.48 big) was
+  decoded so, with beam 5. Scores are summed log-probabilities, no length penalty; at most
+  max_out_len + 1 tokens (default: the position table, max_length - 1, as PaddleNLP's recipes).
+- `length_penalty`: this zoo's earlier search. It keeps the `beam_size` best unfinished hypotheses
+  among the 2 x beam_size best candidates of a step; an end-of-sentence candidate ranked inside the
+  first `beam_size` is finished with the GNMT length penalty, score = sum(log p) / ((5 + |Y|) / 6) **
+  alpha (|Y| counts the tokens generated, `<e>` included), and a sentence stops once it has
+  `beam_size` finished hypotheses or reaches its maximum length `max_len_a * |source| + max_len_b`
+  (capped by the position table). With beam_size 1 this is exactly greedy decoding. It is not
+  PaddleNLP's v2 (alive and finished queues of beam_size each, tensor2tensor's early stop).
 
 Export (tools/export.py): the networks are two programs, `encoder` (source -> the memory's
 cross-attention keys/values per decoder layer and the memory bias) and `decoder_step` (one cached
 step: the last tokens, the memory's keys/values and the self-attention cache of the positions so far
 -> log-probabilities of the next token and the cache extended by one position; the position is the
-cache's length). The search itself (hypothesis bookkeeping, length penalty, stopping) stays Python:
+cache's length). The search itself (hypothesis bookkeeping, scores, stopping) stays Python:
 `BeamSearch`, the one the dynamic model runs, drives those programs through `Transformer.exported_runner`,
 so both paths decode with the same code and differ only in who computes a step. The source-length
 check against the position table runs in Python on both paths.
@@ -70,10 +77,7 @@ def length_penalty(length, alpha):
     return ((5.0 + length) / 6.0) ** alpha
 
 
-# `beam_search_version`: "v1" is PaddleNLP's default search (its InferTransformerModel's v1:
-# paddle.nn.BeamSearchDecoder under paddle.nn.dynamic_decode), the one its published BLEU comes from;
-# "length_penalty" is this zoo's earlier search (GNMT penalty, |source|-relative limit). PaddleNLP's own
-# "v2" (alive and finished queues, t2t's early stop) is a third search, not implemented here.
+# the values of `beam_search_version` (module docstring); PaddleNLP's "v2" is not one of them
 SEARCHES = ("v1", "length_penalty")
 
 
@@ -317,8 +321,13 @@ class Transformer(nn.Layer):
     Batch keys: `src_ids` [B, S] (source tokens + `<e>`), `tgt_in` [B, T] (`<s>` + target) and
     `tgt_out` [B, T] (target + `<e>`), padded with `pad_id`, with the `<key>_mask` a PadSequences
     collate adds. Train mode returns {loss (label-smoothed, per target token), nll}; eval mode returns
-    the decoded `ids` [B, L] (padded with pad_id after `<e>`), `ids_len`, `scores` (length-penalised
-    log-probability) and, when the batch has targets, per-sentence `loss_sum`, `nll_sum` and `ntokens`.
+    the decoded `ids` [B, L] (padded with pad_id after `<e>`), `ids_len`, `scores` (the hypothesis'
+    summed log-probability; length-penalised under `length_penalty`) and, when the batch has targets,
+    per-sentence `loss_sum`, `nll_sum` and `ntokens`.
+
+    Decoding keys (module docstring): `beam_search_version` v1 with `max_out_len`, or length_penalty
+    with `alpha`, `max_len_a`, `max_len_b`; None takes the search's default, and a key of the other
+    search is refused (an override that did nothing would mislead).
     """
 
     head_keys = ()
@@ -349,8 +358,6 @@ class Transformer(nn.Layer):
         self.beam_size = beam_size
         self.beam_search_version, self.max_out_len, self.alpha, self.max_len_a, self.max_len_b = \
             search_options(beam_search_version, max_out_len, alpha, max_len_a, max_len_b, max_length)
-        if beam_size > trg_vocab_size:
-            raise ConfigError(f"Transformer: beam_size {beam_size} is larger than the vocabulary ({trg_vocab_size})")
         self.use_cache = use_cache
         self.src_word_embedding = WordEmbedding(src_vocab_size, d_model, pad_id)
         self.src_pos_embedding = PositionalEmbedding(d_model, max_length)
@@ -525,13 +532,14 @@ class Transformer(nn.Layer):
 
     @paddle.no_grad()
     def greedy_search(self, memory, memory_bias, src_lengths, use_cache=True):
-        """The most probable next token until <e> or the sentence's maximum length."""
+        """The length_penalty search at beam 1: the most probable next token until <e> or the
+        sentence's maximum length."""
         steps = self._stepper(memory, memory_bias, use_cache)
         return BeamSearch(**self.search_settings()).greedy(steps, memory.shape[0], src_lengths.numpy())
 
     @paddle.no_grad()
     def beam_search(self, memory, memory_bias, src_lengths, beam_size, use_cache=True):
-        """Per sentence its finished hypotheses (tokens, score), best first (see the module docstring)."""
+        """The length_penalty search: per sentence its finished hypotheses (tokens, score), best first."""
         steps = self._stepper(memory, memory_bias, use_cache)
         return BeamSearch(**self.search_settings()).beam(steps, memory.shape[0], src_lengths.numpy(), beam_size)
 
@@ -681,6 +689,8 @@ class BeamSearch:
             logp = steps.step(last, t)                 # [live slots, V], float32
             vocab = logp.shape[-1]
             if t == 0:   # one live hypothesis (<s>) per sentence; BeamSearchDecoder's others start at -1e9
+                if vocab < k:   # those would then be chosen: a search no one wants
+                    raise ConfigError(f"Transformer: beam_size {k} is larger than the vocabulary ({vocab})")
                 cand = logp
                 origin_of = np.zeros((len(active), k), np.int64)
             else:
@@ -690,7 +700,7 @@ class BeamSearch:
                 ended[:, eos] = scores[active][~live]      # <e> again, at no cost
                 stacked = paddle.concat([alive_part, paddle.to_tensor(ended)]) if len(ended) else alive_part
                 order = np.where(live, live_row[active], 0)
-                order[~live] = len(live_row[active][live]) + np.arange(len(ended))
+                order[~live] = logp.shape[0] + np.arange(len(ended))
                 cand = paddle.index_select(stacked, paddle.to_tensor(order.reshape(-1))).reshape([len(active), -1])
             top_v, top_i = paddle.topk(cand, k, axis=-1)
             top_v, top_i = top_v.numpy(), top_i.numpy()
@@ -863,8 +873,9 @@ WEIGHTS.add(PretrainedEntry(
     source="PaddleNLP dygraph .pdparams (TransformerModel: pre-norm, shared 33712-entry vocabulary)",
     model_args=dict(PRESETS["base"], max_length=257, **_WMT14_ARGS),
     metrics={"bleu_tok": 26.89},
-    metrics_source="PaddleNLP examples/machine_translation/transformer README (base, beam 5, tokenised "
-                   "multi-bleu.perl on newstest2014.tok.de)",
+    metrics_source="PaddleNLP examples/machine_translation/transformer/fast_transformer/README.md (base, "
+                   "beam 5, v1 search as FastGeneration's beam_search, tokenised multi-bleu.perl on "
+                   "newstest2014.tok.de)",
     dataset="WMT14 en-de newstest2014",
     num_params=61532672,
     config="configs/nlp/transformer/transformer_base_30e_wmt14ende.yaml",
@@ -882,7 +893,8 @@ WEIGHTS.add(PretrainedEntry(
     source="PaddleNLP TransformerModel, big configuration",
     model_args=dict(PRESETS["big"], max_length=1025, **_WMT14_ARGS),
     metrics={"bleu_tok": 27.48},
-    metrics_source="PaddleNLP examples/machine_translation/transformer README (big, tokenised multi-bleu.perl "
+    metrics_source="PaddleNLP examples/machine_translation/transformer/README.md (big; Feb 2021, when "
+                   "predict.py ran dynamic_decode with beam 5, max_out_len 1024; tokenised multi-bleu.perl "
                    "on newstest2014.tok.de)",
     dataset="WMT14 en-de newstest2014",
     num_params=211932160,
