@@ -118,14 +118,16 @@ def one_error_line(result):
 def peaked_transformer(**settings):
     """(model, source ids [6, 7]): a small random post-norm Transformer in eval mode with its matrices
     scaled up, so its distributions are peaked and beam search keeps hypotheses of several lengths (a
-    random model at the usual scale repeats one token); row 4 is a shorter, padded sentence."""
+    random model at the usual scale repeats one token); row 4 is a shorter, padded sentence. It decodes
+    with the length-penalty search (limit |source| + 4) unless `beam_search_version="v1"` is given."""
     import numpy as np
     import paddle
     from models.nlp.transformer import Transformer
+    if settings.setdefault("beam_search_version", "length_penalty") == "length_penalty":
+        settings = {"max_len_a": 1.0, "max_len_b": 4, **settings}
     paddle.seed(1)
     m = Transformer(src_vocab_size=24, trg_vocab_size=24, d_model=32, d_inner_hid=64, n_head=4, num_encoder_layers=2,
-                    num_decoder_layers=2, max_length=30, dropout=0.0, normalize_before=False,
-                    max_len_a=1.0, max_len_b=4, **settings)
+                    num_decoder_layers=2, max_length=30, dropout=0.0, normalize_before=False, **settings)
     for p in m.parameters():
         if p.ndim == 2:
             p.set_value(p.numpy() * 3)

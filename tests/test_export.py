@@ -211,6 +211,15 @@ def test_transformer_exports_its_encoder_and_one_decoder_step_and_decodes_with_t
         assert close(got["scores"], ref["scores"].numpy())
         lengths |= set(got["ids_len"].tolist())
     assert len(lengths) > 2                # hypotheses of several lengths: the search was exercised
+    # the same programs under PaddleNLP's v1 search (the weights are peaked_transformer's either way)
+    m1, _ = peaked_transformer(beam_size=4, beam_search_version="v1", max_out_len=12)
+    run_v1 = type(m).exported_runner(predictor.programs, dict(predictor.record["settings"], **m1.search_settings()))
+    batch = {"src_ids": src, "src_ids_mask": (src != 0).astype("float32")}
+    got = run_v1(batch)
+    with paddle.no_grad():
+        ref = m1({k: paddle.to_tensor(v) for k, v in batch.items()})
+    assert np.array_equal(got["ids"], ref["ids"].numpy()) and close(got["scores"], ref["scores"].numpy())
+    assert len(set(got["ids_len"].tolist())) > 1
     # the programs alone, teacher-forced over three steps (the cache grows 0 -> 3 positions)
     enc, step = predictor.programs["encoder"], predictor.programs["decoder_step"]
     batch = {"src_ids": src, "src_ids_mask": (src != 0).astype("float32")}

@@ -1,5 +1,6 @@
-"""Transformer for translation: official parameter count and names, decoding (beam 1 = greedy, cache
-= no cache, scores with the length penalty), the Translation reader (both tokenisation paths, token
+"""Transformer for translation: official parameter count and names, decoding (PaddleNLP's v1 search =
+paddle.nn.BeamSearchDecoder; the length-penalty option: beam 1 = greedy, cache = no cache, scores with
+the penalty), the Translation reader (both tokenisation paths, token
 budgets, bad input in one line), BLEU, checkpoint averaging, and the demo recipe trained once."""
 import json
 import os
@@ -8,15 +9,15 @@ import numpy as np
 import paddle
 import pytest
 
-from engine import builder, config
+from engine import builder, config, fast_ops
 from engine.components import load_all
 from engine.data import PadSequences
 from engine.pretrained import WEIGHTS, load_entry_state
 from engine.registry import ConfigError
 from engine.samplers import TokenBudget
-from models.nlp.transformer import Transformer, length_penalty
+from models.nlp.transformer import Transformer, length_penalty, search_options
 from readers.translation import Translation
-from tests.helpers import ROOT, assert_one_line_error, peaked_transformer, read_metrics, tool
+from tests.helpers import ROOT, assert_one_line_error, counting_fused_ops, peaked_transformer, read_metrics, tool
 
 load_all()
 DATA = os.path.join(ROOT, "tests", "data")
@@ -212,6 +213,108 @@ def test_decoding_stops_at_the_maximum_length_and_the_position_table(small_model
     long[0, -1] = 1
     with pytest.raises(ConfigError, match=r"row 0 has 31 tokens .*position table holds \(model.max_length 30\)"):
         m.translate(long)
+
+
+# ------------------------------------------------------------------------------------ PaddleNLP's v1 search
+
+def _beam_search_decoder(m, src, k):
+    """The reference: paddle.nn.BeamSearchDecoder under paddle.nn.dynamic_decode(max_step_num=max_out_len),
+    as PaddleNLP's InferTransformerModel (v1) runs them, with our network as the cell wired as its
+    TransformerDecodeCell: word + position embedding of the last token (the position is the step,
+    here the cache's length), the decoder layers over their self-attention caches, the tied output
+    projection's logits. Returns (ids [B, T, k], summed log-probabilities [B, k])."""
+    src = paddle.to_tensor(src)
+    with paddle.no_grad():
+        memory, bias = m.encode(src, (src != m.pad_id).astype("float32"))
+
+        def cell(ids, caches, memory_kv, memory_bias):
+            ids = ids.reshape([-1, 1])
+            x = m.trg_word_embedding(ids) + m.trg_pos_embedding(ids * 0 + caches[0][0].shape[2])
+            state = [{"k": ck, "v": cv} for ck, cv in caches]
+            h = m.transformer.decoder(x, memory_kv, None, memory_bias, state)
+            return m.logits(h[:, -1]), [(c["k"], c["v"]) for c in state]
+
+        tile = lambda x: paddle.nn.BeamSearchDecoder.tile_beam_merge_with_batch(x, k)  # noqa: E731
+        decoder = paddle.nn.BeamSearchDecoder(cell, m.bos_id, m.eos_id, k)
+        ids, states = paddle.nn.dynamic_decode(
+            decoder, inits=m.empty_caches(src.shape[0]), max_step_num=m.max_out_len, is_test=True,
+            memory_kv=[(tile(mk), tile(mv)) for mk, mv in m.transformer.decoder.memory_kv(memory)],
+            memory_bias=tile(bias))
+    return ids.numpy(), states.log_probs.numpy()
+
+
+@pytest.fixture(scope="module")
+def v1_model():
+    """peaked_transformer decoding with v1 (limit 12 + 1 tokens), its <e> embedding doubled: hypotheses
+    end at many different steps, some sentences end all their beams early, some none."""
+    m, src = peaked_transformer(beam_search_version="v1", max_out_len=12)
+    emb = m.trg_word_embedding.word_embedding.weight
+    w = emb.numpy()
+    w[m.eos_id] *= 2
+    emb.set_value(w)
+    return m, src
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["paddle_ops", "fused_ops"])
+def test_v1_search_equals_paddle_beam_search_decoder(v1_model, fast):
+    """Every beam's tokens and score, per sentence, against Paddle's own search on the same network.
+    It fails on a length penalty in the ranking, on finished beams that leave the beam or continue
+    with other tokens, and on one step fewer than dynamic_decode makes (each tried)."""
+    m, src = v1_model
+    k, eos = 4, m.eos_id
+    with fast_ops.enabled_as(fast), counting_fused_ops() as ran:
+        ref_ids, ref_logp = _beam_search_decoder(m, src, k)
+        ours = m.translate(src, beam_size=k, n_best=k)
+        assert bool(ran) == fast
+        uncached = m.translate(src, beam_size=k, n_best=k, use_cache=False)
+        out = m({"src_ids": paddle.to_tensor(src)})
+    ends = []
+    for i, per_sentence in enumerate(ours):
+        assert len(per_sentence) == k
+        for b, (tokens, score) in enumerate(per_sentence):
+            ref = ref_ids[i, :, b].tolist()
+            ref = ref[:ref.index(eos) + 1] if eos in ref else ref   # after <e> its beam repeats <e>
+            assert tokens == ref, (i, b)
+            assert score == pytest.approx(float(ref_logp[i, b]), abs=1e-5)
+            ends.append((i, len(tokens), tokens[-1] == eos))
+    # the batch exercises the search: lengths differ across sentences and beams, some sentences end
+    # every beam before others, some hypotheses stop at the limit (max_out_len + 1 tokens, no <e>)
+    assert len({n for _, n, _ in ends}) >= 4
+    assert len({max(n for j, n, _ in ends if j == i) for i in range(len(src))}) >= 3
+    assert any(not ended and n == m.max_out_len + 1 for _, n, ended in ends) and sum(e for *_, e in ends) >= 10
+    assert [[t for t, _ in h] for h in uncached] == [[t for t, _ in h] for h in ours]
+    # the eval forward gives slot 0 (PaddleNLP's predict.py writes beam 0, n_best 1), through its <e>
+    for i, per_sentence in enumerate(ours):
+        n = int(out["ids_len"][i])
+        assert out["ids"][i, :n].numpy().tolist() == per_sentence[0][0]
+        assert float(out["scores"][i]) == pytest.approx(per_sentence[0][1])
+
+
+def test_search_keys_are_checked_against_the_version():
+    small = dict(src_vocab_size=24, trg_vocab_size=24, d_model=8, d_inner_hid=8, n_head=2, num_encoder_layers=1,
+                 num_decoder_layers=1, max_length=30)
+    m = Transformer(**small)   # PaddleNLP's default search over the whole position table
+    assert (m.beam_search_version, m.max_out_len, m.alpha) == ("v1", 29, None)
+    m = Transformer(**small, beam_search_version="length_penalty")
+    assert (m.max_out_len, m.alpha, m.max_len_a, m.max_len_b) == (None, 0.6, 1.0, 50)
+    for bad, message in ((dict(beam_search_version="v2"), r"model.beam_search_version 'v2' is not one of v1, "
+                                                          r"length_penalty"),
+                         (dict(alpha=0.6), r"model.alpha applies to beam_search_version: length_penalty only"),
+                         (dict(max_out_len=30), r"model.max_out_len 30 must be in \[0, model.max_length - 1 = 29\]"),
+                         (dict(beam_search_version="length_penalty", max_out_len=20),
+                          r"model.max_out_len applies to beam_search_version: v1 only")):
+        with pytest.raises(ConfigError, match=message):
+            Transformer(**small, **bad)
+    # the WMT recipes decode as PaddleNLP's published runs: v1, beam 5, max_out_len 256 / 1024; one
+    # override restores the length-penalty search with its former settings
+    for name, limit in (("base", 256), ("big", 1024)):
+        path = os.path.join(ROOT, f"configs/nlp/transformer/transformer_{name}_30e_wmt14ende.yaml")
+        model = config.load(path)["model"]
+        assert (model["beam_search_version"], model["beam_size"]) == ("v1", 5)
+        assert search_options("v1", model.get("max_out_len"), None, None, None, model["max_length"])[1] == limit
+        model = config.load(path, ["model.beam_search_version=length_penalty"])["model"]
+        assert search_options("length_penalty", None, None, None, None, model["max_length"])[2:] == (0.6, 1.0, 50)
+        assert not {"alpha", "max_len_a", "max_len_b", "max_out_len"} & set(model)
 
 
 # ------------------------------------------------------------------------------------ reader

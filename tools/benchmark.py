@@ -45,6 +45,8 @@ TRANSFORMER_ON_DEMO = [f"reader.train.{k}={v}" for k, v in (
     ("src_file", "data/translation_demo/train.en"), ("tgt_file", "data/translation_demo/train.xx"),
     ("spm_model", "data/translation_demo/spm.model"), ("vocab", "null"), ("input_format", "raw"),
     ("sampler", "null"), ("num_workers", 0))]
+# untrained decoding to a fixed length: the recorded figures' setting (the length-penalty search's limit)
+SOURCE_PLUS_5 = ["model.beam_search_version=length_penalty", "model.max_len_a=1.0", "model.max_len_b=5"]
 BERT_DEMO = ["reader.train.files=[data/bert_demo/corpus/train.txt]",
              "reader.train.vocab_file=data/bert_demo/vocab_30522.txt", "reader.train.collate.max_len=128"]
 BENCH_TABLE = [
@@ -66,9 +68,10 @@ BENCH_TABLE = [
      "full-size model, 7 segments x 5 frames x 224, on the 80x64 demo videos"),
     # translation: training tokens/s (target tokens) and decoding sentences/s (eval forwards on
     # source-only batches) with the decoder's cache, then without it (-o model.use_cache=false). The
-    # weights are untrained, so every hypothesis runs to the length limit, set to |source| + 5.
+    # weights are untrained, so every hypothesis runs to the length limit: the length-penalty search's,
+    # relative to the source, set to |source| + 5 (v1's max_out_len would be 256 steps of noise).
     *[(f"Transformer-{size}{'-nocache' if not cache else ''}", cfg,
-       ovr + ["model.max_len_a=1.0", "model.max_len_b=5"] + ([] if cache else ["model.use_cache=false"]),
+       ovr + SOURCE_PLUS_5 + ([] if cache else ["model.use_cache=false"]),
        bs, note, ["--tokens", "tgt_out", "--drop-keys", "tgt_in", "tgt_out"])
       for size, cfg, ovr, bs, note in (
           ("base", "configs/nlp/transformer/transformer_base_30e_wmt14ende.yaml", TRANSFORMER_ON_DEMO, 32,
@@ -295,7 +298,7 @@ INFER_TABLE = [
      [f"reader.test.{k}={v}" for k, v in (
          ("src_file", "data/translation_demo/test.en"), ("tgt_file", "null"),
          ("spm_model", "data/translation_demo/spm.model"), ("vocab", "null"), ("input_format", "raw"))]
-     + ["model.max_len_a=1.0", "model.max_len_b=5"],
+     + SOURCE_PLUS_5,
      [1, 8], "full-size base (vocabulary 33712), beam 5, demo sentences (~15 subwords)"),
     # the exported networks are timed with the Python the model's exported_runner runs around them:
     # the arg-max for DeepLabV3; proposals to detections (NMS, top-100, mask head, pasting) for Mask R-CNN

@@ -15,19 +15,26 @@ q = (1 - eps) * one_hot + eps / V.
 Decoding is incremental: the encoder runs once per batch, the cross-attention keys/values of each
 decoder layer are projected once, and the self-attention keys/values of the tokens already generated
 are cached and extended by one row per step (`use_cache: false` recomputes the whole decoder
-prefix every step instead: the same tokens, kept for tests and the benchmark). Beam search keeps
-the `beam_size` best unfinished hypotheses among the 2 x beam_size best candidates of a step; an
-end-of-sentence candidate ranked inside the first `beam_size` is finished with the GNMT length
-penalty, score = sum(log p) / ((5 + |Y|) / 6) ** alpha (|Y| counts the tokens generated, `<e>`
-included), and a sentence stops once it has `beam_size` finished hypotheses or reaches its maximum
-length `max_len_a * |source| + max_len_b` (capped by the position table). With beam_size 1 this is
-exactly greedy decoding.
+prefix every step instead: the same tokens, kept for tests and the benchmark). Two searches
+(`beam_search_version`):
+- `v1` (default): PaddleNLP's default, its InferTransformerModel with beam_search_version v1, i.e.
+  paddle.nn.BeamSearchDecoder under paddle.nn.dynamic_decode(max_step_num=max_out_len) (`BeamSearch.v1`
+  says how; a test compares the two token for token). Its published BLEU (26.89 base, 27.48 big) was
+  decoded so, with beam 5. Scores are summed log-probabilities, no length penalty; at most
+  max_out_len + 1 tokens (default: the position table, max_length - 1, as PaddleNLP's recipes).
+- `length_penalty`: this zoo's earlier search. It keeps the `beam_size` best unfinished hypotheses
+  among the 2 x beam_size best candidates of a step; an end-of-sentence candidate ranked inside the
+  first `beam_size` is finished with the GNMT length penalty, score = sum(log p) / ((5 + |Y|) / 6) **
+  alpha (|Y| counts the tokens generated, `<e>` included), and a sentence stops once it has
+  `beam_size` finished hypotheses or reaches its maximum length `max_len_a * |source| + max_len_b`
+  (capped by the position table). With beam_size 1 this is exactly greedy decoding. It is not
+  PaddleNLP's v2 (alive and finished queues of beam_size each, tensor2tensor's early stop).
 
 Export (tools/export.py): the networks are two programs, `encoder` (source -> the memory's
 cross-attention keys/values per decoder layer and the memory bias) and `decoder_step` (one cached
 step: the last tokens, the memory's keys/values and the self-attention cache of the positions so far
 -> log-probabilities of the next token and the cache extended by one position; the position is the
-cache's length). The search itself (hypothesis bookkeeping, length penalty, stopping) stays Python:
+cache's length). The search itself (hypothesis bookkeeping, scores, stopping) stays Python:
 `BeamSearch`, the one the dynamic model runs, drives those programs through `Transformer.exported_runner`,
 so both paths decode with the same code and differ only in who computes a step. The source-length
 check against the position table runs in Python on both paths.
@@ -68,6 +75,34 @@ def position_encoding_init(n_position, d_pos_vec):
 def length_penalty(length, alpha):
     """GNMT: ((5 + |Y|) / 6) ** alpha."""
     return ((5.0 + length) / 6.0) ** alpha
+
+
+# the values of `beam_search_version` (module docstring); PaddleNLP's "v2" is not one of them
+SEARCHES = ("v1", "length_penalty")
+
+
+def search_options(version, max_out_len, alpha, max_len_a, max_len_b, max_length):
+    """(version, max_out_len, alpha, max_len_a, max_len_b) with the chosen search's defaults; a key of
+    the other search is refused, so that an override never silently does nothing."""
+    if version not in SEARCHES:
+        raise ConfigError(f"Transformer: model.beam_search_version {version!r} is not one of {', '.join(SEARCHES)}")
+    if version == "v1":
+        given = [k for k, v in (("alpha", alpha), ("max_len_a", max_len_a), ("max_len_b", max_len_b)) if v is not None]
+        if given:
+            raise ConfigError(f"Transformer: model.{given[0]} applies to beam_search_version: length_penalty only "
+                              f"(v1 has no length penalty and stops at model.max_out_len)")
+        # the whole position table, as PaddleNLP's recipes (max_out_len = max_length, table max_length + 1:
+        # base 256, big 1024); v1 makes up to max_out_len + 1 tokens
+        max_out_len = max_length - 1 if max_out_len is None else max_out_len
+        if not 0 <= max_out_len < max_length:
+            raise ConfigError(f"Transformer: model.max_out_len {max_out_len} must be in [0, model.max_length - 1 = "
+                              f"{max_length - 1}] (v1 makes up to max_out_len + 1 tokens, one position each)")
+        return version, max_out_len, None, None, None
+    if max_out_len is not None:
+        raise ConfigError("Transformer: model.max_out_len applies to beam_search_version: v1 only (length_penalty "
+                          "stops at model.max_len_a * |source| + model.max_len_b)")
+    return (version, None, 0.6 if alpha is None else alpha, 1.0 if max_len_a is None else max_len_a,
+            50 if max_len_b is None else max_len_b)
 
 
 class WordEmbedding(nn.Layer):
@@ -286,8 +321,13 @@ class Transformer(nn.Layer):
     Batch keys: `src_ids` [B, S] (source tokens + `<e>`), `tgt_in` [B, T] (`<s>` + target) and
     `tgt_out` [B, T] (target + `<e>`), padded with `pad_id`, with the `<key>_mask` a PadSequences
     collate adds. Train mode returns {loss (label-smoothed, per target token), nll}; eval mode returns
-    the decoded `ids` [B, L] (padded with pad_id after `<e>`), `ids_len`, `scores` (length-penalised
-    log-probability) and, when the batch has targets, per-sentence `loss_sum`, `nll_sum` and `ntokens`.
+    the decoded `ids` [B, L] (padded with pad_id after `<e>`), `ids_len`, `scores` (the hypothesis'
+    summed log-probability; length-penalised under `length_penalty`) and, when the batch has targets,
+    per-sentence `loss_sum`, `nll_sum` and `ntokens`.
+
+    Decoding keys (module docstring): `beam_search_version` v1 with `max_out_len`, or length_penalty
+    with `alpha`, `max_len_a`, `max_len_b`; None takes the search's default, and a key of the other
+    search is refused (an override that did nothing would mislead).
     """
 
     head_keys = ()
@@ -297,8 +337,9 @@ class Transformer(nn.Layer):
                  num_decoder_layers: int = 6, dropout: float = 0.1, attn_dropout: float = None,
                  act_dropout: float = None, normalize_before: bool = True, weight_sharing: bool = True,
                  max_length: int = 257, bos_id: int = 0, eos_id: int = 1, pad_id: int = 0,
-                 label_smooth_eps: float = 0.1, beam_size: int = 5, alpha: float = 0.6,
-                 max_len_a: float = 1.0, max_len_b: int = 50, use_cache: bool = True, final_norm: bool = True):
+                 label_smooth_eps: float = 0.1, beam_size: int = 5, beam_search_version: str = "v1",
+                 max_out_len: int = None, alpha: float = None, max_len_a: float = None, max_len_b: int = None,
+                 use_cache: bool = True, final_norm: bool = True):
         super().__init__()
         if weight_sharing and src_vocab_size != trg_vocab_size:
             raise ConfigError(f"Transformer: weight_sharing needs one joint vocabulary, but src_vocab_size "
@@ -314,7 +355,9 @@ class Transformer(nn.Layer):
         self.d_model, self.max_length = d_model, max_length
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
         self.dropout, self.label_smooth_eps = dropout, label_smooth_eps
-        self.beam_size, self.alpha, self.max_len_a, self.max_len_b = beam_size, alpha, max_len_a, max_len_b
+        self.beam_size = beam_size
+        self.beam_search_version, self.max_out_len, self.alpha, self.max_len_a, self.max_len_b = \
+            search_options(beam_search_version, max_out_len, alpha, max_len_a, max_len_b, max_length)
         self.use_cache = use_cache
         self.src_word_embedding = WordEmbedding(src_vocab_size, d_model, pad_id)
         self.src_pos_embedding = PositionalEmbedding(d_model, max_length)
@@ -453,6 +496,7 @@ class Transformer(nn.Layer):
 
     def search_settings(self):
         return dict(bos_id=self.bos_id, eos_id=self.eos_id, pad_id=self.pad_id, beam_size=self.beam_size,
+                    beam_search_version=self.beam_search_version, max_out_len=self.max_out_len,
                     alpha=self.alpha, max_len_a=self.max_len_a, max_len_b=self.max_len_b,
                     max_length=self.max_length)
 
@@ -488,13 +532,14 @@ class Transformer(nn.Layer):
 
     @paddle.no_grad()
     def greedy_search(self, memory, memory_bias, src_lengths, use_cache=True):
-        """The most probable next token until <e> or the sentence's maximum length."""
+        """The length_penalty search at beam 1: the most probable next token until <e> or the
+        sentence's maximum length."""
         steps = self._stepper(memory, memory_bias, use_cache)
         return BeamSearch(**self.search_settings()).greedy(steps, memory.shape[0], src_lengths.numpy())
 
     @paddle.no_grad()
     def beam_search(self, memory, memory_bias, src_lengths, beam_size, use_cache=True):
-        """Per sentence its finished hypotheses (tokens, score), best first (see the module docstring)."""
+        """The length_penalty search: per sentence its finished hypotheses (tokens, score), best first."""
         steps = self._stepper(memory, memory_bias, use_cache)
         return BeamSearch(**self.search_settings()).beam(steps, memory.shape[0], src_lengths.numpy(), beam_size)
 
@@ -516,10 +561,10 @@ class BeamSearch:
     (a paddle tensor) and `select(rows)` (keep, reorder or repeat the rows of its state). The dynamic
     model's steps and the exported decoder program's steps run the same loops."""
 
-    def __init__(self, bos_id=0, eos_id=1, pad_id=0, beam_size=5, alpha=0.6, max_len_a=1.0, max_len_b=50,
-                 max_length=257):
+    def __init__(self, bos_id=0, eos_id=1, pad_id=0, beam_size=5, beam_search_version="v1", max_out_len=256,
+                 alpha=0.6, max_len_a=1.0, max_len_b=50, max_length=257):
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
-        self.beam_size, self.alpha = beam_size, alpha
+        self.beam_size, self.version, self.max_out_len, self.alpha = beam_size, beam_search_version, max_out_len, alpha
         self.max_len_a, self.max_len_b, self.max_length = max_len_a, max_len_b, max_length
 
     def max_lengths(self, src_lengths):
@@ -528,6 +573,8 @@ class BeamSearch:
 
     def search(self, steps, n, src_lengths, beam_size=None):
         beam_size = beam_size or self.beam_size
+        if self.version == "v1":
+            return self.v1(steps, n, beam_size)
         if beam_size == 1:
             return self.greedy(steps, n, src_lengths)
         return self.beam(steps, n, src_lengths, beam_size)
@@ -613,6 +660,74 @@ class BeamSearch:
             hyps.sort(key=lambda h: -h[1])   # stable: among equal scores the earlier finished first
             out.append(hyps[:k])
         return out
+
+
+    @paddle.no_grad()
+    def v1(self, steps, n, beam_size):
+        """paddle.nn.BeamSearchDecoder's search, as PaddleNLP's v1 runs it under dynamic_decode.
+
+        Every sentence keeps `beam_size` slots, each scored by its summed log-probabilities (no length
+        penalty). A step ranks all slots' continuations together and keeps the best `beam_size` in
+        order; a finished slot (it made <e>) offers one continuation only, <e> again at no cost, so it
+        survives only while no live continuation beats it. A sentence is done when all its slots are
+        finished; dynamic_decode(max_step_num=max_out_len) stops after max_out_len + 1 steps at the
+        latest. Returns per sentence its slots (tokens through the first <e>, score), best first: slot
+        0 is what PaddleNLP's predict.py writes (n_best 1).
+
+        The candidates are laid out as BeamSearchDecoder lays them out ([slot, token] of each sentence,
+        one topk), so its ordering and ties carry over; only the live slots run the decoder (a finished
+        slot's step is masked anyway), and sentences leave the batch when done (their slots can no longer
+        change: a finished slot's score stays, live continuations only lose)."""
+        k, eos = beam_size, self.eos_id
+        tokens = [[[] for _ in range(k)] for _ in range(n)]
+        scores = np.zeros((n, k), np.float32)
+        finished = np.zeros((n, k), bool)
+        active = np.arange(n)                          # sentences still searching
+        live_row = np.zeros((n, k), np.int64)          # slot -> its row in the step's log-probabilities
+        last = np.full(n, self.bos_id, dtype=np.int64)
+        for t in range(self.max_out_len + 1):
+            logp = steps.step(last, t)                 # [live slots, V], float32
+            vocab = logp.shape[-1]
+            if t == 0:   # one live hypothesis (<s>) per sentence; BeamSearchDecoder's others start at -1e9
+                if vocab < k:   # those would then be chosen: a search no one wants
+                    raise ConfigError(f"Transformer: beam_size {k} is larger than the vocabulary ({vocab})")
+                cand = logp
+                origin_of = np.zeros((len(active), k), np.int64)
+            else:
+                live = ~finished[active]
+                alive_part = logp + paddle.to_tensor(scores[active][live][:, None])
+                ended = np.full((int((~live).sum()), vocab), -np.inf, np.float32)
+                ended[:, eos] = scores[active][~live]      # <e> again, at no cost
+                stacked = paddle.concat([alive_part, paddle.to_tensor(ended)]) if len(ended) else alive_part
+                order = np.where(live, live_row[active], 0)
+                order[~live] = logp.shape[0] + np.arange(len(ended))
+                cand = paddle.index_select(stacked, paddle.to_tensor(order.reshape(-1))).reshape([len(active), -1])
+            top_v, top_i = paddle.topk(cand, k, axis=-1)
+            top_v, top_i = top_v.numpy(), top_i.numpy()
+            origin_of = top_i // vocab if t else origin_of
+            token_of = top_i % vocab
+            next_rows, next_last, next_active = [], [], []
+            for j, sent in enumerate(active):
+                old_tokens, old_finished = tokens[sent], finished[sent].copy()
+                origins = origin_of[j]
+                tokens[sent] = [old_tokens[o] if old_finished[o] else old_tokens[o] + [int(token)]
+                                for o, token in zip(origins, token_of[j])]
+                finished[sent] = old_finished[origins] | (token_of[j] == eos)
+                scores[sent] = top_v[j]
+                if finished[sent].all():
+                    continue
+                rows_before = live_row[sent].copy()
+                for slot in range(k):
+                    if not finished[sent, slot]:
+                        live_row[sent, slot] = len(next_rows)
+                        next_rows.append(int(rows_before[int(origin_of[j, slot])]) if t else j)
+                        next_last.append(tokens[sent][slot][-1])
+                next_active.append(sent)
+            if not next_active or t == self.max_out_len:
+                break
+            steps.select(np.asarray(next_rows, dtype=np.int64))
+            active, last = np.asarray(next_active), np.asarray(next_last, dtype=np.int64)
+        return [[(tokens[i][s], float(scores[i, s])) for s in range(k)] for i in range(n)]
 
 
 class _CachedSteps:
@@ -708,6 +823,7 @@ class ExportedTransformer:
     def __init__(self, programs, settings):
         self.encoder, self.decoder_step = programs["encoder"], programs["decoder_step"]
         settings = dict(settings)
+        settings.setdefault("beam_search_version", "length_penalty")   # exported before v1 existed
         self.layers, self.heads, self.head_dim = (settings.pop(k) for k in ("layers", "heads", "head_dim"))
         self.search = BeamSearch(**settings)
 
@@ -757,8 +873,9 @@ WEIGHTS.add(PretrainedEntry(
     source="PaddleNLP dygraph .pdparams (TransformerModel: pre-norm, shared 33712-entry vocabulary)",
     model_args=dict(PRESETS["base"], max_length=257, **_WMT14_ARGS),
     metrics={"bleu_tok": 26.89},
-    metrics_source="PaddleNLP examples/machine_translation/transformer README (base, beam 5, tokenised "
-                   "multi-bleu.perl on newstest2014.tok.de)",
+    metrics_source="PaddleNLP examples/machine_translation/transformer/fast_transformer/README.md (base, "
+                   "beam 5, v1 search as FastGeneration's beam_search, tokenised multi-bleu.perl on "
+                   "newstest2014.tok.de)",
     dataset="WMT14 en-de newstest2014",
     num_params=61532672,
     config="configs/nlp/transformer/transformer_base_30e_wmt14ende.yaml",
@@ -776,7 +893,8 @@ WEIGHTS.add(PretrainedEntry(
     source="PaddleNLP TransformerModel, big configuration",
     model_args=dict(PRESETS["big"], max_length=1025, **_WMT14_ARGS),
     metrics={"bleu_tok": 27.48},
-    metrics_source="PaddleNLP examples/machine_translation/transformer README (big, tokenised multi-bleu.perl "
+    metrics_source="PaddleNLP examples/machine_translation/transformer/README.md (big; Feb 2021, when "
+                   "predict.py ran dynamic_decode with beam 5, max_out_len 1024; tokenised multi-bleu.perl "
                    "on newstest2014.tok.de)",
     dataset="WMT14 en-de newstest2014",
     num_params=211932160,
