@@ -661,7 +661,6 @@ class BeamSearch:
             out.append(hyps[:k])
         return out
 
-
     @paddle.no_grad()
     def v1(self, steps, n, beam_size):
         """paddle.nn.BeamSearchDecoder's search, as PaddleNLP's v1 runs it under dynamic_decode.
