@@ -238,3 +238,45 @@ def test_losses(model, ref, sidecar, monkeypatch):
     assert replay.next == len(replay.draws), f"ours drew {replay.next} permutations, the official {len(replay.draws)}"
     for name in ("loss_rpn_cls", "loss_rpn_reg", "loss_bbox_cls", "loss_bbox_reg", "loss_mask", "loss"):
         assert_close(losses[name].item(), ref[f"loss.{name}"], name)
+
+
+def test_mask_loss_counts_the_official_fake_roi_of_an_image_without_foreground():
+    """PaddleDetection's generate_mask_target gives an image without foreground one RoI of weight 0,
+    which the loss's mean still counts: loss = sum over the real RoIs / ((F + empty images) R R)."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 3, 4, 4)).astype(np.float32)
+    targets = (rng.uniform(size=(2, 4, 4)) > 0.5).astype(np.uint8)
+    classes = np.array([1, 2])
+    x, t = logits[[0, 1], classes], targets.astype(np.float64)
+    bce = np.maximum(x, 0) - x * t + np.log1p(np.exp(-np.abs(x)))
+    for empty in (0, 1):
+        ours = roi_heads.mask_loss(paddle.to_tensor(logits), classes, targets, extra_rois=empty).item()
+        assert abs(ours - bce.sum() / ((2 + empty) * 16)) < 1e-6, f"{empty} image(s) without foreground"
+    rois = [np.array([[0, 0, 8, 8]], np.float32), np.array([[0, 0, 4, 4], [1, 1, 5, 5]], np.float32)]
+    square = [np.array([[0, 0], [8, 0], [8, 8], [0, 8]], np.float32)]
+    fg_rois, fg_classes, fg_targets, empty = roi_heads.mask_targets(
+        rois, [np.array([2]), np.array([3, 3])], [np.array([0]), np.array([0, 0])], [[square], []], 3, 28)
+    assert empty == 1 and fg_classes.tolist() == [2] and fg_targets.shape == (1, 28, 28) and fg_targets.all()
+
+
+def test_coco_reader_leaves_crowd_regions_out_with_load_crowd_false(tmp_path):
+    """The official COCO recipes train without crowd regions (COCODataSet load_crowd=False)."""
+    import cv2
+    from engine.config import load
+    from readers.coco import COCODataset
+    cv2.imwrite(str(tmp_path / "a.png"), np.zeros((20, 30, 3), np.uint8))
+    ann = {"images": [{"id": 1, "file_name": "a.png", "width": 30, "height": 20}],
+           "categories": [{"id": 3, "name": "c"}],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": [1, 1, 8, 8], "area": 64, "iscrowd": 0,
+                            "segmentation": [[1, 1, 9, 1, 9, 9, 1, 9]]},
+                           {"id": 2, "image_id": 1, "category_id": 3, "bbox": [10, 2, 15, 10], "area": 150,
+                            "iscrowd": 1, "segmentation": {"counts": [40, 10], "size": [20, 30]}}]}
+    path = tmp_path / "ann.json"
+    path.write_text(json.dumps(ann))
+    kept = COCODataset(str(path)).load(0)
+    assert kept["gt_crowd"].tolist() == [0, 1]
+    left = COCODataset(str(path), load_crowd=False).load(0)
+    assert left["gt_crowd"].tolist() == [0] and left["gt_boxes"].tolist() == [[1, 1, 9, 9]]
+    cfg = load(os.path.join(os.path.dirname(__file__), "..", "configs", "vision", "mask_rcnn",
+                            "mask_rcnn_r50_fpn_1x_coco.yaml"))
+    assert cfg["reader"]["train"]["load_crowd"] is False and "load_crowd" not in cfg["reader"]["val"]
