@@ -1,9 +1,9 @@
 """Box arithmetic shared by the RPN and the RoI heads: IoU, box coding, matching, sampling, FPN levels.
 
 Target assignment (matching and sampling) runs in numpy on the host: it is index bookkeeping over a
-few hundred thousand anchors, with no gradient. Its random draws are permutations from paddle's generator
-(`random_permutation`), which the trainer seeds per (seed, epoch) and checkpoints, so a resumed run
-draws the same samples. Boxes are x1, y1, x2, y2 in input pixels; widths are x2 - x1 (no +1), as in
+few hundred thousand anchors, with no gradient. Its random draws are permutations from paddle's
+generator (`random_permutation`), which the trainer seeds per (seed, epoch) and checkpoints, so a
+resumed run draws the same samples. Boxes are x1, y1, x2, y2 in input pixels; widths are x2 - x1 (no +1), as in
 PaddleDetection 2.x (`ppdet/modeling/bbox_utils.py`).
 """
 import math

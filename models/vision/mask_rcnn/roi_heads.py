@@ -162,8 +162,9 @@ def polygons_to_mask(polygons, height, width):
 
 def mask_target(polygons, box, resolution):
     """The resolution x resolution target of one RoI: its instance's polygons moved into the box
-    and scaled to the grid (PaddleDetection's rasterize_polygons_within_box, whose box size and
-    scale are float32 numbers: reproduced here, one ulp can move a rasterised pixel)."""
+    and scaled to the grid (PaddleDetection's rasterize_polygons_within_box). Its box size and scale
+    are float32 numbers (the RoI comes from a float32 tensor), the polygons float64: the same here,
+    so that a point landing on a pixel boundary rasterises the same way."""
     x0, y0, x1, y1 = (np.float32(v) for v in box)
     sx = np.float32(resolution) / max(x1 - x0, np.float32(0.1))
     sy = np.float32(resolution) / max(y1 - y0, np.float32(0.1))
