@@ -90,6 +90,12 @@ def model():
     return m
 
 
+def test_golden_file_is_the_one_its_sidecar_describes(sidecar):
+    import hashlib
+    with open(os.path.join(DATA, sidecar["npz"]), "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == sidecar["npz_sha256"]
+
+
 def ground_truth(ref, sidecar):
     """Per image: boxes, classes, crowd flags and our polygons (lists of [K, 2] parts; none for crowd)."""
     out = []
