@@ -2,7 +2,8 @@
 
 tests/data/ppdet_mask_rcnn_r50_fpn_train.npz (made by tests/data/make_golden/ppdet_mask_rcnn_train.py,
 see tests/data/README.md) holds the official model's train-mode intermediates and losses for a batch
-of two images: one with three objects and a crowd region, one with a single object.
+of three images: one with three objects and a crowd region, one with a single object, one with only
+a crowd region (no foreground anchor or RoI).
 
 Random sampling: the generator replaced paddle.randperm (the official sampler's only draw) by
 stored permutations `draw.<k>`; here `box_ops.random_permutation` (our sampler's only draw) is
@@ -31,6 +32,7 @@ sys.path.insert(0, DATA)
 from golden_weights import golden_state_dict  # noqa: E402
 
 NUM_CLASSES = 80
+IMAGES = 3
 
 
 def assert_close(ours, ref, what, rtol=1e-5):
@@ -164,7 +166,7 @@ def test_training_proposals(model, ref, heads):
     size = paddle.to_tensor(ref["im_shape"].astype(np.int64))
     rois, rois_num = model.rpn.proposals(scores, deltas, size)
     per_image = np.split(rois.numpy(), np.cumsum(rois_num.numpy())[:-1])
-    for i in range(2):
+    for i in range(IMAGES):
         assert_same_proposals(per_image[i], ref[f"proposals.{i}"], ref[f"proposals.{i}.probs"],
                               f"image {i}: training proposals")
 
@@ -176,7 +178,7 @@ def test_training_proposals_collected_per_image(model, ref, heads, monkeypatch):
     monkeypatch.setattr(model.rpn, "train_top_n", (1000, 100))
     rois, rois_num = model.rpn.proposals(scores, deltas, paddle.to_tensor(ref["im_shape"].astype(np.int64)))
     per_image = np.split(rois.numpy(), np.cumsum(rois_num.numpy())[:-1])
-    for i in range(2):
+    for i in range(IMAGES):
         assert_same_proposals(per_image[i], ref[f"proposals_small.{i}"], ref[f"proposals_small.{i}.probs"],
                               f"image {i}: proposals with top-k 1000/100")
 
@@ -194,7 +196,7 @@ def test_roi_matching(model, ref, sidecar):
 
 def _rpn_draws(ref):
     """Index of the first RoI-sampling draw: the RPN's take one (bg) or two (bg, fg) per image."""
-    return sum(1 + bool((ref[f"rpn.{i}.labels"] == 1).any()) for i in range(2))
+    return sum(1 + bool((ref[f"rpn.{i}.labels"] == 1).any()) for i in range(IMAGES))
 
 
 def test_roi_sampling_and_box_targets(model, ref, sidecar, monkeypatch):
@@ -213,16 +215,19 @@ def test_roi_sampling_and_box_targets(model, ref, sidecar, monkeypatch):
 
 def test_mask_targets(ref, sidecar):
     gts = ground_truth(ref, sidecar)
-    rois = [ref[f"roi.{i}.rois"] for i in range(2)]
-    labels = [ref[f"roi.{i}.labels"] for i in range(2)]
-    matched = [ref[f"roi.{i}.gt_inds"] for i in range(2)]
+    rois = [ref[f"roi.{i}.rois"] for i in range(IMAGES)]
+    labels = [ref[f"roi.{i}.labels"] for i in range(IMAGES)]
+    matched = [ref[f"roi.{i}.gt_inds"] for i in range(IMAGES)]
     fg_rois, classes, targets, empty = roi_heads.mask_targets(rois, labels, matched, [g[3] for g in gts],
                                                               NUM_CLASSES, 28)
-    assert empty == 0
-    assert_equal([len(x) for x in fg_rois], ref["mask.rois_num"], "foreground RoIs per image")
-    assert_close(np.concatenate(fg_rois), ref["mask.rois"], "mask RoIs")
-    assert_equal(classes, ref["mask.classes"], "mask classes")
-    assert_equal(targets, ref["mask.targets"], "28x28 mask targets")
+    # the official list also holds a fake RoI of weight 0 for each image without foreground (image 2)
+    real = ref["mask.weights"] > 0
+    per_image = np.split(real, np.cumsum(ref["mask.rois_num"])[:-1])
+    assert empty == (~real).sum() == 1, f"images without foreground: ours {empty}, official {(~real).sum()}"
+    assert_equal([len(x) for x in fg_rois], [int(r.sum()) for r in per_image], "foreground RoIs per image")
+    assert_close(np.concatenate(fg_rois), ref["mask.rois"][real], "mask RoIs")
+    assert_equal(classes, ref["mask.classes"][real], "mask classes")
+    assert_equal(targets, ref["mask.targets"][real], "28x28 mask targets")
 
 
 def _batch(ref, sidecar):
