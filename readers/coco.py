@@ -8,8 +8,9 @@ that cannot be trained on are dropped and counted in one warning line: a degener
 height <= 0), or a non-crowd instance whose segmentation has no polygon of at least 3 points (an
 "empty polygon"); evaluation (`coco`, which the COCO metric reads) leaves them out too. A non-crowd RLE mask is turned into polygons (its outer contours, through the
 pixel centres of the boundary pixels; see `rle_to_polygons`). Crowd regions are kept with
-`gt_crowd` = 1 so that the model can keep them out of its targets; COCOeval reads them from the
-JSON itself. An image listed in the JSON but missing on disk, or that cannot be decoded, is one
+`gt_crowd` = 1 so that the model can keep them out of its targets, or left out with
+`load_crowd: false` (PaddleDetection's COCODataSet default, which its COCO training recipes use);
+COCOeval reads them from the JSON itself. An image listed in the JSON but missing on disk, or that cannot be decoded, is one
 unreadable sample (SampleError naming the file; skipped and counted with `skip_bad`).
 
 Sample: `image` uint8 [H, W, 3] RGB, `gt_boxes` float32 [N, 4] (x1, y1, x2, y2), `gt_classes`
@@ -106,11 +107,16 @@ class COCODataset(SampleDataset):
         skip_empty: drop images with no usable non-crowd instance (PaddleDetection's training
             default); otherwise they are kept as negatives (and always kept for evaluation).
         with_gt: put the annotations in the samples (False: images only).
+        load_crowd: keep the crowd regions (gt_crowd 1); False leaves them out of the samples, as
+            PaddleDetection's COCODataSet(load_crowd=False) does (ppdet/data/source/coco.py@666f597f
+            lines 62 and 144: `getAnnIds(..., iscrowd=None if self.load_crowd else False)`).
     """
 
     def __init__(self, ann_file: str = None, image_dir: str = None, skip_empty: bool = False,
-                 with_gt: bool = True, transforms: list = None, seed: int = 0, skip_bad: bool = False):
+                 with_gt: bool = True, transforms: list = None, seed: int = 0, skip_bad: bool = False,
+                 load_crowd: bool = True):
         super().__init__(transforms=transforms, seed=seed, skip_bad=skip_bad)
+        self.load_crowd = load_crowd
         if not ann_file:
             raise ConfigError("COCO: ann_file is required (instances_*.json)")
         self.ann_file, self.with_gt = ann_file, with_gt
@@ -151,6 +157,8 @@ class COCODataset(SampleDataset):
                 dropped_ids.add(a["id"])
                 continue
             crowd = int(bool(a.get("iscrowd", 0)))
+            if crowd and not self.load_crowd:
+                continue
             seg = a.get("segmentation")
             if crowd:
                 polygons = []

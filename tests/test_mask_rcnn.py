@@ -239,8 +239,9 @@ def test_sample_rois_adds_ground_truth_and_marks_background():
     np.testing.assert_array_equal(targets[fg], gt[matched[fg]])
     rois, classes, _, _ = roi_heads.sample_rois(props, np.zeros((0, 4)), [], [], num_classes=3)
     assert classes.tolist() == [3, 3] and len(rois) == 2           # no ground truth: all background
-    _, classes, _, _ = roi_heads.sample_rois(props, gt[:1], [1], [1], num_classes=3)
-    assert classes.tolist() == [3, 3]                               # only a crowd region: background
+    rois, classes, _, _ = roi_heads.sample_rois(props, gt[:1], [1], [1], num_classes=3)
+    # only a crowd region: it joins the candidates (as PaddleDetection does), all background
+    assert classes.tolist() == [3, 3, 3] and sorted(rois[:, 0].tolist()) == [0, 0, 100]
 
 
 # ------------------------------------------------------------------------- official model, sizes

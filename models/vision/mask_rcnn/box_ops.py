@@ -1,9 +1,9 @@
 """Box arithmetic shared by the RPN and the RoI heads: IoU, box coding, matching, sampling, FPN levels.
 
 Target assignment (matching and sampling) runs in numpy on the host: it is index bookkeeping over a
-few hundred thousand anchors, with no gradient. Its random draws come from paddle's generator
-(`paddle.rand`), which the trainer seeds per (seed, epoch) and checkpoints, so a resumed run draws
-the same samples. Boxes are x1, y1, x2, y2 in input pixels; widths are x2 - x1 (no +1), as in
+few hundred thousand anchors, with no gradient. Its random draws are permutations from paddle's
+generator (`random_permutation`), which the trainer seeds per (seed, epoch) and checkpoints, so a
+resumed run draws the same samples. Boxes are x1, y1, x2, y2 in input pixels; widths are x2 - x1 (no +1), as in
 PaddleDetection 2.x (`ppdet/modeling/bbox_utils.py`).
 """
 import math
@@ -97,22 +97,29 @@ def match(iou, pos_thresh, neg_thresh, allow_low_quality, crowd=None, crowd_igno
     return matches.astype(np.int64), labels
 
 
-def random_keys(n):
-    """n uniform keys from paddle's generator (seeded and checkpointed by the trainer)."""
-    if n == 0:
-        return np.zeros(0, np.float32)
-    return paddle.rand([n]).numpy()
+def random_permutation(n):
+    """A random permutation of range(n) (int64) from paddle's generator, which the trainer seeds per
+    (seed, epoch) and checkpoints. Every sampling draw of the training targets goes through this one
+    function: the tests replace it to replay PaddleDetection's draws (tests/test_mask_rcnn_training.py)."""
+    return paddle.randperm(n, dtype="int64").numpy() if n else np.zeros(0, np.int64)
 
 
 def subsample(positive, negative, num, fg_fraction, use_random=True):
-    """(fg, bg) indices: at most num * fg_fraction of `positive`, the rest from `negative`
-    (PaddleDetection's subsample_labels); a random subset, or the first ones without use_random."""
+    """(fg, bg) indices: at most int(num * fg_fraction) of `positive`, the rest (up to num) from
+    `negative`; a random subset in random order, or the first ones without use_random.
+
+    PaddleDetection's subsample_labels (ppdet/modeling/proposal_generator/target.py): nothing is
+    drawn when both counts are 0; otherwise one permutation of all the negatives, then (when some
+    positive is taken) one of all the positives, in that order, each cut to its count."""
     positive, negative = np.asarray(positive, np.int64), np.asarray(negative, np.int64)
     fg_num = min(len(positive), int(num * fg_fraction))
     bg_num = min(len(negative), num - fg_num)
+    if fg_num == 0 and bg_num == 0:
+        return positive[:0], negative[:0]
     if use_random:
-        positive = positive[np.argsort(random_keys(len(positive)), kind="stable")]
-        negative = negative[np.argsort(random_keys(len(negative)), kind="stable")]
+        negative = negative[random_permutation(len(negative))]
+        if fg_num:
+            positive = positive[random_permutation(len(positive))]
     return positive[:fg_num], negative[:bg_num]
 
 

@@ -254,19 +254,13 @@ class MaskRCNN(nn.Layer):
         losses = roi_heads.box_loss(logits, deltas, all_rois, all_classes, np.concatenate(target_boxes), C,
                                     r["box_weights"])
         # mask head: the foreground RoIs, targets rasterised from the matched instance's polygons
-        fg_rois, fg_classes, fg_targets = [], [], []
-        res = 2 * r["mask_resolution"]
-        for i in range(len(rois)):
-            fg = np.flatnonzero(classes[i] < C)
-            fg_rois.append(rois[i][fg])
-            fg_classes.append(classes[i][fg])
-            polys = targets["polygons"][i]
-            fg_targets += [roi_heads.mask_target(polys[g], box, res) for g, box in zip(matched[i][fg], rois[i][fg])]
-        if not fg_targets:
+        fg_rois, fg_classes, fg_targets, empty = roi_heads.mask_targets(
+            rois, classes, matched, targets["polygons"], C, 2 * r["mask_resolution"])
+        if not len(fg_classes):
             losses["loss_mask"] = _zero_loss(self.mask_head)
             return losses
         mask_logits = self.mask_head(self.mask_roi(feats, [paddle.to_tensor(x) for x in fg_rois]))
-        losses["loss_mask"] = roi_heads.mask_loss(mask_logits, np.concatenate(fg_classes), np.stack(fg_targets))
+        losses["loss_mask"] = roi_heads.mask_loss(mask_logits, fg_classes, fg_targets, empty)
         return losses
 
 

@@ -114,14 +114,19 @@ def select_class(logits, classes):
 
 def sample_rois(proposals, gt_boxes, gt_classes, gt_crowd, num_classes, batch_size_per_image=512,
                 fg_fraction=0.25, fg_thresh=0.5, bg_thresh=0.5, use_random=True, crowd_ignore_iou=-1.0):
-    """One image's RoIs for the heads (numpy): the proposals plus the non-crowd ground truths,
-    matched and sampled. Returns (rois [S, 4], classes [S] with num_classes = background,
-    matched gt index [S], regression targets' boxes [S, 4])."""
+    """One image's RoIs for the heads (numpy): the proposals plus EVERY ground-truth box, crowd
+    regions included, matched to the non-crowd ones and sampled (foreground first). Returns (rois
+    [S, 4], classes [S] with num_classes = background, matched gt index [S], regression targets'
+    boxes [S, 4]).
+
+    Crowd boxes join the candidates as in PaddleDetection's generate_proposal_target
+    (ppdet/modeling/proposal_generator/target.py@666f597f, line 209: `bbox = paddle.concat([rpn_roi,
+    gt_bbox])`, all of gt_bbox); label_box then gives the crowd rows IoU -1 (line 108), so a crowd
+    box is a candidate like a proposal (background unless it overlaps a non-crowd object) and never
+    a match. (The official COCO recipe never loads crowd annotations at all: COCODataSet's
+    load_crowd defaults to False, ppdet/data/source/coco.py lines 62 and 144.)"""
     gt_boxes = np.asarray(gt_boxes, np.float32).reshape(-1, 4)
-    crowd = np.asarray(gt_crowd, bool).reshape(-1)
-    candidates = np.concatenate([np.asarray(proposals, np.float32).reshape(-1, 4), gt_boxes[~crowd]])
-    iou = box_ops.box_iou(gt_boxes, candidates)
-    matches, labels = box_ops.match(iou, fg_thresh, bg_thresh, False, crowd, crowd_ignore_iou)
+    candidates, matches, labels = match_rois(proposals, gt_boxes, gt_crowd, fg_thresh, bg_thresh, crowd_ignore_iou)
     fg, bg = box_ops.subsample(np.flatnonzero(labels == 1), np.flatnonzero(labels == 0),
                                batch_size_per_image, fg_fraction, use_random)
     keep = np.concatenate([fg, bg])
@@ -131,6 +136,17 @@ def sample_rois(proposals, gt_boxes, gt_classes, gt_crowd, num_classes, batch_si
     matched = matches[keep]
     targets = gt_boxes[matched] if len(gt_boxes) else np.zeros((len(keep), 4), np.float32)
     return candidates[keep], classes, matched, targets
+
+
+def match_rois(proposals, gt_boxes, gt_crowd, fg_thresh=0.5, bg_thresh=0.5, crowd_ignore_iou=-1.0):
+    """(candidates [P + G, 4]: the proposals, then all the ground-truth boxes; their best gt; their
+    labels 1/0/-1) of one image, before sampling."""
+    gt_boxes = np.asarray(gt_boxes, np.float32).reshape(-1, 4)
+    candidates = np.concatenate([np.asarray(proposals, np.float32).reshape(-1, 4), gt_boxes])
+    iou = box_ops.box_iou(gt_boxes, candidates)
+    matches, labels = box_ops.match(iou, fg_thresh, bg_thresh, False, np.asarray(gt_crowd, bool).reshape(-1),
+                                    crowd_ignore_iou)
+    return candidates, matches, labels
 
 
 def polygons_to_mask(polygons, height, width):
@@ -146,12 +162,30 @@ def polygons_to_mask(polygons, height, width):
 
 def mask_target(polygons, box, resolution):
     """The resolution x resolution target of one RoI: its instance's polygons moved into the box
-    and scaled to the grid (PaddleDetection's rasterize_polygons_within_box)."""
-    x0, y0, x1, y1 = (float(v) for v in box)
-    sx = resolution / max(x1 - x0, 0.1)
-    sy = resolution / max(y1 - y0, 0.1)
-    moved = [(np.asarray(p, np.float64) - [x0, y0]) * [sx, sy] for p in polygons]
+    and scaled to the grid (PaddleDetection's rasterize_polygons_within_box). Its box size and scale
+    are float32 numbers (the RoI comes from a float32 tensor), the polygons float64: the same here,
+    so that a point landing on a pixel boundary rasterises the same way."""
+    x0, y0, x1, y1 = (np.float32(v) for v in box)
+    sx = np.float32(resolution) / max(x1 - x0, np.float32(0.1))
+    sy = np.float32(resolution) / max(y1 - y0, np.float32(0.1))
+    moved = [(np.asarray(p, np.float64) - [float(x0), float(y0)]) * [float(sx), float(sy)] for p in polygons]
     return polygons_to_mask(moved, resolution, resolution)
+
+
+def mask_targets(rois, classes, matched, polygons, num_classes, resolution):
+    """The mask head's inputs over a batch (lists per image of the sampled RoIs, their classes
+    and matched gt indices; polygons per image, per instance): (foreground RoIs per image, their
+    classes [F], targets [F, R, R] uint8, images without foreground). Such an image still counts
+    one RoI in the official loss's mean (generate_mask_target adds a fake RoI of weight 0)."""
+    fg_rois, fg_classes, fg_targets, empty = [], [], [], 0
+    for i in range(len(rois)):
+        fg = np.flatnonzero((classes[i] >= 0) & (classes[i] < num_classes))
+        empty += not len(fg)
+        fg_rois.append(rois[i][fg])
+        fg_classes.append(classes[i][fg])
+        fg_targets += [mask_target(polygons[i][g], box, resolution) for g, box in zip(matched[i][fg], rois[i][fg])]
+    targets = np.stack(fg_targets) if fg_targets else np.zeros((0, resolution, resolution), np.uint8)
+    return fg_rois, np.concatenate(fg_classes), targets, empty
 
 
 # ---------------------------------------------------------------------------------------- losses
@@ -171,8 +205,9 @@ def box_loss(logits, deltas, rois, classes, target_boxes, num_classes, weights):
     return {"loss_bbox_cls": loss_cls, "loss_bbox_reg": loss_reg}
 
 
-def mask_loss(logits, classes, targets):
-    """Sigmoid cross-entropy of each RoI's class channel, mean over pixels and RoIs."""
+def mask_loss(logits, classes, targets, extra_rois=0):
+    """Sigmoid cross-entropy of each RoI's class channel, mean over pixels and RoIs; `extra_rois`
+    zero-weight RoIs join the count (PaddleDetection's fake RoI of an image without foreground)."""
     pred = select_class(logits, paddle.to_tensor(classes))
-    return F.binary_cross_entropy_with_logits(pred, paddle.to_tensor(targets.astype(np.float32)),
-                                              reduction="mean")
+    loss = F.binary_cross_entropy_with_logits(pred, paddle.to_tensor(targets.astype(np.float32)), reduction="sum")
+    return loss / float((len(classes) + extra_rois) * targets.shape[1] * targets.shape[2])

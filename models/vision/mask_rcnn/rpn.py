@@ -162,11 +162,15 @@ class RPN(nn.Layer):
             nums.append(num.astype("int32"))
         return best_per_image(paddle.concat(boxes), paddle.concat(probs), nums, post)
 
+    def match(self, anchors, gt_boxes, gt_crowd):
+        """(best gt [N], labels [N] int8 in {1, 0, -1}) of one image's anchors, before sampling."""
+        iou = box_ops.box_iou(gt_boxes, anchors)
+        return box_ops.match(iou, self.positive_overlap, self.negative_overlap, True, gt_crowd,
+                             self.crowd_ignore_iou)
+
     def targets(self, anchors, gt_boxes, gt_crowd):
         """(labels [N] int8 in {1, 0, -1}, regression targets [N, 4]) of one image's anchors."""
-        iou = box_ops.box_iou(gt_boxes, anchors)
-        matches, match_labels = box_ops.match(iou, self.positive_overlap, self.negative_overlap, True,
-                                              gt_crowd, self.crowd_ignore_iou)
+        matches, match_labels = self.match(anchors, gt_boxes, gt_crowd)
         fg, bg = box_ops.subsample(np.flatnonzero(match_labels == 1), np.flatnonzero(match_labels == 0),
                                    self.batch_size_per_image, self.fg_fraction, self.use_random)
         labels = np.full(len(anchors), -1, np.int8)
