@@ -327,8 +327,9 @@ WEIGHTS.add(PretrainedEntry(
     dataset="COCO val2017",
     num_params=44120816,
     config="configs/vision/mask_rcnn/mask_rcnn_r50_fpn_1x_coco.yaml",
-    reproduced="official backbone, FPN, RPN, box head and mask head outputs matched on golden weights; "
-               "demo recipe trained (see README); not downloaded, COCO not run here",
+    reproduced="official backbone, FPN, RPN, box head and mask head outputs matched on golden weights "
+               "(RoIAlign aligned=True, as trained, and False); demo recipe trained (see README); not "
+               "downloaded, COCO not run here",
 ))
 
 WEIGHTS.add(PretrainedEntry(
