@@ -309,6 +309,8 @@ def golden_features(golden_models):
 
 @FAST
 def test_golden_backbone_fpn_rpn(golden_models, golden_features, fast):
+    """Backbone, FPN and RPN head (objectness, deltas, anchors): stored in the aligned=False file only,
+    since RoIAlign does not reach them (the aligned=True run gave them bit for bit)."""
     from engine import fast_ops
     ref = np.load(os.path.join(DATA, GOLDEN[False]))
     body, feats, ran = golden_features(fast)
