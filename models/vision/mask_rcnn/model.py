@@ -45,7 +45,7 @@ RPN_DEFAULTS = dict(anchor_sizes=[32, 64, 128, 256, 512], aspect_ratios=[0.5, 1.
                     test_pre_nms_top_n=1000, test_post_nms_top_n=1000, nms_thresh=0.7, min_size=0.0)
 ROI_DEFAULTS = dict(batch_size_per_image=512, fg_fraction=0.25, fg_thresh=0.5, bg_thresh=0.5,
                     use_random=True, box_resolution=7, mask_resolution=14, sampling_ratio=0,
-                    aligned=False, box_weights=[10.0, 10.0, 5.0, 5.0])
+                    aligned=True, box_weights=[10.0, 10.0, 5.0, 5.0])
 TEST_DEFAULTS = dict(score_thresh=0.05, nms_thresh=0.5, max_per_image=100, mask_thresh=0.5)
 FEATURE_KEYS = ("p2", "p3", "p4", "p5")      # the pyramid levels the RoI heads read
 
@@ -65,8 +65,9 @@ class MaskRCNN(nn.Layer):
         backbone: the ResNet config (default R50, PaddleDetection's freezing; `depth: 101` for R101).
         fpn_channels: channels of the pyramid and of the RPN/RoI features (256).
         rpn: anchor, target and proposal settings (keys of RPN_DEFAULTS).
-        roi: RoI sampling and pooling settings (keys of ROI_DEFAULTS); `aligned` False reproduces
-            the official model (see roi_heads.py).
+        roi: RoI sampling and pooling settings (keys of ROI_DEFAULTS); `aligned` True as the
+            released weights were trained (see roi_heads.py); False for checkpoints trained with
+            our earlier default.
         box_fc: width of the box head's two FC layers (1024).
         mask_convs, mask_channels: the mask head's 3x3 convolutions (4 x 256).
         test: score_thresh, nms_thresh, max_per_image, mask_thresh (0.05, 0.5, 100, 0.5).
@@ -320,8 +321,9 @@ WEIGHTS.add(PretrainedEntry(
     dataset="COCO val2017",
     num_params=44120816,
     config="configs/vision/mask_rcnn/mask_rcnn_r50_fpn_1x_coco.yaml",
-    reproduced="official backbone, FPN, RPN, box head and mask head outputs matched on golden weights; "
-               "demo recipe trained (see README); not downloaded, COCO not run here",
+    reproduced="official backbone, FPN, RPN, box head and mask head outputs matched on golden weights "
+               "(RoIAlign aligned=True, as trained, and False); demo recipe trained (see README); not "
+               "downloaded, COCO not run here",
 ))
 
 WEIGHTS.add(PretrainedEntry(
