@@ -5,8 +5,8 @@ magenta) whose shape, size, position and background are random. Each frame alone
 in 30% of the frames the object is hidden behind a gray noise patch, in 30% half of it is, and
 every frame is noisy. An ideal single-frame classifier reaches 0.7 + 0.3/5 = 0.76, one that
 averages three segments 1 - 0.3^3 * 0.8 = 0.98. Version 2: in version 1 the object was hidden in
-45% of the frames (ideal 0.64 / 0.93), and the TSN demo's top-1 varied from 0.70 to 0.90 with the
-seed (0.97 now, over seeds 0-2).
+45% of the frames (ideal 0.64 / 0.93), and the TSN demo's top-1 went from 0.70 to 0.90 with the
+seed (now 0.93-1.00 over seeds 0-2).
 
 `kinetics_motion` (for StNet): the class is how a sprite moves: static, up, down, horizontal
 (left or right) or rotating (either way). Sprite, colour, orientation and the position on a
