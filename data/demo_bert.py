@@ -94,7 +94,7 @@ def _pairs(rng, n):
     """Sentence 1 from a new document, sentence 2 the sentence after it or (probability 1/2) a sentence
     of another document: `entailment` when it continues. The documents are made as the corpus's, so
     what tells the two apart (the noun, its adjectives and verbs, the place, the count) is what NSP
-    pretraining on the corpus learns; a few hundred labelled pairs are too few to learn it from scratch."""
+    pretraining on the corpus learns; 100 labelled pairs are too few to learn it from scratch."""
     rows = []
     for i in range(n):
         doc, other = _documents(rng, 2)
