@@ -7,13 +7,15 @@ Both come from one small grammar, so what a model must learn is known:
   predictable from its adjective, its verb or the other sentences of the document, an adjective or
   verb from its noun, a place from the document, and the next sentence of a document is about the
   same noun as the one before (what NSP can learn). Half of the documents count ("... five times
-  ...", then six, seven ...), so the order of the number words is learnable from context, as the
-  pair task below needs; frequency alone predicts little
+  ...", then six, seven ...), so the order of the number words is learnable from context, and a
+  counting sentence tells which one comes next; frequency alone predicts little
   (`stats.json` records the most frequent token's share of the maskable tokens).
-- Pair task (`glue/{train,dev,test}.tsv`, RTE's columns: index, sentence1, sentence2, label):
-  sentence 1 says that something happens N times (two .. eleven), sentence 2 that something happens
-  N+1 or N-1 times, each with probability 1/2; the label is `entailment` when sentence 2 says more.
-  Either sentence alone says (almost) nothing about it: the label needs both.
+- Pair task (`glue/{train,dev,test}.tsv`, RTE's columns: index, sentence1, sentence2, label; only
+  100 labelled training pairs): sentence 1 is a sentence of a new document made as the corpus's,
+  sentence 2 the sentence after it (`entailment`) or, with probability 1/2, a sentence of another
+  document (`not_entailment`). That is next-sentence prediction on single sentences: pretraining on
+  the corpus learns it, 100 pairs are too few to learn it from scratch, and either sentence alone
+  says nothing about it.
 - `vocab.txt`: [PAD], [UNK], [CLS], [SEP], [MASK] and the grammar's words; `vocab_30522.txt`: the
   same first lines padded with [unused] entries to BERT-base's 30,522 (to benchmark the full-size
   model on this corpus).
@@ -89,15 +91,17 @@ def _documents(rng, n_docs):
 
 
 def _pairs(rng, n):
-    """Sentence 1 says how many times something happens (two .. eleven), sentence 2 one more or one
-    fewer time (one .. twelve), each with probability 1/2: `entailment` when sentence 2 says more.
-    Either sentence alone says (almost) nothing: sentence 1 never, sentence 2 only at one or twelve."""
+    """Sentence 1 from a new document, sentence 2 the sentence after it or (probability 1/2) a sentence
+    of another document: `entailment` when it continues. The documents are made as the corpus's, so
+    what tells the two apart (the noun, its adjectives and verbs, the place, the count) is what NSP
+    pretraining on the corpus learns; 100 labelled pairs are too few to learn it from scratch."""
     rows = []
     for i in range(n):
-        x = int(rng.integers(2, 12))
-        y = x + (1 if rng.random() < 0.5 else -1)
-        s1, s2 = (_counted(rng, c) for c in (x, y))
-        rows.append((i, s1, s2, "entailment" if y > x else "not_entailment"))
+        doc, other = _documents(rng, 2)
+        k = int(rng.integers(len(doc) - 1))
+        follows = rng.random() < 0.5
+        s2 = doc[k + 1] if follows else _pick(rng, other)
+        rows.append((i, doc[k], s2, "entailment" if follows else "not_entailment"))
     return rows
 
 
@@ -115,11 +119,17 @@ def _write_lines(path, lines):
     os.replace(path + ".tmp", path)
 
 
-def make(root, seed=0, train_docs=600, val_docs=60, train_pairs=2000, dev_pairs=400, test_pairs=100):
-    """Write the demo data under `root` once (a DONE marker makes later calls no-ops); returns root."""
+def make(root, seed=0, train_docs=600, val_docs=120, train_pairs=100, dev_pairs=400, test_pairs=100):
+    """Write the demo data under `root` once (a DONE marker holding the parameters makes later calls
+    with the same parameters no-ops); returns root."""
+    params = {"version": 2, "seed": seed, "train_docs": train_docs, "val_docs": val_docs,
+              "train_pairs": train_pairs, "dev_pairs": dev_pairs, "test_pairs": test_pairs}
     done = os.path.join(root, "DONE")
     if os.path.exists(done):
-        return root
+        with open(done) as f:
+            text = f.read()
+        if text and json.loads(text) == params:
+            return root
     rng = np.random.default_rng(seed)
     os.makedirs(os.path.join(root, "corpus"), exist_ok=True)
     os.makedirs(os.path.join(root, "glue"), exist_ok=True)
@@ -148,7 +158,8 @@ def make(root, seed=0, train_docs=600, val_docs=60, train_pairs=2000, dev_pairs=
              "vocab_size": len(vocab)}
     with open(os.path.join(root, "stats.json"), "w") as f:
         json.dump(stats, f, indent=1)
-    open(done, "w").close()
+    with open(done, "w") as f:
+        json.dump(params, f)
     return root
 
 

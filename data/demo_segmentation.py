@@ -2,12 +2,16 @@
 
 Classes: background, disc, square, triangle, cross. Each image (112-160 x 96-128 px) has a textured
 background (stripes, checks, blotches or a gradient, with noise) and 2-4 shapes of random size
-(radius 14-28 px) and rotation; about half of them are placed touching or overlapping an earlier one (the later
-shape is in front, and the label follows what is visible). Colour is a hint, not the answer: 80% of
+(radius 17-30 px) and rotation; about half of them are placed touching or overlapping an earlier one (the later
+shape is in front, and the label follows what is visible). Colour is a hint, not the answer: 90% of
 the shapes of a class have its typical hue (discs red, squares yellow-green, triangles cyan, crosses
-violet, +-15 degrees), the others any hue, so colour alone gets about 4 of 5 shapes right and only
+violet, +-15 degrees), the others any hue, so colour alone gets about 9 of 10 shapes right and only
 the outline settles the rest. As in VOC, a band of about two pixels along every object's visible
 outline is labelled 255 (ignored), and images are JPEG.
+
+Version 6 (for a demo that learns clearly, not barely): radius 17-30 px instead of 14-28, crosses'
+arms 0.4 r wide instead of 0.33 r (thin arms were the class the output stride 16 lost most), 90%
+typical hues instead of 80%; the DeepLabV3 demo's mIoU went from 0.57-0.59 to 0.63-0.65 over seeds 0-2.
 
 Layout (what readers.segmentation.PascalVOC reads, with `label_names`):
     <root>/VOCdevkit/VOC2012/JPEGImages/<id>.jpg
@@ -27,7 +31,7 @@ import cv2
 import numpy as np
 
 CLASSES = ["background", "disc", "square", "triangle", "cross"]
-PARAMS = {"version": 5, "train": 240, "val": 48, "seed": 10, "typical_hue": 0.8}
+PARAMS = {"version": 6, "train": 240, "val": 48, "seed": 10, "typical_hue": 0.9, "radius": [17, 30]}
 CLASS_HUES = [None, 0, 45, 90, 135]     # OpenCV hue (0-180) typical of each shape class
 
 
@@ -75,13 +79,13 @@ def _shape_mask(kind, h, w, cx, cy, r, angle):
     elif kind == 3:   # circumradius 1.35 r: about the area of the other shapes (2.4 r^2)
         poly([(1.35 * r * np.cos(t), 1.35 * r * np.sin(t)) for t in (-np.pi / 2, np.pi / 6, 5 * np.pi / 6)])
     else:
-        a, b = r, r * 0.33
+        a, b = r, r * 0.4
         poly([(-a, -b), (a, -b), (a, b), (-a, b)])
         poly([(-b, -a), (b, -a), (b, a), (-b, a)])
     return mask
 
 
-def make_image(rng, typical_hue=PARAMS["typical_hue"]):
+def make_image(rng, typical_hue=PARAMS["typical_hue"], radius=PARAMS["radius"]):
     """(uint8 RGB image [h, w, 3], uint8 label [h, w]) of one random scene."""
     h, w = int(rng.integers(96, 129)), int(rng.integers(112, 161))
     img = _texture(rng, h, w)
@@ -90,7 +94,7 @@ def make_image(rng, typical_hue=PARAMS["typical_hue"]):
     placed = []
     for k in range(1, int(rng.integers(2, 5)) + 1):
         kind = int(rng.integers(1, len(CLASSES)))
-        r = float(rng.uniform(14, 28))
+        r = float(rng.uniform(*radius))
         if placed and rng.random() < 0.5:       # touch or overlap an earlier shape
             px, py, pr = placed[int(rng.integers(len(placed)))]
             a = rng.uniform(0, 2 * np.pi)
@@ -139,7 +143,7 @@ def make(root, params=PARAMS):
     for split in ("train", "val"):
         ids = []
         for n in range(params[split]):
-            img, label = make_image(rng, params["typical_hue"])
+            img, label = make_image(rng, params["typical_hue"], params["radius"])
             name = f"{split}_{n:04d}"
             cv2.imwrite(os.path.join(voc, "JPEGImages", name + ".jpg"), img[:, :, ::-1],
                         [cv2.IMWRITE_JPEG_QUALITY, 92])

@@ -103,6 +103,14 @@ def bert_glue_run(bert_pretrain_run, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def bert_glue_scratch_run(bert_demo, tmp_path_factory):
+    """The GLUE demo recipe as is (from scratch): what fine-tuning from pretraining is compared with."""
+    out = tmp_path_factory.mktemp("bert_glue_demo_scratch")
+    tool("train", "-c", BERT_GLUE_DEMO, "--output", out)
+    return out
+
+
 MASK_RCNN_DEMO = "configs/vision/mask_rcnn/mask_rcnn_demo.yaml"
 
 

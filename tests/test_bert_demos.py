@@ -1,11 +1,15 @@
-"""The BERT demos as a user runs them: pretraining learns from context, fine-tuning from our own
-pretraining run's final/ learns a label that needs both sentences, inference writes GLUE files."""
+"""The BERT demos as a user runs them: pretraining learns from context and learns which sentence
+comes next, fine-tuning from our own pretraining run's final/ learns a pair task from 100 labelled
+pairs that the same recipe cannot learn from scratch, inference writes GLUE files."""
 import json
 import os
-import shutil
 
 from tests.conftest import BERT_GLUE_DEMO, BERT_PRETRAIN_DEMO
-from tests.helpers import assert_one_line_error, read_metrics, tool
+from tests.helpers import ROOT, assert_one_line_error, read_metrics, tool
+
+# dev accuracy with --seed 0 / 1 / 2 for both runs (amd-zen4): from the pretraining demo 0.835 / 0.738 /
+# 0.798, from scratch 0.598 / 0.538 / 0.575 (dev majority 0.538); differences 0.24 / 0.20 / 0.22
+TRANSFER_MARGIN = 0.15
 
 
 def test_pretraining_demo_learns_from_context(bert_demo, bert_pretrain_run):
@@ -15,15 +19,37 @@ def test_pretraining_demo_learns_from_context(bert_demo, bert_pretrain_run):
     metrics = read_metrics(bert_pretrain_run)
     assert 0.05 < rate < 0.2
     assert metrics["mlm_acc"] >= 2 * rate, (metrics, rate)
-    assert metrics["num_samples"] > 200 and "nsp_acc" in metrics
+    assert metrics["num_samples"] > 200
 
 
-def test_fine_tuning_from_our_pretraining_run_needs_both_sentences(bert_demo, bert_pretrain_run, bert_glue_run,
-                                                                   tmp_path):
+def test_pretraining_demo_learns_the_next_sentence(bert_pretrain_run, monkeypatch):
+    """nsp_acc above always answering the majority label of the very pairs it was evaluated on, + 0.1.
+    The reader makes the pairs on the fly (a document's last sentence always gets a random next one,
+    so "random" is the majority); they are rebuilt here from the run's resolved config and seed."""
+    from engine import builder, config
+    from engine.components import load_all
+    load_all()
+    monkeypatch.chdir(ROOT)
+    cfg = config.load(os.path.join(bert_pretrain_run, "config.yaml"))
+    val = builder.build_dataset(cfg, "val", cfg["runtime"]["seed"])
+    random_share = sum(int(val[i]["next_sentence_label"]) for i in range(len(val))) / len(val)
+    majority = max(random_share, 1 - random_share)
+    metrics = read_metrics(bert_pretrain_run)
+    assert metrics["num_samples"] == len(val)
+    assert metrics["nsp_acc"] > majority + 0.1, (metrics, majority)
+
+
+def test_fine_tuning_transfers_what_pretraining_learnt(bert_glue_run, bert_glue_scratch_run):
+    """The same recipe and data, from the pretraining demo's weights and from scratch: only the
+    pretrained model learns the pair task from its 100 labelled pairs."""
     log = open(os.path.join(bert_glue_run, "train.log")).read()
     assert "detected layout 'native'" in log and "keys of another task's head" in log   # cls.* dropped, said
-    assert read_metrics(bert_glue_run)["accuracy"] >= 0.8
-    # the same recipe and start with sentence 2 blanked: the label cannot be learned
+    pretrained, scratch = (read_metrics(run)["accuracy"] for run in (bert_glue_run, bert_glue_scratch_run))
+    assert pretrained >= scratch + TRANSFER_MARGIN, (pretrained, scratch)
+
+
+def test_fine_tuning_needs_both_sentences(bert_demo, bert_pretrain_run, tmp_path):
+    """The same recipe and start with sentence 2 blanked: the label cannot be learned."""
     blank = tmp_path / "glue_blank"
     blank.mkdir()
     for name in ("train.tsv", "dev.tsv"):
