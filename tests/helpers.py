@@ -61,6 +61,18 @@ class OpPath:
             assert not seen, f"fused operators ran on the {'fused' if self.fused else 'reference'} path: {seen}"
 
 
+def nsp_majority(run_dir):
+    """(share of the majority next-sentence label, number of pairs) of a BERT pretraining run's val
+    pairs, rebuilt from its resolved config and seed (the reader makes them on the fly)."""
+    from engine import builder, config
+    from engine.components import load_all
+    load_all()
+    cfg = config.load(os.path.join(run_dir, "config.yaml"))
+    val = builder.build_dataset(cfg, "val", cfg["runtime"]["seed"])
+    random_share = sum(int(val[i]["next_sentence_label"]) for i in range(len(val))) / len(val)
+    return max(random_share, 1 - random_share), len(val)
+
+
 def read_metrics(output_dir):
     with open(os.path.join(output_dir, "metrics.json")) as f:
         return json.load(f)

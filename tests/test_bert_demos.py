@@ -5,7 +5,7 @@ import json
 import os
 
 from tests.conftest import BERT_GLUE_DEMO, BERT_PRETRAIN_DEMO
-from tests.helpers import ROOT, assert_one_line_error, read_metrics, tool
+from tests.helpers import ROOT, assert_one_line_error, nsp_majority, read_metrics, tool
 
 # dev accuracy with --seed 0 / 1 / 2 for both runs (amd-zen4): from the pretraining demo 0.835 / 0.738 /
 # 0.798, from scratch 0.598 / 0.538 / 0.575 (dev majority 0.538); differences 0.24 / 0.20 / 0.22
@@ -26,16 +26,10 @@ def test_pretraining_demo_learns_the_next_sentence(bert_pretrain_run, monkeypatc
     """nsp_acc above always answering the majority label of the very pairs it was evaluated on, + 0.1.
     The reader makes the pairs on the fly (a document's last sentence always gets a random next one,
     so "random" is the majority); they are rebuilt here from the run's resolved config and seed."""
-    from engine import builder, config
-    from engine.components import load_all
-    load_all()
     monkeypatch.chdir(ROOT)
-    cfg = config.load(os.path.join(bert_pretrain_run, "config.yaml"))
-    val = builder.build_dataset(cfg, "val", cfg["runtime"]["seed"])
-    random_share = sum(int(val[i]["next_sentence_label"]) for i in range(len(val))) / len(val)
-    majority = max(random_share, 1 - random_share)
+    majority, pairs = nsp_majority(bert_pretrain_run)
     metrics = read_metrics(bert_pretrain_run)
-    assert metrics["num_samples"] == len(val)
+    assert metrics["num_samples"] == pairs
     assert metrics["nsp_acc"] > majority + 0.1, (metrics, majority)
 
 

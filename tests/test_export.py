@@ -31,6 +31,20 @@ DEMO_DATA = {"bert": ["bert_demo"], "transformer": ["translation_demo"], "deepla
 ONEDNN_CONTINUOUS = {"mask_rcnn": {"detect": ["p2", "p3", "p4", "p5"]}}
 
 
+def _same_top_k(a, b, where, atol=1e-4):
+    """The same ranking up to ties: the scores agree rank by rank, and every class keeps its score; two
+    classes may trade places only when their scores are within atol (a well-trained demo gives several
+    classes ~0, and the two backends round those differently)."""
+    assert np.allclose([t["score"] for t in a], [t["score"] for t in b], atol=atol), (where, a, b)
+    theirs = {t["class_id"]: t["score"] for t in b}
+    lowest = min(theirs.values())
+    for rank, t in enumerate(a):
+        if t["class_id"] in theirs:
+            assert abs(t["score"] - theirs[t["class_id"]]) <= atol, (where, rank, a, b)
+        else:                                          # left b's top-k at its boundary only
+            assert t["score"] <= lowest + atol, (where, rank, a, b)
+
+
 def close(ours, ref):
     """The golden README's tolerance: |ours - ref| <= 1e-4 * max(1, max|ref|) + 1e-4 * |ref|."""
     ref = np.asarray(ref, np.float64)
@@ -155,8 +169,8 @@ def test_infer_with_the_exported_model_writes_what_the_dynamic_one_writes(tsn_de
         dyn, inf = (json.load(open(outs[(name, b)] / "predictions.json")) for b in ("dynamic", "inference"))
         assert len(dyn) == len(inf) > 0
         for a, b in zip(dyn, inf):
-            assert a["id"] == b["id"] and [t["class_id"] for t in a["top_k"]] == [t["class_id"] for t in b["top_k"]]
-            assert np.allclose([t["score"] for t in a["top_k"]], [t["score"] for t in b["top_k"]], atol=1e-4)
+            assert a["id"] == b["id"]
+            _same_top_k(a["top_k"], b["top_k"], a["id"])
     assert open(outs[("al", "dynamic")] / "submission.csv").read().splitlines()[0] == \
         open(outs[("al", "inference")] / "submission.csv").read().splitlines()[0]
 

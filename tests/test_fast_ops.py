@@ -6,8 +6,10 @@ keep-mask given to the reference), the backward against central finite differenc
 reference forward; the fallback when the operators are switched off or cannot be built. The library
 compiles once per machine (cached; the first test pays ~20 s).
 """
+import json
 import logging
 import os
+import re
 
 import numpy as np
 import paddle
@@ -17,7 +19,7 @@ import pytest
 
 from engine import fast_ops
 from tests.conftest import BERT_PRETRAIN_DEMO
-from tests.helpers import counting_fused_ops as _counting, read_metrics, tool
+from tests.helpers import ROOT, counting_fused_ops as _counting, nsp_majority, read_metrics, tool
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -633,15 +635,31 @@ def test_config_switch(tmp_path):
 
 
 # --------------------------------------------------------------------------------- a demo recipe
-def test_pretraining_demo_ends_with_the_same_metrics_on_either_path(bert_pretrain_run, tmp_path):
+def _first_epoch_losses(run_dir):
+    """{step: (loss, mlm_loss, nsp_loss)} of the first epoch's lines in a run's train.log."""
+    found = re.findall(r"epoch 1 batch \d+/\d+ step (\d+) loss ([\d.]+) mlm_loss ([\d.]+) nsp_loss ([\d.]+)",
+                       open(os.path.join(run_dir, "train.log")).read())
+    return {int(s): tuple(map(float, v)) for s, *v in found}
+
+
+def test_pretraining_demo_trains_alike_on_either_path(bert_demo, bert_pretrain_run, tmp_path, monkeypatch):
     """The BERT pretraining demo (session fixture: runtime.fast_ops on, the default) trained again on
-    the pure Paddle path: its metrics (mlm_acc ~0.33, nsp_acc ~0.74) within 0.03."""
+    the pure Paddle path, with the same seed and dropout masks. Its first epoch's logged losses agree
+    to 1e-3 relative: the same arithmetic up to rounding (measured: equal to the 4 logged decimals
+    through step 80). After that, rounding differences grow as in any two runs (NSP is learnt late and
+    suddenly: 0.84 against 0.89 once), so the end is held to the demo's own bars on both paths."""
     log = open(os.path.join(bert_pretrain_run, "train.log")).read()
     assert "fused C++ operators loaded" in log and "not available" not in log   # the fast path ran
     out = tmp_path / "reference"
     tool("train", "-c", BERT_PRETRAIN_DEMO, "--output", out, "-o", "runtime.fast_ops=false")
     assert "fused C++ operators" not in open(out / "train.log").read()
-    fast, ref = read_metrics(bert_pretrain_run), read_metrics(out)
-    for key in ("mlm_acc", "nsp_acc"):
-        assert abs(fast[key] - ref[key]) <= 0.03, (key, fast, ref)
-    assert abs(fast["loss"] - ref["loss"]) <= 0.05 * ref["loss"], (fast, ref)
+    fast, ref = _first_epoch_losses(bert_pretrain_run), _first_epoch_losses(out)
+    assert len(ref) >= 4 and sorted(fast) == sorted(ref), (fast, ref)
+    for step in ref:
+        np.testing.assert_allclose(fast[step], ref[step], rtol=1e-3, err_msg=f"step {step}")
+    monkeypatch.chdir(ROOT)
+    majority, _ = nsp_majority(out)
+    with open(os.path.join(bert_demo, "stats.json")) as f:
+        frequent = json.load(f)["most_frequent_token_rate"]
+    for metrics in (read_metrics(bert_pretrain_run), read_metrics(out)):   # tests/test_bert_demos.py's bars
+        assert metrics["nsp_acc"] > majority + 0.1 and metrics["mlm_acc"] >= 2 * frequent, (metrics, majority)
