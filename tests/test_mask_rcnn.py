@@ -265,7 +265,6 @@ def test_parameter_counts_match_the_official_table():
 # and RPN, which RoIAlign does not reach, are stored in the first file only. Every check runs with our
 # fused CPU operators off and on (engine/fast_ops; on: the ResNet convolutions run through oneDNN).
 GOLDEN = {True: "ppdet_mask_rcnn_r50_fpn_aligned.npz", False: "ppdet_mask_rcnn_r50_fpn.npz"}
-FAST = pytest.mark.parametrize("fast", [False, True], ids=["reference_ops", "fused_ops"])
 
 
 @pytest.fixture(scope="module")
@@ -289,14 +288,14 @@ def golden_models():
 @pytest.fixture(scope="module")
 def golden_features(golden_models):
     """run(fast) -> (backbone outputs, P2..P6, the fused operators the backbone and the FPN ran), once
-    per path; both models hold the same weights and RoIAlign does not reach these layers."""
+    per path (the op_path fixture sets the path and the operators' threads; `fast` says which one to
+    cache); both models hold the same weights and RoIAlign does not reach these layers."""
     from engine import fast_ops
     image = paddle.to_tensor(np.load(os.path.join(DATA, GOLDEN[False]))["image"])
     model, cache = golden_models[True], {}
 
     def run(fast):
         if fast not in cache:
-            fast_ops.set_enabled(False, 2)            # the operators' OpenMP threads: the 2 cores
             with fast_ops.enabled_as(fast), paddle.no_grad():
                 assert not fast or fast_ops.load(), fast_ops._state["error"]
                 with counting_fused_ops() as in_backbone:
@@ -308,11 +307,10 @@ def golden_features(golden_models):
     return run
 
 
-@FAST
-def test_golden_backbone_fpn_rpn(golden_models, golden_features, fast):
+def test_golden_backbone_fpn_rpn(golden_models, golden_features, op_path):
     """Backbone, FPN and RPN head (objectness, deltas, anchors): stored in the aligned=False file only,
     since RoIAlign does not reach them (the aligned=True run gave them bit for bit)."""
-    from engine import fast_ops
+    fast = op_path.fused
     ref = np.load(os.path.join(DATA, GOLDEN[False]))
     body, feats, ran = golden_features(fast)
     # on the fused path the backbone's convolutions run through oneDNN (BN in eval mode takes paddle's
@@ -325,7 +323,7 @@ def test_golden_backbone_fpn_rpn(golden_models, golden_features, fast):
         close(f.numpy()[:, :8, :8, :8], ref[f"fpn.P{i + 2}.slice"])
         stats_close(f.numpy(), ref[f"fpn.P{i + 2}.stats"])
     model = golden_models[True]
-    with fast_ops.enabled_as(fast), paddle.no_grad(), counting_fused_ops() as in_rpn:
+    with paddle.no_grad(), counting_fused_ops() as in_rpn:
         scores, deltas = model.rpn.head(feats)
     assert in_rpn == []                               # the RPN head: paddle's layers on either path
     anchors = model.rpn.anchors([f.shape[-2:] for f in feats])
@@ -336,21 +334,19 @@ def test_golden_backbone_fpn_rpn(golden_models, golden_features, fast):
         close(anchors[i][:48], ref[f"rpn.P{i + 2}.anchors.first48"])
 
 
-@FAST
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "not_aligned"])
-def test_golden_roi_features_box_and_mask_heads(golden_models, golden_features, aligned, fast):
+def test_golden_roi_features_box_and_mask_heads(golden_models, golden_features, aligned, op_path):
     """RoI features, box head (fc7, logits, probabilities, deltas) and mask head (logits, the selected
     class's logits and probabilities) of the model built with `aligned` against PaddleDetection's with
     the same setting. The heads call no fused operator (asserted), so on the fused path they differ
     only through the backbone's features."""
-    from engine import fast_ops
     model = golden_models[aligned]
     assert model.box_roi.aligned is aligned and model.mask_roi.aligned is aligned
     ref = np.load(os.path.join(DATA, GOLDEN[aligned]))
-    feats = golden_features(fast)[1][:4]
+    feats = golden_features(op_path.fused)[1][:4]
     rois = paddle.to_tensor(ref["box.rois"])
     assert box_ops.fpn_levels(rois).numpy().tolist() == ref["box.levels"].tolist()
-    with fast_ops.enabled_as(fast), paddle.no_grad(), counting_fused_ops() as ran:
+    with paddle.no_grad(), counting_fused_ops() as ran:
         roi_feat = model.box_roi(feats, [rois])
         fc7 = model.box_head.features(roi_feat)
         logits, box_deltas = model.box_head(roi_feat)
