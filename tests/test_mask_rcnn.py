@@ -429,6 +429,11 @@ def test_fine_tuning_to_other_classes_drops_only_the_class_layers():
 def test_bad_model_settings_fail_in_one_line():
     with pytest.raises(ConfigError, match="MaskRCNN.rpn: unknown keys \\['anchor_size'\\]"):
         MaskRCNN(num_classes=2, rpn={"anchor_size": [32]})
+    with pytest.raises(ConfigError, match="MaskRCNN.roi.aligned: expected bool, got 'maybe'"):
+        MaskRCNN(num_classes=2, roi={"aligned": "maybe"})          # -o model.roi.aligned=maybe
+    with pytest.raises(ConfigError, match="MaskRCNN.rpn.train_post_nms_top_n: expected int, got 1000.5"):
+        MaskRCNN(num_classes=2, rpn={"train_post_nms_top_n": 1000.5})
+    MaskRCNN(num_classes=2, rpn={"min_size": 0}, roi={"aligned": False})    # an int where a float is asked: fine
     with pytest.raises(ConfigError, match="num_classes must be >= 1"):
         MaskRCNN(num_classes=0)
 

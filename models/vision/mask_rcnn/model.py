@@ -55,6 +55,11 @@ def _settings(what, given, defaults):
     unknown = sorted(set(given) - set(defaults))
     if unknown:
         raise ConfigError(f"MaskRCNN.{what}: unknown keys {unknown}; known: {', '.join(defaults)}")
+    for key, value in given.items():   # a nested dict escapes the signature check: check each type here
+        want = type(defaults[key])
+        fits = isinstance(value, want) if want is not float else isinstance(value, (int, float))
+        if not fits or (isinstance(value, bool) and want is not bool):
+            raise ConfigError(f"MaskRCNN.{what}.{key}: expected {want.__name__}, got {value!r}")
     return {**defaults, **given}
 
 
