@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 DEMO ?= configs/video/attention_lstm/attention_lstm_demo.yaml
 export GLOG_minloglevel := 2
 
-.PHONY: demo test bench bench-peers venv clean
+.PHONY: demo test ops bench bench-peers venv clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -28,6 +28,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(VPY) -m pytest -q --durations=15 tests
+
+# Build the fused CPU operators now (ops/: the same cache and lock as their first use in training).
+ops: $(VENV)/.installed
+	$(VPY) -W "ignore:No ccache found" -m ops
 
 bench: $(VENV)/.installed
 	$(VPY) tools/benchmark.py --table --workers 0 1 2

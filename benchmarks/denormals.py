@@ -9,7 +9,7 @@ hidden 768) on two inputs of the same shape, random and masked, and prints the r
 (masked / random: 1.0 means no penalty; the target on Intel is <= 1.2):
 - attention: scores = q k^T, softmax with the additive padding mask (-1e4 on half the positions
   of every row in the masked case, none in the random one) and dropout, then probs @ v: forward and
-  backward, all through engine.fast_ops (oneDNN matmuls, the fused softmax);
+  backward, all through ops.functional (oneDNN matmuls, the fused softmax);
 - probs @ v alone: the batched GEMM 96 x 128x128 @ 128x64 on the probabilities of those two
   softmaxes (the product issue 18 saw at 65-85 ms against 1.6 ms);
 - FFN GEMM 1024x768 @ 768x3072 on oneDNN, its input random or with a quarter of its values tiny
@@ -46,7 +46,7 @@ def cases():
     """name -> (random inputs, masked inputs, fn(inputs) to time)."""
     import numpy as np
     import paddle
-    from engine import fast_ops
+    from ops import functional, library
     rng = np.random.default_rng(0)
     B, H, S, D = 8, 12, 128, 64
 
@@ -62,9 +62,9 @@ def cases():
 
     def attention(inp):
         q, k, v = (t(a, grad=True) for a in qkv)
-        scores = fast_ops.matmul(q, k, transpose_y=True)
-        probs = fast_ops.softmax_dropout(scores, inp["mask"], 1.0 / np.sqrt(D), 0.1, True)
-        out = fast_ops.matmul(probs, v)
+        scores = functional.matmul(q, k, transpose_y=True)
+        probs = functional.softmax_dropout(scores, inp["mask"], 1.0 / np.sqrt(D), 0.1, True)
+        out = functional.matmul(probs, v)
         out.backward(inp["grad"])
         return out
 
@@ -72,8 +72,8 @@ def cases():
 
     def probs_of(mask):
         with paddle.no_grad():
-            scores = fast_ops.matmul(t(qkv[0]), t(qkv[1]), transpose_y=True)
-            return fast_ops.softmax_dropout(scores, t(mask), 1.0 / np.sqrt(D), 0.0, False)
+            scores = functional.matmul(t(qkv[0]), t(qkv[1]), transpose_y=True)
+            return functional.softmax_dropout(scores, t(mask), 1.0 / np.sqrt(D), 0.0, False)
 
     v = t(qkv[2])
     x = rng.standard_normal((1024, 768)).astype(np.float32)
@@ -85,13 +85,13 @@ def cases():
 
     def gemm(inp):
         with paddle.no_grad():
-            return fast_ops.matmul(inp["x"], w)
+            return functional.matmul(inp["x"], w)
 
     return {
         "attention fwd+bwd (fused softmax, oneDNN matmuls)":
             ({"mask": t(no_mask), "grad": grad}, {"mask": t(half), "grad": grad}, attention),
         "probs @ v, 96 x 128x128 @ 128x64":
-            ({"p": probs_of(no_mask)}, {"p": probs_of(half)}, lambda inp: fast_ops.matmul(inp["p"], v)),
+            ({"p": probs_of(no_mask)}, {"p": probs_of(half)}, lambda inp: functional.matmul(inp["p"], v)),
         "FFN GEMM 1024x768 @ 768x3072, 1/4 of the input 1e-37": ({"x": t(x)}, {"x": t(tiny)}, gemm),
         "FFN GEMM 1024x768 @ 768x3072, 1/2 of the input 1e-39 (subnormal)": ({"x": t(x)}, {"x": t(sub)}, gemm),
     }
@@ -100,13 +100,14 @@ def cases():
 def run(threads, flush):
     import _bootstrap  # noqa: F401  (environment before paddle)
     import paddle
-    from engine import cpu, fast_ops
+    from engine import cpu
+    from ops import functional, library
     from benchmarks import report
     paddle.base.core.set_num_threads(threads)
     cpu.flush_denormals(flush)
-    fast_ops.set_enabled(True, threads, flush_denormals=flush)
-    if not fast_ops.load():
-        raise SystemExit(f"error: the fused operators are not available ({fast_ops._state['error']})")
+    functional.set_enabled(True, threads, flush_denormals=flush)
+    if not library.load():
+        raise SystemExit(f"error: the fused operators are not available ({library.state['error']})")
     rows = []
     for name, (random, masked, fn) in cases().items():
         r, m = _median_ms(lambda: fn(random)), _median_ms(lambda: fn(masked))

@@ -1,14 +1,14 @@
 """The kernels our oneDNN operators replace, shape by shape: paddle's own kernel against our operator
-(engine.fast_ops) in one process, and PyTorch's in another (same threads, same environment).
+(ops/) in one process, and PyTorch's in another (same threads, same environment).
 
 python benchmarks/kernel_shapes.py [--threads 2] [--no-torch]
 
 GEMMs of the Transformer-base step: batch 32 x 32 tokens (1024 rows), d_model 512, FFN 2048, 8 heads,
 vocabulary 33712; per layer shape the forward GEMM and both gradients (dX = dY W^T, dW = X^T dY), the
-tied output projection h @ E^T and the batched attention products (paddle.matmul vs fast_ops.matmul).
+tied output projection h @ E^T and the batched attention products (paddle.matmul vs functional.matmul).
 Convolutions of the ResNet-50 recipes, forward + both gradients as in a training step: TSN-R50's
 (4 videos x 3 segments = 12 frames at 224) and DeepLabV3-R50 OS8's dilated ones (2 images at 512),
-paddle's conv2d vs fast_ops.conv2d.
+paddle's conv2d vs functional.conv2d.
 
 Prints milliseconds per call (the mean over >= 0.5 s; outputs allocated per call, as in training) and
 the paddle / oneDNN ratio: where it is above 1 the operator is worth using (on our AMD EPYC: every
@@ -62,16 +62,17 @@ def run_paddle(threads):
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import _bootstrap  # noqa: F401  (engine/cpu.py's environment before paddle loads)
     import paddle
-    from engine import cpu, fast_ops
+    from engine import cpu
+    from ops import functional, library
     cpu.keep_freed_memory()   # as runtime.setup does for training
     paddle.base.core.set_num_threads(threads)
-    fast_ops.set_enabled(True, threads)
-    if not fast_ops.active(paddle.ones([1])) or not fast_ops._state["dnnl"]:
-        raise SystemExit(f"error: the oneDNN operators are not available ({fast_ops._state['error']})")
+    functional.set_enabled(True, threads)
+    if not functional.active(paddle.ones([1])) or not library.state["dnnl"]:
+        raise SystemExit(f"error: the oneDNN operators are not available ({library.state['error']})")
     gemms, convs = {}, {}
     for name, batch, M, K, N, tx, ty in SHAPES:
         x, y = _operands(paddle.rand, batch, M, K, N, tx, ty)
-        gemms[name] = (_per_call(lambda: paddle.matmul(x, y, tx, ty)), _per_call(lambda: fast_ops.matmul(x, y, tx, ty)))
+        gemms[name] = (_per_call(lambda: paddle.matmul(x, y, tx, ty)), _per_call(lambda: functional.matmul(x, y, tx, ty)))
     for name, n, c, h, w, o, k, stride, dilation in CONVS:
         conv = paddle.nn.Conv2D(c, o, k, stride=stride, padding=dilation * (k - 1) // 2, dilation=dilation,
                                 bias_attr=False)
@@ -79,8 +80,8 @@ def run_paddle(threads):
         x.stop_gradient = False
 
         def step(on):
-            with fast_ops.enabled_as(on):
-                fast_ops.conv2d(x, conv).sum().backward()
+            with functional.enabled_as(on):
+                functional.conv2d(x, conv).sum().backward()
         convs[name] = (_per_call(lambda: step(False)), _per_call(lambda: step(True)))
     return {"gemm": gemms, "conv": convs}
 

@@ -52,7 +52,7 @@ RUNTIME_KEYS = {
     "num_threads": (int, 0, at_least(0)),     # CPU math threads; 0 = the cores available
     "device": (str, "auto", one_of("auto", "cpu", "gpu")),
     "sync_bn": (bool, False),
-    "fast_ops": (bool, True),                 # fused C++ CPU operators (engine/fast_ops), else pure Paddle
+    "fast_ops": (bool, True),                 # fused C++ CPU operators (ops/), else pure Paddle
     "keep_freed_memory": (bool, True),        # CPU: glibc keeps freed blocks (faster steps, more peak memory)
     "flush_denormals": (bool, True),          # CPU: FTZ + DAZ, subnormal floats computed as 0 (engine/cpu.py)
     "world_size": (int, 1),                   # recorded by the trainer; not an input

@@ -96,7 +96,7 @@ def flush_denormals(on=True):
     Why: the Intel cores compute on subnormal floats 70-100x slower (AMD far less), and one subnormal
     in an activation reaches every GEMM after it. `runtime.flush_denormals` (default true) decides;
     runtime.setup calls this before any math runs, so the threads started later (paddle's and
-    OpenMP's workers, DataLoader processes) inherit it and engine/fast_ops applies it to the threads
+    OpenMP's workers, DataLoader processes) inherit it and ops/ (the fused kernels) applies it to the threads
     that call its operators. It changes float32 and float64 numerics for everything in the process,
     numpy included: results below 1.2e-38 (float32) / 2.2e-308 (float64) become 0, as torch's
     set_flush_denormal does. False off x86-64 glibc (nothing changed)."""

@@ -9,7 +9,8 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from engine import cpu, fast_ops
+import ops
+from engine import cpu
 from engine.registry import ConfigError
 
 log = logging.getLogger("zoo")
@@ -26,7 +27,7 @@ def setup(runtime_cfg):
     paddle.base.core.set_num_threads(threads)
     flush = runtime_cfg.get("flush_denormals", True)
     cpu.flush_denormals(flush)      # this thread (paddle's kernels; threads and processes started later)
-    fast_ops.set_enabled(runtime_cfg.get("fast_ops", True), threads, flush_denormals=flush)
+    ops.set_enabled(runtime_cfg.get("fast_ops", True), threads, flush_denormals=flush)
     device = runtime_cfg.get("device", "auto")
     if device == "auto":
         device = "gpu" if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() else "cpu"

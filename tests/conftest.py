@@ -153,14 +153,14 @@ def op_path(request):
     """Run a golden test on both operator paths: pure Paddle, and our fused C++ operators (what train,
     eval and infer run by default, `runtime.fast_ops`). Yields an OpPath recording the fused operators
     that ran, so the test can show the fused path was really taken."""
-    from engine import fast_ops
+    from ops import functional, library
     from tests.helpers import OpPath, counting_fused_ops
     fused = request.param == "fused"
     if fused:
-        fast_ops.set_enabled(True, 2)
-        assert fast_ops.load(), fast_ops._state["error"]
+        functional.set_enabled(True, 2)
+        assert library.load(), library.state["error"]
     try:
-        with fast_ops.enabled_as(fused), counting_fused_ops() as ran:
+        with functional.enabled_as(fused), counting_fused_ops() as ran:
             yield OpPath(fused, ran)
     finally:
-        fast_ops.set_enabled(False)
+        functional.set_enabled(False)

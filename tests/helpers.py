@@ -32,13 +32,13 @@ def launch(nproc, name, *args, log_dir, timeout=600):
 
 
 class counting_fused_ops:
-    """Count the fused operators (engine.fast_ops) run inside the block: a fast path that silently fell
+    """Count the fused operators (ops/functional.py) run inside the block: a fast path that silently fell
     back to the reference would make a comparison of the two vacuous."""
 
     def __enter__(self):
-        from engine import fast_ops
-        self.ops, self.names, self.real = fast_ops, [], fast_ops._run
-        fast_ops._run = lambda name, *a: self.names.append(name) or self.real(name, *a)
+        from ops import functional
+        self.ops, self.names, self.real = functional, [], functional._run
+        functional._run = lambda name, *a: self.names.append(name) or self.real(name, *a)
         return self.names
 
     def __exit__(self, *exc):

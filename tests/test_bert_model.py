@@ -122,22 +122,23 @@ def test_golden_outputs_on_the_fused_path_with_and_without_the_denormal_guard(go
     with runtime.flush_denormals on and off: both within the golden tolerance, and the guard's own
     effect (the largest difference between the two; 0.0 when measured) below 1e-5 of the output
     scale; the message says how large it is."""
-    from engine import cpu, fast_ops
+    from engine import cpu
+    from ops import functional, library
     model = golden_pretraining[0]
     before = bool(cpu.mxcsr() & (cpu.FTZ | cpu.DAZ))
-    fast_ops.set_enabled(True, 2)
+    functional.set_enabled(True, 2)
     runs = {}
     try:
         for flush in (True, False):
             cpu.flush_denormals(flush)
-            fast_ops.set_flush_denormals(flush)
+            library.set_flush_denormals(flush)
             with counting_fused_ops() as ran:
                 runs[flush], z = _pretraining_outputs(model)
             assert {"zoo_matmul", "zoo_softmax_dropout", "zoo_bias_act"} <= set(ran), sorted(set(ran))
     finally:
         cpu.flush_denormals(before)
-        fast_ops.set_flush_denormals(before)
-        fast_ops.set_enabled(False)
+        library.set_flush_denormals(before)
+        functional.set_enabled(False)
     for i, key in enumerate(GOLDEN_KEYS):
         on, off = runs[True][i], runs[False][i]
         effect = float(np.abs(on - off).max())

@@ -17,7 +17,8 @@ import numpy as np
 import paddle
 import pytest
 
-from engine import config, cpu, fast_ops, runtime
+from engine import config, cpu, runtime
+from ops import functional, library
 
 TINY = np.finfo(np.float32).tiny   # 2^-126, the smallest normal float32
 RNG = np.random.default_rng(0)
@@ -44,15 +45,15 @@ def _tiny_normal(shape, low=2e-38, high=1e-36):
 def guard_off():
     """The kernels alone: FTZ/DAZ cleared on this thread and for the operators; restored after."""
     paddle.base.core.set_num_threads(2)
-    fast_ops.set_enabled(True, 2)
-    assert fast_ops.load(), fast_ops._state["error"]
+    functional.set_enabled(True, 2)
+    assert library.load(), library.state["error"]
     before = cpu.mxcsr() & (cpu.FTZ | cpu.DAZ)
-    fast_ops.set_flush_denormals(False)
+    library.set_flush_denormals(False)
     cpu.flush_denormals(False)
     yield
-    fast_ops.set_flush_denormals(bool(before))
+    library.set_flush_denormals(bool(before))
     cpu.flush_denormals(bool(before))
-    fast_ops.set_enabled(False)
+    functional.set_enabled(False)
 
 
 def _run_both(fn, inputs, upstream):
@@ -60,7 +61,7 @@ def _run_both(fn, inputs, upstream):
     results = []
     for on in (True, False):
         xs = [_t(a.numpy(), grad=not a.stop_gradient) for a in inputs]
-        with fast_ops.enabled_as(on):
+        with functional.enabled_as(on):
             out = fn(*xs)
             (out * paddle.to_tensor(upstream)).sum().backward()
         results.append([out.numpy()] + [x.grad.numpy() for x in xs if not x.stop_gradient])
@@ -103,7 +104,7 @@ def test_masked_softmax_writes_no_subnormals(kind, p):
     upstream = RNG.standard_normal(x.shape).astype(np.float32)
 
     def fn(x):
-        return fast_ops.softmax_dropout(x, mask, 0.125, p, True)
+        return functional.softmax_dropout(x, mask, 0.125, p, True)
     if p == 0.0:
         fast, _ = _no_subnormals_and_agree(fn, [x], upstream)
         if kind == "long":   # against float64: 0 exactly where the true value is below 2^-126, else close
@@ -129,10 +130,10 @@ def test_gelu_tails_write_no_subnormals(scale):
     x = _t(np.linspace(-20, 20, 8001, dtype=np.float32).reshape(3, -1)[:, :2667])
     b = _t(np.zeros(2667))
     up = np.full((3, 2667), scale, np.float32)
-    fast, ref = _no_subnormals_and_agree(lambda x, b: fast_ops.bias_act(x, b, "gelu"), [x, b], up)
+    fast, ref = _no_subnormals_and_agree(lambda x, b: functional.bias_act(x, b, "gelu"), [x, b], up)
     assert subnormals(ref[1]) > 0 or scale == 1.0
     w = _t(np.eye(2667, 64) * 1.0)
-    _no_subnormals_and_agree(lambda x, b: fast_ops.linear(x, w, b[:64], act="gelu"), [x, b], up[:, :64])
+    _no_subnormals_and_agree(lambda x, b: functional.linear(x, w, b[:64], act="gelu"), [x, b], up[:, :64])
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
@@ -146,7 +147,7 @@ def test_cross_entropy_with_a_dominant_logit_writes_no_subnormals(eps):
     labels = paddle.to_tensor(labels.astype(np.int64))
 
     def mean_loss(z):
-        return fast_ops.smooth_cross_entropy(z, labels, eps)[0].mean()
+        return functional.smooth_cross_entropy(z, labels, eps)[0].mean()
     fast, _ = _no_subnormals_and_agree(mean_loss, [_t(z)], np.float32(1.0))
     # the gradient in float64 (paddle's cross entropy clips its exponent at -64, so it is no oracle
     # here): (softmax - q) / rows, q = (1 - eps) one_hot + eps / V
@@ -169,11 +170,11 @@ def test_layer_norms_write_no_subnormals():
     x = _t(RNG.standard_normal((8, N)) * 10)
     tiny_g = _t(_tiny_normal(N))
     beta = _t(np.zeros(N))
-    fast, _ = _no_subnormals_and_agree(lambda x, g: fast_ops.layer_norm(x, g, beta), [x, tiny_g],
+    fast, _ = _no_subnormals_and_agree(lambda x, g: functional.layer_norm(x, g, beta), [x, tiny_g],
                                        _tiny_normal((8, N)))
     g, b, res = _t(RNG.uniform(0.5, 1.5, N)), _t(RNG.standard_normal(N)), _t(RNG.standard_normal((8, N)) * 10)
-    _no_subnormals_and_agree(lambda x, g: fast_ops.layer_norm(x, g, beta), [x, g], _tiny_normal((8, N)))
-    _no_subnormals_and_agree(lambda x, b, res, g: fast_ops.bias_dropout_residual_ln(x, b, res, g, beta),
+    _no_subnormals_and_agree(lambda x, g: functional.layer_norm(x, g, beta), [x, g], _tiny_normal((8, N)))
+    _no_subnormals_and_agree(lambda x, b, res, g: functional.bias_dropout_residual_ln(x, b, res, g, beta),
                              [x, b, res, g], _tiny_normal((8, N)))
 
 
@@ -191,8 +192,8 @@ def test_batch_norm_writes_no_subnormals(residual):
         bn._mean.set_value(paddle.to_tensor(_tiny_normal(C)))
         bn.train()
         xs, rs = _t(x.numpy()), _t(r.numpy())
-        with fast_ops.enabled_as(on):
-            out = fast_ops.batch_norm_act(xs, bn, True, rs if residual else None)
+        with functional.enabled_as(on):
+            out = functional.batch_norm_act(xs, bn, True, rs if residual else None)
             (out * paddle.to_tensor(_tiny_normal(out.shape))).sum().backward()
         results.append([out.numpy(), xs.grad.numpy(), bn.weight.grad.numpy(), bn.bias.grad.numpy(),
                         bn._mean.numpy(), bn._variance.numpy()] + ([rs.grad.numpy()] if residual else []))
@@ -212,12 +213,12 @@ def _subnormal_products():
     ones = paddle.to_tensor(np.full((256, 256), 1.0 / 256, np.float32))
     zero = paddle.zeros([256])
     ran = []
-    with fast_ops.enabled_as(True):
-        ran.append(fast_ops._state["dnnl"] and fast_ops.active(x, ones))
-        dnnl = fast_ops.matmul(x, ones).numpy()
-        fused = fast_ops.bias_dropout_residual(x, zero, paddle.zeros_like(x)).numpy()
+    with functional.enabled_as(True):
+        ran.append(library.state["dnnl"] and functional.active(x, ones))
+        dnnl = functional.matmul(x, ones).numpy()
+        fused = functional.bias_dropout_residual(x, zero, paddle.zeros_like(x)).numpy()
     return {"oneDNN matmul": dnnl, "fused op": fused, "paddle matmul": paddle.matmul(x, ones).numpy(),
-            "mxcsr": [cpu.mxcsr()] + fast_ops.threads_mxcsr(2), "dnnl ran": ran}
+            "mxcsr": [cpu.mxcsr()] + library.threads_mxcsr(2), "dnnl ran": ran}
 
 
 def _set_by_config(on):

@@ -1,4 +1,4 @@
-"""The fused C++ CPU operators (engine/fast_ops) against their pure Paddle references.
+"""The fused C++ CPU operators (ops/) against their pure Paddle references.
 
 Each operator: outputs and gradients equal to the reference to 1e-5 (dropout with the operator's own
 keep-mask given to the reference), the backward against central finite differences in float32
@@ -17,7 +17,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 import pytest
 
-from engine import fast_ops
+from ops import functional, library, reference
 from tests.conftest import BERT_PRETRAIN_DEMO
 from tests.helpers import ROOT, counting_fused_ops as _counting, nsp_majority, read_metrics, tool
 
@@ -25,10 +25,10 @@ from tests.helpers import ROOT, counting_fused_ops as _counting, nsp_majority, r
 @pytest.fixture(scope="module", autouse=True)
 def ops():
     paddle.base.core.set_num_threads(2)
-    fast_ops.set_enabled(True, 2)
-    assert fast_ops.load(), fast_ops._state["error"]
+    functional.set_enabled(True, 2)
+    assert library.load(), library.state["error"]
     yield
-    fast_ops.set_enabled(False)
+    functional.set_enabled(False)
 
 
 def _t(a, grad=True):
@@ -79,7 +79,7 @@ def _finite_differences(fn, inputs, eps=1e-2, tol=1e-2):
 
 
 def _run(name, *args):
-    return fast_ops._run(name, *args)
+    return functional._run(name, *args)
 
 
 RNG = np.random.default_rng(0)
@@ -90,14 +90,14 @@ RNG = np.random.default_rng(0)
 @pytest.mark.parametrize("p", [0.0, 0.3])
 def test_bias_act(act, p):
     x, b = _t(RNG.standard_normal((5, 3, 37)) * 2), _t(RNG.standard_normal(37))
-    code = fast_ops._ACTS[act]
+    code = functional._ACTS[act]
     keep = _run("zoo_bias_act", x, b, code, 1234, p)[1]
 
     def fast(x, b):
         return _run("zoo_bias_act", x, b, code, 1234, p)[0]
 
     def ref(x, b):
-        return fast_ops._dropout(fast_ops._REF_ACTS[code](x + b), p, True, keep)
+        return reference.bias_act(x, b, act, p, True, keep)
     _compare(fast, ref, [x, b])
     if act != "relu":   # relu's kink breaks finite differences where x + b is near 0
         _finite_differences(fast, [x, b])
@@ -112,7 +112,7 @@ def test_bias_dropout_residual(p):
         return _run("zoo_bias_dropout_residual", x, b, r, 99, p)[0]
 
     def ref(x, b, r):
-        return fast_ops.bias_dropout_residual(x, b, r, p, True, keep=keep)
+        return functional.bias_dropout_residual(x, b, r, p, True, keep=keep)
     _compare(fast, ref, [x, b, r])
     _finite_differences(fast, [x, b, r])
 
@@ -128,16 +128,16 @@ def test_bias_dropout_residual_layer_norm(p):
         return _run("zoo_bias_dropout_residual_ln", x, b, r, g, be, 5, p, 1e-12)[0]
 
     def ref(x, b, r, g, be):
-        return fast_ops.bias_dropout_residual_ln(x, b, r, g, be, p, 1e-12, True, keep=keep)
+        return functional.bias_dropout_residual_ln(x, b, r, g, be, p, 1e-12, True, keep=keep)
     _compare(fast, ref, [x, b, r, g, be])
     _finite_differences(fast, [x, b, r, g, be])
 
 
 def test_layer_norm():
     x, g, b = _t(RNG.standard_normal((4, 5, 33)) * 2 + 3), _t(RNG.standard_normal(33)), _t(RNG.standard_normal(33))
-    _compare(lambda *a: fast_ops.layer_norm(*a, 1e-5),
+    _compare(lambda *a: functional.layer_norm(*a, 1e-5),
              lambda x, g, b: F.layer_norm(x, x.shape[-1:], g, b, 1e-5), [x, g, b])
-    _finite_differences(lambda *a: fast_ops.layer_norm(*a, 1e-5), [x, g, b])
+    _finite_differences(lambda *a: functional.layer_norm(*a, 1e-5), [x, g, b])
 
 
 # matmul on oneDNN: 1e-5 of max(1, |reference|) as everywhere here: both sides sum K float32 products
@@ -158,7 +158,7 @@ def test_matmul(xs, ys, tx, ty):
     x, y = _t(RNG.standard_normal(xs)), _t(RNG.standard_normal(ys))
 
     def fast(x, y):
-        return fast_ops.matmul(x, y, tx, ty)
+        return functional.matmul(x, y, tx, ty)
     with _counting() as ran:
         fast(x, y)
     assert ran == ["zoo_matmul"]
@@ -173,21 +173,21 @@ def test_matmul_empty_sizes_other_forms_and_many_shapes():
     for xs, ys in (((3, 0, 7), (7, 4)), ((3, 5, 0), (0, 4)), ((2, 5, 7), (2, 7, 0))):
         x, y = _t(RNG.standard_normal(xs), grad=False), _t(RNG.standard_normal(ys), grad=False)
         with _counting() as ran:
-            out = fast_ops.matmul(x, y)
+            out = functional.matmul(x, y)
         assert ran == ["zoo_matmul"] and out.shape == paddle.matmul(x, y).shape
         np.testing.assert_array_equal(out.numpy(), paddle.matmul(x, y).numpy())   # empty, or zeros (K = 0)
     for xs, ys, tx in (((2, 3, 5, 7), (3, 7, 4), False), ((2, 7, 5), (7, 4), True), ((7,), (7, 4), False)):
         x, y = _t(RNG.standard_normal(xs), grad=False), _t(RNG.standard_normal(ys), grad=False)
         with _counting() as ran:
-            out = fast_ops.matmul(x, y, tx)
+            out = functional.matmul(x, y, tx)
         assert ran == []
         np.testing.assert_array_equal(out.numpy(), paddle.matmul(x, y, tx).numpy())
     y = _t(RNG.standard_normal((3, 2)), grad=False)
     xs = [_t(RNG.standard_normal((m, 3)), grad=False) for m in range(1, 1100)]
-    outs = [fast_ops.matmul(x, y) for x in xs]
+    outs = [functional.matmul(x, y) for x in xs]
     for x, out in zip(xs[:3] + xs[-3:], outs[:3] + outs[-3:]):
         _close(out.numpy(), x.numpy() @ y.numpy())
-    _close(fast_ops.matmul(xs[0], y).numpy(), xs[0].numpy() @ y.numpy())   # evicted, built again
+    _close(functional.matmul(xs[0], y).numpy(), xs[0].numpy() @ y.numpy())   # evicted, built again
 
 
 def test_matmul_of_strided_views():
@@ -199,8 +199,8 @@ def test_matmul_of_strided_views():
         q, k = b[:, :, :, :4], b[:, :, :, 4:]
         x, y = _t(RNG.standard_normal((7, 5))), _t(RNG.standard_normal((7, 3)))
         with _counting() as ran:
-            _close(fast_ops.matmul(q, k, transpose_y=True).numpy(), paddle.matmul(q, k, transpose_y=True).numpy())
-            _compare(lambda x, y: fast_ops.matmul(x.transpose([1, 0]), y),
+            _close(functional.matmul(q, k, transpose_y=True).numpy(), paddle.matmul(q, k, transpose_y=True).numpy())
+            _compare(lambda x, y: functional.matmul(x.transpose([1, 0]), y),
                      lambda x, y: paddle.matmul(x.transpose([1, 0]), y), [x, y])
         assert len(ran) >= 2
     finally:
@@ -220,14 +220,14 @@ def test_smooth_cross_entropy(eps):
         w = paddle.to_tensor(RNG.standard_normal(shape).astype(np.float32))
 
         def both(z):
-            loss, nll = fast_ops.smooth_cross_entropy(z, labels, eps)
+            loss, nll = functional.smooth_cross_entropy(z, labels, eps)
             return loss * w + nll * 0.7
 
         def loss_only(z):
-            return fast_ops.smooth_cross_entropy(z, labels, eps)[0]
+            return functional.smooth_cross_entropy(z, labels, eps)[0]
 
         for fn in (both, loss_only):
-            with fast_ops.enabled_as(False):
+            with functional.enabled_as(False):
                 ref = _grads(fn, [z], 1.0)
             with _counting() as ran:
                 fast = _grads(fn, [z], 1.0)
@@ -252,7 +252,7 @@ def test_transformer_loss_and_gradients_fast_equal_reference():
     results = []
     for on in (True, False):
         model.clear_gradients()
-        with fast_ops.enabled_as(on), _counting() as ran:
+        with functional.enabled_as(on), _counting() as ran:
             out = model(batch)
         assert ("zoo_matmul" in ran and "zoo_smooth_cross_entropy" in ran) == on
         out["loss"].backward()
@@ -287,10 +287,10 @@ def test_softmax_dropout(kind, p):
         return _run("zoo_softmax_dropout", x, m4, 0.7, 3, p)[0]
 
     def ref(x):
-        return fast_ops.softmax_dropout(x, mask, 0.7, p, True, keep=keep)
+        return functional.softmax_dropout(x, mask, 0.7, p, True, keep=keep)
     _compare(fast, ref, [x])
     _finite_differences(fast, [x])
-    assert np.allclose(fast_ops.softmax_dropout(x, mask, 0.7, 0.0).numpy().sum(-1), 1.0, atol=1e-5)
+    assert np.allclose(functional.softmax_dropout(x, mask, 0.7, 0.0).numpy().sum(-1), 1.0, atol=1e-5)
 
 
 def _bn(C, momentum=0.9):
@@ -311,8 +311,8 @@ def test_batch_norm_act(relu, residual):
 
     def grads(bn, on):
         xs = [_t(x.numpy()), _t(r.numpy(), grad=residual)]
-        with fast_ops.enabled_as(on):
-            y = fast_ops.batch_norm_act(xs[0], bn, relu, xs[1] if residual else None)
+        with functional.enabled_as(on):
+            y = functional.batch_norm_act(xs[0], bn, relu, xs[1] if residual else None)
         (y * weight).sum().backward()
         out = [y.numpy(), xs[0].grad.numpy(), bn.weight.grad.numpy(), bn.bias.grad.numpy()]
         return out + ([xs[1].grad.numpy()] if residual else [])
@@ -328,7 +328,7 @@ def test_batch_norm_act(relu, residual):
     bn_fd = _bn(6)
 
     def fd(x, g, be, r):
-        return fast_ops._run("zoo_bn_add_act" if residual else "zoo_bn_act", x, g, be, bn_fd._mean, bn_fd._variance,
+        return functional._run("zoo_bn_add_act" if residual else "zoo_bn_act", x, g, be, bn_fd._mean, bn_fd._variance,
                              *([r] if residual else []), 0.9, 1e-5, relu)[0]
     if not relu:
         _finite_differences(fd, [x, _t(bn_fd.weight.numpy()), _t(bn_fd.bias.numpy()), _t(r.numpy(), grad=residual)])
@@ -350,8 +350,8 @@ def test_conv2d(shape, cout, kernel, stride, padding, dilation, bias, x_grad):
     conv = nn.Conv2D(shape[1], cout, kernel, stride=stride, padding=padding, dilation=dilation,
                      bias_attr=None if bias else False)
     x = _t(RNG.standard_normal(shape), grad=x_grad)
-    fast, ref = _layer_grads(lambda x: fast_ops.conv2d(x, conv), [x], True, conv), \
-        _layer_grads(lambda x: fast_ops.conv2d(x, conv), [x], False, conv)
+    fast, ref = _layer_grads(lambda x: functional.conv2d(x, conv), [x], True, conv), \
+        _layer_grads(lambda x: functional.conv2d(x, conv), [x], False, conv)
     assert len(fast) == len(ref) == 1 + x_grad + 1 + bias
     for a, b in zip(fast, ref):
         _close(a, b)
@@ -367,8 +367,8 @@ def test_conv2d_layers_it_does_not_cover_take_paddle():
     x = _t(RNG.standard_normal((2, 4, 9, 8)))
     for conv in (nn.Conv2D(4, 4, 3, padding=1, groups=2), nn.Conv2D(4, 4, 3, padding="SAME"),
                  nn.Conv2D(8, 4, 3, padding=1, data_format="NHWC")):
-        with fast_ops.enabled_as(True), _counting() as ran:
-            y = fast_ops.conv2d(x, conv)
+        with functional.enabled_as(True), _counting() as ran:
+            y = functional.conv2d(x, conv)
         assert not ran
         np.testing.assert_array_equal(y.numpy(), conv(x).numpy())
 
@@ -381,9 +381,9 @@ def test_dropout_masks_are_seeded_and_unbiased():
     assert (k1 == k2).all() and not (k1 == k3).all()
     assert abs(k1.mean() - 0.7) < 0.005                       # 100k draws: 5 sigma ~ 0.007
     paddle.seed(3)
-    a = fast_ops.bias_act(x, b, None, 0.3).numpy()
+    a = functional.bias_act(x, b, None, 0.3).numpy()
     paddle.seed(3)
-    assert (fast_ops.bias_act(x, b, None, 0.3).numpy() == a).all()   # paddle.seed decides the masks
+    assert (functional.bias_act(x, b, None, 0.3).numpy() == a).all()   # paddle.seed decides the masks
     assert set(np.unique(a)) <= {0.0, np.float32(1 / 0.7)}
 
 
@@ -393,7 +393,7 @@ def _layer_grads(layer, inputs, on, params=None):
     params = params or layer
     xs = [_t(a.numpy(), grad=not a.stop_gradient) for a in inputs]
     params.clear_gradients()
-    with fast_ops.enabled_as(on), _counting() as ran:
+    with functional.enabled_as(on), _counting() as ran:
         y = layer(*xs)
     assert bool(ran) == on, ran
     y = y[-1] if isinstance(y, list) else y
@@ -485,7 +485,7 @@ def test_deeplabv3_fast_equals_reference_and_recomputes():
     x, label = _t(rng.standard_normal((2, 3, 45, 53)), grad=False), paddle.to_tensor(rng.integers(0, 3, (2, 45, 53)))
     for m, on in zip(models, (True, True, False)):
         m.train()
-        with fast_ops.enabled_as(on), _counting() as ran:
+        with functional.enabled_as(on), _counting() as ran:
             m({"image": x, "label": label})["loss"].backward()
         assert ("zoo_bn_act" in ran and "zoo_bn_add_act" in ran and "zoo_conv2d" in ran) == on
     fast, remat, ref = models
@@ -503,60 +503,60 @@ def test_deeplabv3_fast_equals_reference_and_recomputes():
 def test_fallback_when_disabled_or_unbuildable(monkeypatch, caplog):
     x, b = _t(RNG.standard_normal((4, 8))), _t(RNG.standard_normal(8))
     calls = []
-    real = fast_ops._run
-    monkeypatch.setattr(fast_ops, "_run", lambda *a: calls.append(a[0]) or real(*a))
-    with fast_ops.enabled_as(False):
-        ref = fast_ops.bias_act(x, b, "gelu").numpy()
+    real = functional._run
+    monkeypatch.setattr(functional, "_run", lambda *a: calls.append(a[0]) or real(*a))
+    with functional.enabled_as(False):
+        ref = functional.bias_act(x, b, "gelu").numpy()
     assert not calls
     _close(ref, F.gelu(x + b).numpy())
-    with fast_ops.enabled_as(True):
-        _close(fast_ops.bias_act(x, b, "gelu").numpy(), ref)
+    with functional.enabled_as(True):
+        _close(functional.bias_act(x, b, "gelu").numpy(), ref)
     assert calls == ["zoo_bias_act"]
     # a machine where the library cannot be built: one warning, then the reference path
-    monkeypatch.setitem(fast_ops._state, "loaded", None)
-    monkeypatch.setattr(fast_ops, "build", lambda: (_ for _ in ()).throw(RuntimeError("g++ failed (test)")))
+    monkeypatch.setitem(library.state, "loaded", None)
+    monkeypatch.setattr(library, "build", lambda: (_ for _ in ()).throw(RuntimeError("g++ failed (test)")))
     calls.clear()
-    with caplog.at_level(logging.WARNING, logger="zoo"), fast_ops.enabled_as(True):
-        out = fast_ops.bias_act(x, b, "gelu").numpy()
-        fast_ops.bias_act(x, b, "gelu")
+    with caplog.at_level(logging.WARNING, logger="zoo"), functional.enabled_as(True):
+        out = functional.bias_act(x, b, "gelu").numpy()
+        functional.bias_act(x, b, "gelu")
     assert not calls and "g++ failed (test)" in caplog.text and caplog.text.count("not available") == 1
     _close(out, ref)
-    monkeypatch.setitem(fast_ops._state, "loaded", True)
+    monkeypatch.setitem(library.state, "loaded", True)
 
 
 def test_a_corrupt_cached_library_is_one_warning_line(monkeypatch, tmp_path, caplog):
     """A cached library that no longer loads (a truncated file): one warning line naming it, then the
     reference path; paddle's loader error brings several lines of advice that are not ours to print."""
     monkeypatch.setenv("ZOO_FAST_OPS_DIR", str(tmp_path))
-    path = fast_ops.library_path()
+    path = library.library_path()
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as f:
         f.write("garbage")
-    monkeypatch.setitem(fast_ops._state, "loaded", None)
+    monkeypatch.setitem(library.state, "loaded", None)
     with caplog.at_level(logging.WARNING, logger="zoo"):
-        assert fast_ops.load() is False
+        assert library.load() is False
     warnings = [r.getMessage() for r in caplog.records if "not available" in r.getMessage()]
     assert len(warnings) == 1 and path in warnings[0] and "\n" not in warnings[0], warnings
-    monkeypatch.setitem(fast_ops._state, "loaded", True)
+    monkeypatch.setitem(library.state, "loaded", True)
 
 
 def test_without_onednn_headers_matmul_and_conv_take_paddle(monkeypatch, caplog):
     """A machine without the oneDNN headers builds ops.cc alone (one warning); matmul and conv2d then
     run paddle's kernels while the other fused operators stay on."""
-    monkeypatch.setattr(fast_ops, "_onednn_headers", lambda: None)
-    monkeypatch.setitem(fast_ops._state, "warned", False)
+    monkeypatch.setattr(library, "onednn_headers", lambda: None)
+    monkeypatch.setitem(library.state, "warned", False)
     with caplog.at_level(logging.WARNING, logger="zoo"):
-        assert fast_ops._sources() == fast_ops.SOURCES[:1] and fast_ops._sources() == fast_ops.SOURCES[:1]
-        commands, _ = fast_ops._compile_commands("/tmp/x.so")
+        assert library.sources() == library.SOURCES[:1] and library.sources() == library.SOURCES[:1]
+        commands, _ = library.compile_commands("/tmp/x.so")
     assert caplog.text.count("onednn-devel-cpu-gomp") == 1
     assert len(commands) == 2 and not any("dnnl" in arg for arg in commands[-1])
-    monkeypatch.setitem(fast_ops._state, "dnnl", False)
+    monkeypatch.setitem(library.state, "dnnl", False)
     conv = nn.Conv2D(3, 4, 3, padding=1)
     x, w = _t(RNG.standard_normal((2, 3, 6, 5))), _t(RNG.standard_normal((5, 4)))
-    with fast_ops.enabled_as(True), _counting() as ran:
-        y = fast_ops.conv2d(x, conv)
-        z = fast_ops.matmul(x, w)
-        fast_ops.layer_norm(z, _t(np.ones(4)), _t(np.zeros(4)))
+    with functional.enabled_as(True), _counting() as ran:
+        y = functional.conv2d(x, conv)
+        z = functional.matmul(x, w)
+        functional.layer_norm(z, _t(np.ones(4)), _t(np.zeros(4)))
     assert ran == ["zoo_layer_norm"]
     np.testing.assert_array_equal(y.numpy(), conv(x).numpy())
     np.testing.assert_array_equal(z.numpy(), paddle.matmul(x, w).numpy())
@@ -572,10 +572,10 @@ def test_build_runs_once_under_the_lock_and_survives_a_read_only_cache(monkeypat
     def commands(out):
         script = f"echo built >> {calls}; sleep 0.3; echo lib > {out}"
         return [["sh", "-c", script]], [out[:-3] + ".o"]
-    monkeypatch.setattr(fast_ops, "_compile_commands", commands)
+    monkeypatch.setattr(library, "compile_commands", commands)
     monkeypatch.setenv("ZOO_FAST_OPS_DIR", str(tmp_path / "cache"))
     paths = []
-    threads = [threading.Thread(target=lambda: paths.append(fast_ops.build())) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: paths.append(library.build())) for _ in range(3)]
     for t in threads:
         t.start()
         time.sleep(0.02)
@@ -588,8 +588,8 @@ def test_build_runs_once_under_the_lock_and_survives_a_read_only_cache(monkeypat
     blocked = tmp_path / "a_file"   # a cache folder below a file cannot be made, even by root
     blocked.write_text("")
     monkeypatch.setenv("ZOO_FAST_OPS_DIR", str(blocked / "cache"))
-    monkeypatch.setattr(fast_ops.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
-    path = fast_ops.build()
+    monkeypatch.setattr(library.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    path = library.build()
     assert path.startswith(str(tmp_path / "tmp")) and open(path).read() == "lib\n"
 
 
@@ -600,10 +600,10 @@ def test_reference_path_traces_under_to_static():
     model = BertModel(size="tiny", vocab_size=50, max_position_embeddings=16)
     model.eval()
     ids = paddle.to_tensor(RNG.integers(1, 50, (2, 8)).astype(np.int64))
-    with fast_ops.enabled_as(True), _counting() as ran:
+    with functional.enabled_as(True), _counting() as ran:
         eager = model(ids)[0].numpy()
     assert "zoo_bias_dropout_residual_ln" in ran
-    with fast_ops.enabled_as(True):
+    with functional.enabled_as(True):
         static = paddle.jit.to_static(model, full_graph=True)
         traced = static(ids)[0].numpy()
         prog = str(static.forward.concrete_program.main_program)
@@ -613,10 +613,10 @@ def test_reference_path_traces_under_to_static():
     for pre in (True, False):
         layer = EncoderLayer(32, 4, 64, 0.0, 0.0, 0.0, pre)
         x, mask = _t(RNG.standard_normal((2, 7, 32)), grad=False), _padding_mask(2, 7, [7, 3])
-        with fast_ops.enabled_as(True), _counting() as ran:
+        with functional.enabled_as(True), _counting() as ran:
             eager = layer(x, mask).numpy()
         assert "zoo_softmax_dropout" in ran
-        with fast_ops.enabled_as(True):
+        with functional.enabled_as(True):
             static = paddle.jit.to_static(layer, full_graph=True)
             traced = static(x, mask).numpy()
             prog = str(static.forward.concrete_program.main_program)
@@ -628,10 +628,10 @@ def test_config_switch(tmp_path):
     from engine import config, runtime
     cfg = config.load("configs/nlp/bert/bert_glue_demo.yaml", ["runtime.fast_ops=false"], validate_config=False)
     runtime.setup(config.section(cfg, "runtime", config.RUNTIME_KEYS))
-    assert not fast_ops.is_enabled()
+    assert not functional.is_enabled()
     cfg = config.load("configs/nlp/bert/bert_glue_demo.yaml", validate_config=False)
     runtime.setup(config.section(cfg, "runtime", config.RUNTIME_KEYS))
-    assert fast_ops.is_enabled()   # on by default
+    assert functional.is_enabled()   # on by default
 
 
 # --------------------------------------------------------------------------------- a demo recipe

@@ -263,7 +263,7 @@ def test_parameter_counts_match_the_official_table():
 # file was made). ppdet_mask_rcnn_r50_fpn.npz ran its RoIAlign with aligned=False (the code's NPU
 # workaround), ..._aligned.npz with aligned=True (the config and the released weights); backbone, FPN
 # and RPN, which RoIAlign does not reach, are stored in the first file only. Every check runs with our
-# fused CPU operators off and on (engine/fast_ops; on: the ResNet convolutions run through oneDNN).
+# fused CPU operators off and on (ops/; on: the ResNet convolutions run through oneDNN).
 GOLDEN = {True: "ppdet_mask_rcnn_r50_fpn_aligned.npz", False: "ppdet_mask_rcnn_r50_fpn.npz"}
 
 
@@ -290,14 +290,14 @@ def golden_features(golden_models):
     """run(fast) -> (backbone outputs, P2..P6, the fused operators the backbone and the FPN ran), once
     per path (the op_path fixture sets the path and the operators' threads; `fast` says which one to
     cache); both models hold the same weights and RoIAlign does not reach these layers."""
-    from engine import fast_ops
+    from ops import functional, library
     image = paddle.to_tensor(np.load(os.path.join(DATA, GOLDEN[False]))["image"])
     model, cache = golden_models[True], {}
 
     def run(fast):
         if fast not in cache:
-            with fast_ops.enabled_as(fast), paddle.no_grad():
-                assert not fast or fast_ops.load(), fast_ops._state["error"]
+            with functional.enabled_as(fast), paddle.no_grad():
+                assert not fast or library.load(), library.state["error"]
                 with counting_fused_ops() as in_backbone:
                     body = model.backbone(image)
                 with counting_fused_ops() as in_fpn:

@@ -8,9 +8,10 @@ so its files load with no renaming; the legacy (<= 2.4) files differ only in ali
 MLM decoder, dropped by the entries below. Hugging Face checkpoints load through the `huggingface`
 layout (renames + Linear transposes), also from a folder with config.json and model.safetensors.
 
-Attention is one module-level function, `attention_fn`, that every layer calls: swap it with
-`set_attention(fn)` (the speed work does). The default is matmul(q, k^T) + additive mask, softmax,
-dropout, matmul: on our CPUs this beats `F.scaled_dot_product_attention` (reference/platform.md).
+The encoder layer is built from the layer package's blocks (ops/: one GEMM for q, k, v, fused
+attention, add & norm), which run fused kernels in training on the CPU and plain paddle ops
+otherwise. Attention is swappable with `set_attention(fn)`; the default is matmul(q, k^T) + additive
+mask, softmax, dropout, matmul: on our CPUs this beats `F.scaled_dot_product_attention`.
 `recompute: true` re-runs each encoder layer's forward during backward instead of keeping its
 activations (activation checkpointing): the same gradients, with dropout too, for less memory.
 
@@ -27,7 +28,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.static import InputSpec
 
-from engine import fast_ops
+import ops
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 
@@ -43,25 +44,10 @@ CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_
 
 
 # ------------------------------------------------------------------------------------- attention
-def dot_product_attention(q, k, v, bias, dropout_p, training):
-    """softmax(q k^T / sqrt(d) + bias) v over [B, heads, S, d]; `bias` is additive [B, 1, 1, S]."""
-    scores = paddle.matmul(q * (q.shape[-1] ** -0.5), k, transpose_y=True)
-    if bias is not None:
-        scores = scores + bias
-    probs = F.softmax(scores, axis=-1)
-    if dropout_p and training:
-        probs = F.dropout(probs, dropout_p, training=True)
-    return paddle.matmul(probs, v)
-
-
-attention_fn = dot_product_attention
-
-
 def set_attention(fn):
-    """Make every BERT layer use `fn(q, k, v, bias, dropout_p, training)`; returns the previous one."""
-    global attention_fn
-    previous, attention_fn = attention_fn, fn
-    return previous
+    """Make every attention layer use `fn(q, k, v, bias, dropout_p, training)`; returns the previous
+    one (ops.set_attention: BERT's layers and the Transformer's share it)."""
+    return ops.set_attention(fn)
 
 
 def softmax_ce(logits, label):
@@ -72,12 +58,13 @@ def softmax_ce(logits, label):
 
 
 # ------------------------------------------------------------------------------------- layers
+ACTIVATIONS = ("gelu", "gelu_new", "relu", "tanh")
+
+
 def _activation(name):
-    acts = {"gelu": lambda x: F.gelu(x, approximate=False), "gelu_new": lambda x: F.gelu(x, approximate=True),
-            "relu": F.relu, "tanh": paddle.tanh}
-    if name not in acts:
-        raise ConfigError(f"BERT: hidden_act '{name}' unknown; known: {', '.join(acts)}")
-    return acts[name]
+    if name not in ACTIVATIONS:
+        raise ConfigError(f"BERT: hidden_act '{name}' unknown; known: {', '.join(ACTIVATIONS)}")
+    return ops.activation(name)
 
 
 class BertEmbeddings(nn.Layer):
@@ -96,6 +83,9 @@ class BertEmbeddings(nn.Layer):
 
 
 class SelfAttention(nn.Layer):
+    """Multi-head self-attention up to, not including, `out_proj`: the encoder layer applies the
+    output projection inside its add & norm (ops.linear_add_norm), where the bias is fused."""
+
     def __init__(self, hidden_size, num_heads, dropout):
         super().__init__()
         self.num_heads, self.dropout = num_heads, dropout
@@ -104,15 +94,13 @@ class SelfAttention(nn.Layer):
         self.v_proj = nn.Linear(hidden_size, hidden_size)
         self.out_proj = nn.Linear(hidden_size, hidden_size)
 
-    def _heads(self, x):
-        B, S, H = x.shape
-        return x.reshape([B, S, self.num_heads, H // self.num_heads]).transpose([0, 2, 1, 3])
-
     def forward(self, x, bias):
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
-        out = attention_fn(q, k, v, bias, self.dropout, self.training)
-        B, _, S, _ = out.shape
-        return self.out_proj(out.transpose([0, 2, 1, 3]).reshape([B, S, -1]))
+        B, S, H = x.shape
+        n = self.num_heads
+        qkv = ops.linear(x, [self.q_proj, self.k_proj, self.v_proj])
+        q, k, v = qkv.reshape([B, S, 3, n, H // n]).transpose([2, 0, 3, 1, 4]).unbind(0)
+        out = ops.attention(q, k, v, bias, self.dropout, self.training)
+        return out.transpose([0, 2, 1, 3]).reshape([B, S, H])
 
 
 class EncoderLayer(nn.Layer):
@@ -127,36 +115,14 @@ class EncoderLayer(nn.Layer):
         self.norm2 = nn.LayerNorm(hidden_size, epsilon=eps)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
-        self.act, self.act_name = _activation(act), act
+        _activation(act)
+        self.act_name = act
 
     def forward(self, x, bias):
-        if fast_ops.active(x) and self.act_name in ("gelu", "relu") and attention_fn is dot_product_attention:
-            return fast_encoder_layer(self, x, bias)
-        x = self.norm1(x + self.dropout1(self.self_attn(x, bias)))
-        return self.norm2(x + self.dropout2(self.linear2(self.act(self.linear1(x)))))
-
-
-def fast_encoder_layer(layer, x, bias):
-    """EncoderLayer.forward through the fused CPU operators (engine/fast_ops, `runtime.fast_ops`): one
-    matmul for q, k, v; scale + mask + softmax + dropout in one kernel; each output projection's bias
-    with dropout, residual and LayerNorm in one kernel; bias + GELU in one kernel. Same parameters,
-    same arithmetic as the layer's own forward (tests/test_fast_ops.py compares them)."""
-    att = layer.self_attn
-    B, S, H = x.shape
-    n = att.num_heads
-    w = paddle.concat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight], axis=1)
-    b = paddle.concat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias])
-    q, k, v = fast_ops.linear(x, w, b).reshape([B, S, 3, n, H // n]).transpose([2, 0, 3, 1, 4]).unbind(0)
-    probs = fast_ops.softmax_dropout(fast_ops.matmul(q, k, transpose_y=True), bias, (H // n) ** -0.5,
-                                     att.dropout, layer.training)
-    ctx = fast_ops.matmul(probs, v).transpose([0, 2, 1, 3]).reshape([B, S, H])
-    x = fast_ops.bias_dropout_residual_ln(fast_ops.matmul(ctx, att.out_proj.weight), att.out_proj.bias, x,
-                                          layer.norm1.weight, layer.norm1.bias, layer.dropout1.p,
-                                          layer.norm1._epsilon, layer.training)
-    h = fast_ops.linear(x, layer.linear1.weight, layer.linear1.bias, act=layer.act_name)
-    return fast_ops.bias_dropout_residual_ln(fast_ops.matmul(h, layer.linear2.weight), layer.linear2.bias, x,
-                                             layer.norm2.weight, layer.norm2.bias, layer.dropout2.p,
-                                             layer.norm2._epsilon, layer.training)
+        x = ops.linear_add_norm(self.self_attn(x, bias), self.self_attn.out_proj, x, self.norm1, self.dropout1.p,
+                                self.training)
+        h = ops.linear(x, self.linear1, act=self.act_name)
+        return ops.linear_add_norm(h, self.linear2, x, self.norm2, self.dropout2.p, self.training)
 
 
 class Encoder(nn.Layer):
@@ -396,7 +362,7 @@ class LMPredictionHead(nn.Layer):
 
     def forward(self, hidden, decoder_weight):
         h = self.layer_norm(self.act(self.transform(hidden)))
-        return fast_ops.matmul(h, decoder_weight, transpose_y=True) + self.decoder_bias
+        return ops.matmul(h, decoder_weight, transpose_y=True) + self.decoder_bias
 
 
 class PretrainingHeads(nn.Layer):

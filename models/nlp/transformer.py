@@ -47,7 +47,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.static import InputSpec
 
-from engine import fast_ops
+import ops
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 
@@ -130,28 +130,6 @@ class PositionalEmbedding(nn.Layer):
         return out
 
 
-def linear(layers, x):
-    """`x @ [W_1 | W_2 | ...] + [b_1 | b_2 | ...]` for Linear layers sharing an input, as one matmul.
-
-    When gradients are needed the bias rides inside the matmul (a ones column on the input, the bias
-    as an extra weight row; the parameters are unchanged): on CPU paddle's bias gradient is a slow row
-    sum, and this halves the cost of a Linear layer's forward + backward (docs: platform notes).
-    """
-    weights = [layer.weight for layer in layers]
-    biases = [layer.bias for layer in layers]
-    w = weights[0] if len(weights) == 1 else paddle.concat(weights, axis=1)
-    b = biases[0] if len(biases) == 1 else paddle.concat(biases, axis=0)
-    if fast_ops.active(x, w):
-        return fast_ops.linear(x, w, b)   # bias in a fused kernel with a fast gradient
-    if not paddle.is_grad_enabled() or (x.stop_gradient and w.stop_gradient):
-        return F.linear(x, w, b)
-    lead, d = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape([-1, d])
-    x2 = paddle.concat([x2, paddle.ones([x2.shape[0], 1], dtype=x2.dtype)], axis=1)
-    y = paddle.matmul(x2, paddle.concat([w, b.unsqueeze(0)], axis=0))
-    return y.reshape(lead + [w.shape[1]])
-
-
 def _split_heads(x, n_head, parts=1):
     """[B, T, parts * D] -> `parts` tensors [B, H, T, dh]."""
     b, t, d = x.shape
@@ -172,7 +150,6 @@ class MultiHeadAttention(nn.Layer):
         if d_model % n_head:
             raise ConfigError(f"Transformer: d_model {d_model} is not a multiple of n_head {n_head}")
         self.n_head, self.dropout = n_head, dropout
-        self.scale = (d_model // n_head) ** -0.5
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
@@ -180,27 +157,17 @@ class MultiHeadAttention(nn.Layer):
 
     def project_kv(self, x):
         """Keys and values [B, H, T, dh] of `x` (a decoder projects the memory once)."""
-        return _split_heads(linear([self.k_proj, self.v_proj], x), self.n_head, 2)
+        return _split_heads(ops.linear(x, [self.k_proj, self.v_proj]), self.n_head, 2)
 
     def project_qkv(self, x):
-        return _split_heads(linear([self.q_proj, self.k_proj, self.v_proj], x), self.n_head, 3)
+        return _split_heads(ops.linear(x, [self.q_proj, self.k_proj, self.v_proj]), self.n_head, 3)
 
     def attend(self, q, k, v, bias=None):
-        if bias is not None and fast_ops.active(q):   # scale, mask, softmax, dropout in one kernel
-            weights = fast_ops.softmax_dropout(fast_ops.matmul(q, k, transpose_y=True), bias, self.scale,
-                                               self.dropout, self.training)
-            return linear([self.out_proj], _merge_heads(fast_ops.matmul(weights, v)))
-        scores = paddle.matmul(q * self.scale, k, transpose_y=True)
-        if bias is not None:
-            scores = scores + bias
-        weights = F.softmax(scores, axis=-1)
-        if self.dropout and self.training:
-            weights = F.dropout(weights, self.dropout)
-        return linear([self.out_proj], _merge_heads(paddle.matmul(weights, v)))
+        return ops.linear(_merge_heads(ops.attention(q, k, v, bias, self.dropout, self.training)), self.out_proj)
 
     def forward(self, query, kv, bias=None):
         """Attention of `query` [B, T, D] over precomputed keys/values (cross-attention)."""
-        return self.attend(_split_heads(linear([self.q_proj], query), self.n_head), kv[0], kv[1], bias)
+        return self.attend(_split_heads(ops.linear(query, self.q_proj), self.n_head), kv[0], kv[1], bias)
 
     def self_attention(self, x, bias=None, cache=None):
         """`cache`: None, or a dict {"k", "v"} of the earlier positions' keys/values, extended in place."""
@@ -216,28 +183,12 @@ class _Sublayers(nn.Layer):
     """Residual blocks with pre-norm (x + f(norm(x))) or post-norm (norm(x + f(x)))."""
 
     def _block(self, x, norm, fn):
-        if fast_ops.active(x):   # LayerNorm, dropout + residual (+ LayerNorm) in fused kernels
-            p, zero = self.dropout if self.training else 0.0, paddle.zeros(x.shape[-1:], x.dtype)
-            if self.normalize_before:
-                return fast_ops.bias_dropout_residual(fn(fast_ops.layer_norm(x, norm.weight, norm.bias, norm._epsilon)),
-                                                      zero, x, p, self.training)
-            return fast_ops.bias_dropout_residual_ln(fn(x), zero, x, norm.weight, norm.bias, p, norm._epsilon,
-                                                     self.training)
         if self.normalize_before:
-            return x + self._drop(fn(norm(x)))
-        return norm(x + self._drop(fn(x)))
-
-    def _drop(self, x):
-        return F.dropout(x, self.dropout) if self.dropout and self.training else x
+            return ops.add(fn(ops.layer_norm(x, norm)), x, self.dropout, self.training)
+        return ops.add_norm(fn(x), x, norm, self.dropout, self.training)
 
     def _ffn(self, x):
-        if fast_ops.active(x):   # bias + ReLU + dropout in one kernel
-            h = fast_ops.linear(x, self.linear1.weight, self.linear1.bias, "relu", self.act_dropout, self.training)
-            return linear([self.linear2], h)
-        h = F.relu(linear([self.linear1], x))
-        if self.act_dropout and self.training:
-            h = F.dropout(h, self.act_dropout)
-        return linear([self.linear2], h)
+        return ops.linear(ops.linear(x, self.linear1, "relu", self.act_dropout, self.training), self.linear2)
 
 
 class EncoderLayer(_Sublayers):
@@ -386,7 +337,7 @@ class Transformer(nn.Layer):
 
     def logits(self, h):
         if self.weight_sharing:
-            return fast_ops.matmul(h, self.trg_word_embedding.word_embedding.weight, transpose_y=True)
+            return ops.matmul(h, self.trg_word_embedding.word_embedding.weight, transpose_y=True)
         return self.linear(h)
 
     def encode(self, src_ids, src_mask, index=None):
@@ -406,8 +357,8 @@ class Transformer(nn.Layer):
 
     def token_losses(self, logits, labels):
         """Per-token (label-smoothed loss, nll) [B, T] with q = (1 - eps) one_hot + eps / V
-        (fast_ops.smooth_cross_entropy: one fused pass over the logits, or its paddle reference)."""
-        return fast_ops.smooth_cross_entropy(logits.astype("float32"), labels, self.label_smooth_eps)
+        (ops.smooth_cross_entropy: one fused pass over the logits, or its paddle reference)."""
+        return ops.smooth_cross_entropy(logits.astype("float32"), labels, self.label_smooth_eps)
 
     # ------------------------------------------------------------------------------- forward
     def forward(self, batch):

@@ -30,7 +30,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.static import InputSpec
 
-from engine import fast_ops
+import ops
 from engine.export import pipeline_runner
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
@@ -48,7 +48,7 @@ class ConvBNReLU(nn.Layer):
         self.bn = nn.BatchNorm2D(cout)
 
     def forward(self, x):
-        return fast_ops.batch_norm_act(fast_ops.conv2d(x, self.conv), self.bn)   # fast ops: runtime.fast_ops
+        return ops.conv_bn_act(x, self.conv, self.bn)
 
 
 class ASPP(nn.Layer):

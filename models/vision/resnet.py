@@ -17,7 +17,8 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
-from engine import fast_ops
+import ops
+from ops.paddle_attrs import batch_norm_settings
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 
@@ -47,12 +48,10 @@ class ConvBN(nn.Layer):
         self.act = act
 
     def forward(self, x, residual=None):
-        """conv, BN, then ReLU(+ residual first, when given); with `runtime.fast_ops` the conv runs
-        through oneDNN and BN, the add and ReLU as one fused CPU kernel in training (engine/fast_ops)."""
+        """conv, BN, then ReLU(+ residual first, when given): one block of the layer package (ops)."""
         if self.pool is not None:
             x = self.pool(x)
-        return fast_ops.batch_norm_act(fast_ops.conv2d(x, self.conv), self.bn, relu=self.act or residual is not None,
-                                       residual=residual)
+        return ops.conv_bn_act(x, self.conv, self.bn, relu=self.act or residual is not None, residual=residual)
 
 
 class BasicBlock(nn.Layer):
@@ -219,11 +218,12 @@ def recompute_stage(stage, x):
         if len(runs) == 1:                 # the forward pass proper
             return stage(inp)
         norms = [m for m in stage.sublayers() if isinstance(m, nn.layer.norm._BatchNormBase)]
-        kept = [(m._mean.clone(), m._variance.clone()) for m in norms]
+        stats = [batch_norm_settings(m) for m in norms]
+        kept = [(s.mean.clone(), s.variance.clone()) for s in stats]
         out = stage(inp)
-        for m, (mean, var) in zip(norms, kept):
-            m._mean.set_value(mean)
-            m._variance.set_value(var)
+        for s, (mean, var) in zip(stats, kept):
+            s.mean.set_value(mean)
+            s.variance.set_value(var)
         return out
 
     return recompute(run, x, use_reentrant=False)

@@ -177,7 +177,7 @@ void gemm(int64_t batch, int64_t M, int64_t K, int64_t N, const Operand& a, cons
   Context::get().run(key, make, {const_cast<float*>(a.data), const_cast<float*>(b.data), c});
 }
 
-// The problem of paddle.matmul(x, y, tx, ty) for the two shapes we take (fast_ops.matmul checks them):
+// The problem of paddle.matmul(x, y, tx, ty) for the two shapes we take (ops.functional.matmul checks them):
 // y 2-D and x not transposed (x's leading axes fold into the rows: one GEMM, also for the weight
 // gradient), or x and y with the same leading (batch) axes.
 struct MatmulShape {

@@ -50,7 +50,7 @@ void zoo_apply_fp_mode() {
 }
 
 extern "C" {
-// Called through ctypes by engine/fast_ops (runtime.flush_denormals).
+// Called through ctypes by ops/library.py (runtime.flush_denormals).
 void zoo_set_fp_mode(int m) {
   zoo_fp::mode.store(m < 0 ? -1 : (m ? 1 : 0));
   zoo_apply_fp_mode();

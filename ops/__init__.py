@@ -1,0 +1,17 @@
+"""The fused CPU kernels as one layer package, below models/ and engine/ (it imports neither).
+
+- layers.py: what models call (linear + activation + dropout, attention, add & norm, conv + BN + act,
+  label-smoothed cross entropy), on the models' own paddle layers; re-exported here.
+- functional.py: the same operators on tensors; each picks its fused kernel or its reference.
+- reference.py: the pure Paddle references (what exports, and what the tests compare with).
+- library.py: building (`make ops`), caching and loading csrc/ops.cc and csrc/dnnl.cc.
+- paddle_attrs.py: the one reader of paddle layers' private attributes.
+
+docs/contributing.md says how a model uses it and how to add a kernel.
+"""
+from ops.functional import enabled_as, is_enabled, set_enabled
+from ops.layers import (activation, add, add_norm, attention, conv_bn_act, layer_norm, linear, linear_add_norm,
+                        matmul, set_attention, smooth_cross_entropy)
+
+__all__ = ["activation", "add", "add_norm", "attention", "conv_bn_act", "enabled_as", "is_enabled", "layer_norm",
+           "linear", "linear_add_norm", "matmul", "set_attention", "set_enabled", "smooth_cross_entropy"]

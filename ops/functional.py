@@ -1,0 +1,185 @@
+"""The fused operators on tensors, each choosing its fused kernel or its reference (ops/reference.py).
+
+A function takes the fused path only when all of these hold: the switch is on (`set_enabled`, done by
+engine/runtime.py from `runtime.fast_ops`; off until then), the graph is dynamic (export and
+`to_static` trace the reference, so exported programs need no custom library), the tensors are
+float32 on the CPU, and the library is built (ops/library.py). This is the one place that decides.
+
+`matmul` (and so `linear`) and `conv2d` run on oneDNN (csrc/dnnl.cc) instead of paddle's MKL 2019
+GEMMs and im2col convolutions: 1.6-2.0x faster GEMMs and ~2x faster 3x3 convolutions (forward +
+backward) on our AMD EPYC (benchmarks/kernel_shapes.py). The rest (csrc/ops.cc) are fused
+element-wise and row kernels with their own backward.
+
+No operator writes a subnormal float where the exact result is below float32's normal range
+(csrc/ops.cc says why); `library.set_flush_denormals` (runtime.flush_denormals) adds FTZ/DAZ for
+the threads that run the operators (tests/test_denormals.py).
+"""
+import paddle
+
+from ops import library, reference
+from ops.paddle_attrs import batch_norm_settings, conv2d_settings
+
+_state = {"enabled": False}
+_ACTS = {None: 0, "none": 0, "relu": 1, "gelu": 2}   # the activation codes the kernels know
+_ACT_NAMES = {0: None, 1: "relu", 2: "gelu"}
+
+
+def set_enabled(enabled, threads=None, flush_denormals=None):
+    """Turn the fast path on or off for this process; `threads` for the operators' OpenMP loops;
+    `flush_denormals` (True/False; None leaves it) for the threads that run the operators."""
+    _state["enabled"] = bool(enabled)
+    if threads:
+        import os
+        os.environ["ZOO_FAST_OPS_THREADS"] = str(int(threads))
+    if flush_denormals is not None:
+        library.set_flush_denormals(flush_denormals)
+    return _state["enabled"]
+
+
+def is_enabled():
+    return _state["enabled"]
+
+
+class enabled_as:
+    """Context manager: the fast path on or off inside the block (tests, comparisons)."""
+
+    def __init__(self, on):
+        self.on = on
+
+    def __enter__(self):
+        self.before = _state["enabled"]
+        _state["enabled"] = bool(self.on)
+
+    def __exit__(self, *exc):
+        _state["enabled"] = self.before
+
+
+def active(*tensors):
+    """Whether the fused path applies to these tensors now (see the module docstring)."""
+    if not _state["enabled"] or not paddle.in_dynamic_mode():
+        return False
+    for t in tensors:
+        if t.dtype != paddle.float32 or not t.place.is_cpu_place():
+            return False
+    return library.load()
+
+
+def _run(name, *args):
+    out = paddle._C_ops._run_custom_op(name, *args)
+    return out if isinstance(out, (list, tuple)) else [out]
+
+
+def _seed(p, training):
+    if not training or not p:
+        return 0, 0.0
+    a, b = paddle.randint(0, 2 ** 31 - 1, [2], dtype="int64").tolist()   # paddle's generator: paddle.seed holds
+    return (a << 31) | b, float(p)
+
+
+def _given(*tensors):
+    return [t for t in tensors if t is not None]
+
+
+# ------------------------------------------------------------------------------------- functions
+def bias_act(x, bias, act=None, p=0.0, training=True, keep=None):
+    """dropout(act(x + bias)) over the last axis; act None, 'relu' or 'gelu' (exact erf).
+    `keep` (reference only, tests): a given uint8/bool keep-mask."""
+    if keep is None and act in _ACTS and active(x, bias):
+        seed, p = _seed(p, training)
+        return _run("zoo_bias_act", x, bias, _ACTS[act], seed, p)[0]
+    return reference.bias_act(x, bias, act, p, training, keep)
+
+
+def matmul(x, y, transpose_x=False, transpose_y=False):
+    """paddle.matmul(x, y, transpose_x, transpose_y) on oneDNN (csrc/dnnl.cc), forward and backward,
+    for the two forms our layers use: a 2-D `y` (x's leading axes fold into the rows of one GEMM,
+    unless transpose_x) and batched operands with the same leading axes. Other shapes (broadcast
+    batch axes, 1-D operands) take paddle.matmul."""
+    if active(x, y) and library.state["dnnl"] and x.ndim >= 2 and (
+            (y.ndim == 2 and not transpose_x) or (y.ndim == x.ndim and x.shape[:-2] == y.shape[:-2])):
+        return _run("zoo_matmul", x, y, bool(transpose_x), bool(transpose_y))[0]
+    return paddle.matmul(x, y, transpose_x, transpose_y)
+
+
+def linear(x, weight, bias=None, act=None, p=0.0, training=True):
+    """dropout(act(x @ weight + bias)): the matmul (oneDNN), then bias, activation and dropout in one
+    kernel (its bias gradient is a vectorised column sum; paddle's is a slow row reduction on CPU)."""
+    if bias is not None and act in _ACTS and active(x, weight, bias):
+        seed, p = _seed(p, training)
+        return _run("zoo_bias_act", matmul(x, weight), bias, _ACTS[act], seed, p)[0]
+    y = matmul(x, weight) if bias is None else reference.linear(x, weight, bias)
+    return reference.dropout(reference.ACTIVATIONS[act](y), p, training)
+
+
+def bias_dropout_residual(x, bias, residual, p=0.0, training=True, keep=None):
+    """residual + dropout(x + bias); `bias` may be None."""
+    if keep is None and active(x, residual, *_given(bias)):
+        bias = paddle.zeros(x.shape[-1:], x.dtype) if bias is None else bias
+        seed, p = _seed(p, training)
+        return _run("zoo_bias_dropout_residual", x, bias, residual, seed, p)[0]
+    return reference.bias_dropout_residual(x, bias, residual, p, training, keep)
+
+
+def bias_dropout_residual_ln(x, bias, residual, weight, norm_bias, p=0.0, eps=1e-5, training=True, keep=None):
+    """LayerNorm(residual + dropout(x + bias)) * weight + norm_bias: a post-norm transformer's add &
+    norm; `bias` may be None."""
+    if keep is None and active(x, residual, weight, norm_bias, *_given(bias)):
+        bias = paddle.zeros(x.shape[-1:], x.dtype) if bias is None else bias
+        seed, p = _seed(p, training)
+        return _run("zoo_bias_dropout_residual_ln", x, bias, residual, weight, norm_bias, seed, p, float(eps))[0]
+    return reference.bias_dropout_residual_ln(x, bias, residual, weight, norm_bias, p, eps, training, keep)
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    if active(x, weight, bias):
+        return _run("zoo_layer_norm", x, weight, bias, float(eps))[0]
+    return reference.layer_norm(x, weight, bias, eps)
+
+
+def softmax_dropout(scores, mask, scale=1.0, p=0.0, training=True, keep=None):
+    """dropout(softmax(scores * scale + mask, axis=-1)) for scores [B, H, S, T] and an additive mask
+    that broadcasts as [B or 1, 1, S or 1, T] (a [S, T] mask is taken as [1, 1, S, T])."""
+    if mask is not None and mask.ndim == 2:
+        mask = mask.unsqueeze([0, 1])
+    if keep is None and mask is not None and scores.ndim == 4 and active(scores, mask):
+        seed, p = _seed(p, training)
+        return _run("zoo_softmax_dropout", scores, mask, float(scale), seed, p)[0]
+    return reference.softmax_dropout(scores, mask, scale, p, training, keep)
+
+
+def smooth_cross_entropy(logits, labels, eps=0.0):
+    """Per-row (label-smoothed loss, nll) of `logits` [..., V] and int64 `labels` [...], with
+    q = (1 - eps) one_hot + eps / V: -sum_v q_v log p_v = nll + eps * (logit_label - mean_v logit_v).
+    A label of -1 is ignored (0, no gradient). The fused kernel makes one pass over the logits each way."""
+    if (active(logits) and labels.dtype == paddle.int64 and labels.place.is_cpu_place()
+            and list(labels.shape) == list(logits.shape[:-1])):
+        loss, nll, _ = _run("zoo_smooth_cross_entropy", logits, labels, float(eps))
+        return loss, nll
+    return reference.smooth_cross_entropy(logits, labels, eps)
+
+
+def conv2d(x, conv):
+    """conv(x) for a paddle Conv2D layer, through oneDNN's direct convolution (csrc/dnnl.cc) when the
+    layer is NCHW with zero padding given as numbers and one group; other layers take the layer itself."""
+    s = conv2d_settings(conv)
+    fast = (s.data_format == "NCHW" and s.groups == 1 and s.padding_mode == "zeros" and s.padding is not None
+            and x.ndim == 4)
+    if fast and active(x, conv.weight) and library.state["dnnl"]:
+        y = _run("zoo_conv2d", x, conv.weight, list(s.stride), list(s.padding), list(s.dilation),
+                 not x.stop_gradient)[0]
+        return y if conv.bias is None else y + conv.bias.reshape([1, -1, 1, 1])
+    return conv(x)
+
+
+def batch_norm_act(x, bn, relu=True, residual=None):
+    """act(bn(x) [+ residual]) for a paddle BatchNorm layer on NCHW input. The fused kernel covers
+    training with batch statistics (the running statistics are updated as paddle's kernel does);
+    inference, global statistics and other layouts take the reference path."""
+    s = batch_norm_settings(bn)
+    fast = (bn.training and not s.use_global_stats and s.data_format in ("NCHW", "NCL", "NC", "NCDHW")
+            and bn.weight is not None and bn.bias is not None)
+    args = (x, bn.weight, bn.bias, s.mean, s.variance) + ((residual,) if residual is not None else ())
+    if fast and active(*args):
+        name = "zoo_bn_act" if residual is None else "zoo_bn_add_act"
+        return _run(name, *args, float(s.momentum), float(s.epsilon), bool(relu))[0]
+    return reference.batch_norm_act(x, bn, relu, residual)

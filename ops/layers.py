@@ -1,0 +1,92 @@
+"""What models call: the fused building blocks, on the models' own paddle layers.
+
+Each function takes the paddle layers whose parameters it uses (nn.Linear, nn.LayerNorm, nn.Conv2D,
+nn.BatchNorm2D), so parameter names stay the official kits' and the weights load unchanged, and
+runs one fused path or its reference (ops/functional.py decides, per call). A model calls each block
+once and has no branch of its own: the same call trains with the fused kernels, and exports or
+runs with `runtime.fast_ops: false` on plain paddle ops.
+"""
+import paddle
+
+from ops import functional as fn
+from ops import reference
+from ops.paddle_attrs import layer_norm_epsilon
+
+_attention = {"fn": None}
+
+
+def activation(name):
+    """The activation `name` as a function (reference.ACTIVATIONS); KeyError when unknown."""
+    return reference.ACTIVATIONS[name]
+
+
+def linear(x, layers, act=None, p=0.0, training=False):
+    """dropout(act(x @ [W_1 | W_2 ...] + [b_1 | b_2 ...])) for one nn.Linear or a list of them sharing
+    the input (q, k, v): one GEMM, then bias, activation and dropout in one kernel (act None, 'relu'
+    or 'gelu'; others through the reference)."""
+    layers = layers if isinstance(layers, (list, tuple)) else [layers]
+    w = layers[0].weight if len(layers) == 1 else paddle.concat([m.weight for m in layers], axis=1)
+    biases = [m.bias for m in layers]
+    b = None if biases[0] is None else biases[0] if len(biases) == 1 else paddle.concat(biases, axis=0)
+    return fn.linear(x, w, b, act, p, training)
+
+
+def matmul(x, y, transpose_x=False, transpose_y=False):
+    """paddle.matmul on oneDNN where it applies (tied output embeddings, attention products)."""
+    return fn.matmul(x, y, transpose_x, transpose_y)
+
+
+def set_attention(f):
+    """Make every `attention` call use `f(q, k, v, mask, dropout_p, training)` (None: ours again);
+    returns the previous one. `f` scales by 1/sqrt(head dim) itself, as
+    F.scaled_dot_product_attention does."""
+    previous, _attention["fn"] = _attention["fn"], f
+    return previous
+
+
+def attention(q, k, v, mask=None, p=0.0, training=False):
+    """dropout(softmax(q k^T / sqrt(d) + mask)) v over [B, heads, S, d], with an additive `mask` that
+    broadcasts as [B or 1, 1, S or 1, T] (or [S, T]): the scale, mask, softmax and dropout in one
+    kernel between two oneDNN matmuls."""
+    if _attention["fn"] is not None:
+        return _attention["fn"](q, k, v, mask, p, training)
+    if mask is not None and fn.active(q, k, v):
+        probs = fn.softmax_dropout(fn.matmul(q, k, transpose_y=True), mask, q.shape[-1] ** -0.5, p, training)
+        return fn.matmul(probs, v)
+    return reference.attention(q, k, v, mask, p, training)
+
+
+def layer_norm(x, norm):
+    """nn.LayerNorm `norm` over the last axis, in one kernel."""
+    return fn.layer_norm(x, norm.weight, norm.bias, layer_norm_epsilon(norm))
+
+
+def add(y, residual, p=0.0, training=False):
+    """residual + dropout(y): a pre-norm block's residual add."""
+    return fn.bias_dropout_residual(y, None, residual, p, training)
+
+
+def add_norm(y, residual, norm, p=0.0, training=False):
+    """norm(residual + dropout(y)) for an nn.LayerNorm `norm`: a post-norm block's add & norm."""
+    return fn.bias_dropout_residual_ln(y, None, residual, norm.weight, norm.bias, p, layer_norm_epsilon(norm),
+                                       training)
+
+
+def linear_add_norm(x, linear_layer, residual, norm, p=0.0, training=False):
+    """norm(residual + dropout(linear_layer(x))): the output projection's bias rides in the add & norm
+    kernel (one pass for bias, dropout, residual and LayerNorm)."""
+    if fn.active(x, linear_layer.weight):
+        return fn.bias_dropout_residual_ln(fn.matmul(x, linear_layer.weight), linear_layer.bias, residual,
+                                           norm.weight, norm.bias, p, layer_norm_epsilon(norm), training)
+    return norm(residual + reference.dropout(linear_layer(x), p, training))
+
+
+def conv_bn_act(x, conv, bn, relu=True, residual=None):
+    """act(bn(conv(x)) [+ residual]) for nn.Conv2D and nn.BatchNorm2D layers: the convolution on
+    oneDNN, then BN with batch statistics, the residual add and ReLU in one kernel in training."""
+    return fn.batch_norm_act(fn.conv2d(x, conv), bn, relu=relu, residual=residual)
+
+
+def smooth_cross_entropy(logits, labels, eps=0.0):
+    """Per-token (label-smoothed loss, nll): see functional.smooth_cross_entropy."""
+    return fn.smooth_cross_entropy(logits, labels, eps)

@@ -1,0 +1,43 @@
+"""The one place that reads paddle layers' private attributes.
+
+paddle.nn's Conv2D, BatchNorm and LayerNorm keep their settings (stride, padding, epsilon, momentum,
+the running statistics...) in underscored attributes and offer no public accessors; the fused
+operators need them to call their kernels on the layer's own parameters. Reading them here, behind
+named tuples, keeps a paddle upgrade that renames one to a single file, and tests/test_fast_ops.py
+checks every value against the arguments the layer was built with (a rename fails that test,
+not a training run).
+"""
+from collections import namedtuple
+
+Conv2DSettings = namedtuple("Conv2DSettings", "stride padding dilation groups data_format padding_mode")
+BatchNormSettings = namedtuple("BatchNormSettings", "momentum epsilon use_global_stats data_format mean variance")
+
+
+def _read(layer, name):
+    try:
+        return getattr(layer, name)
+    except AttributeError:
+        import paddle
+        raise RuntimeError(f"{type(layer).__name__} has no attribute {name} in paddle {paddle.__version__}: "
+                           "ops/paddle_attrs.py must be taught its new name") from None
+
+
+def conv2d_settings(conv):
+    """`padding` is [pad_h, pad_w] when the layer pads symmetrically by given numbers, else None
+    ('SAME'/'VALID' strings, asymmetric padding: only paddle's own kernel handles those)."""
+    pads = _read(conv, "_updated_padding")
+    explicit = _read(conv, "_padding_algorithm") == "EXPLICIT" and len(pads) == 2
+    return Conv2DSettings(list(_read(conv, "_stride")), list(pads) if explicit else None,
+                          list(_read(conv, "_dilation")), _read(conv, "_groups"), _read(conv, "_data_format"),
+                          _read(conv, "_padding_mode"))
+
+
+def batch_norm_settings(bn):
+    """`mean` and `variance` are the running statistics themselves (updated in place by the kernel);
+    `use_global_stats` None means paddle's default (batch statistics in training)."""
+    return BatchNormSettings(_read(bn, "_momentum"), _read(bn, "_epsilon"), _read(bn, "_use_global_stats"),
+                             _read(bn, "_data_format"), _read(bn, "_mean"), _read(bn, "_variance"))
+
+
+def layer_norm_epsilon(norm):
+    return _read(norm, "_epsilon")
