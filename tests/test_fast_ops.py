@@ -663,3 +663,121 @@ def test_pretraining_demo_trains_alike_on_either_path(bert_demo, bert_pretrain_r
         frequent = json.load(f)["most_frequent_token_rate"]
     for metrics in (read_metrics(bert_pretrain_run), read_metrics(out)):   # tests/test_bert_demos.py's bars
         assert metrics["nsp_acc"] > majority + 0.1 and metrics["mlm_acc"] >= 2 * frequent, (metrics, majority)
+
+
+# ------------------------------------------------------------------ machines without the tools
+# Simulated for real, in a fresh process: a PATH without any C/C++ compiler, oneDNN's headers hidden
+# (ZOO_ONEDNN_INCLUDE pointing at an empty folder is the only place searched). Each case then trains
+# one step through the layers a model calls and reports which fused operators ran.
+_PROBE = r"""
+import json, logging, sys
+import numpy as np, paddle, paddle.nn as nn
+import ops
+from ops import functional, library
+from tests.helpers import counting_fused_ops
+logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout, force=True)
+paddle.seed(0)
+conv, bn, fc, norm = nn.Conv2D(3, 4, 3, padding=1), nn.BatchNorm2D(4), nn.Linear(4, 4), nn.LayerNorm(4)
+x = paddle.to_tensor(np.random.default_rng(0).standard_normal((2, 3, 5, 5)).astype("float32"))
+def step(on):
+    with functional.enabled_as(on), counting_fused_ops() as ran:
+        h = ops.conv_bn_act(x, conv, bn).transpose([0, 2, 3, 1])
+        y = ops.linear_add_norm(ops.linear(h, fc, act="gelu"), fc, h, norm)
+        y.sum().backward()
+    return y.numpy(), list(ran)
+fused, ran = step(True)
+ref, _ = step(False)
+print("RESULT " + json.dumps({"ran": ran, "dnnl": library.state["dnnl"], "loaded": library.state["loaded"],
+                              "max_diff": float(np.abs(fused - ref).max())}))
+"""
+
+
+def _without(tmp_path, **env):
+    return dict(os.environ, PYTHONPATH=ROOT, GLOG_minloglevel="2", **env)
+
+
+def _probe(env):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-W", "ignore:No ccache found", "-c", _PROBE], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    return result, [ln for ln in proc.stdout.splitlines() if not ln.startswith("RESULT ")]
+
+
+def _path_without_compilers(tmp_path):
+    """A bin folder with every program of $PATH but the C and C++ compilers."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    compiler = re.compile(r"^(.*-)?(g\+\+|gcc|c\+\+|cc|clang\+*)(-[\d.]+)?$")
+    for d in os.environ["PATH"].split(os.pathsep):
+        for name in os.listdir(d) if os.path.isdir(d) else []:
+            if not compiler.match(name) and not (folder / name).exists():
+                os.symlink(os.path.join(d, name), folder / name)
+    return str(folder)
+
+
+def test_without_gxx_make_ops_says_so_and_training_takes_the_reference(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    env = _without(tmp_path, PATH=_path_without_compilers(tmp_path), ZOO_FAST_OPS_DIR=str(tmp_path / "cache"))
+    assert shutil.which("g++", path=env["PATH"]) is None and shutil.which("cat", path=env["PATH"])
+    proc = subprocess.run([sys.executable, "-W", "ignore:No ccache found", "-m", "ops"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 1 and lines == [lines[-1]] and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[-1].startswith("error: the fused operators could not be built: g++ could not run"), lines
+    result, log_lines = _probe(env)
+    assert result["loaded"] is False and result["ran"] == [] and result["max_diff"] == 0.0, result
+    warned = [ln for ln in log_lines if "not available" in ln]
+    assert len(warned) == 1 and "g++ could not run" in warned[0], log_lines
+
+
+def test_with_the_onednn_headers_hidden_only_matmul_and_conv_take_paddle(tmp_path):
+    """A real build of ops.cc alone (cached like any other: ~20 s once per machine and source)."""
+    (tmp_path / "empty").mkdir()
+    result, log_lines = _probe(_without(tmp_path, ZOO_ONEDNN_INCLUDE=str(tmp_path / "empty")))
+    assert result["loaded"] is True and result["dnnl"] is False, result
+    assert sorted(set(result["ran"])) == ["zoo_bias_act", "zoo_bias_dropout_residual_ln", "zoo_bn_act"], result
+    assert result["max_diff"] < 1e-5, result
+    assert sum("onednn-devel-cpu-gomp" in ln for ln in log_lines) == 1, log_lines
+    result, _ = _probe(_without(tmp_path))   # the headers found: the same step with the oneDNN operators
+    assert {"zoo_conv2d", "zoo_matmul"} <= set(result["ran"]) and result["dnnl"] is True, result
+
+
+# ------------------------------------------------------------------------------ the package itself
+def test_paddle_private_attributes_are_read_as_the_layers_were_built():
+    """ops/paddle_attrs.py against the constructor arguments: a paddle upgrade that renames one fails here."""
+    from ops.paddle_attrs import batch_norm_settings, conv2d_settings, layer_norm_epsilon
+    c = conv2d_settings(nn.Conv2D(3, 4, 3, stride=2, padding=[1, 2], dilation=3, groups=1))
+    assert (c.stride, c.padding, c.dilation, c.groups, c.data_format, c.padding_mode) == \
+        ([2, 2], [1, 2], [3, 3], 1, "NCHW", "zeros")
+    assert conv2d_settings(nn.Conv2D(3, 4, 3, padding="SAME")).padding is None
+    assert conv2d_settings(nn.Conv2D(3, 4, 3, padding=[1, 0, 2, 1])).padding is None   # asymmetric
+    assert conv2d_settings(nn.Conv2D(4, 4, 3, groups=2, padding_mode="reflect", padding=1)).padding_mode == "reflect"
+    bn = nn.BatchNorm2D(5, momentum=0.8, epsilon=1e-3, use_global_stats=True)
+    s = batch_norm_settings(bn)
+    assert (s.momentum, s.epsilon, s.use_global_stats, s.data_format) == (0.8, 1e-3, True, "NCHW")
+    state = bn.state_dict()
+    assert s.mean.name == state["_mean"].name and s.variance.name == state["_variance"].name
+    assert batch_norm_settings(nn.BatchNorm2D(5)).use_global_stats is None
+    assert abs(layer_norm_epsilon(nn.LayerNorm(4, epsilon=1e-12)) - 1e-12) < 1e-20
+
+
+def test_models_use_the_layer_package_and_it_imports_nothing_above_it():
+    import ast
+    for folder, _, files in os.walk(os.path.join(ROOT, "models")):
+        for name in files:
+            if name.endswith(".py"):
+                text = open(os.path.join(folder, name)).read()
+                assert not re.search(r"fast_ops|active\(", text), os.path.join(folder, name)
+    above = {"models", "engine", "tools", "readers", "metrics", "data", "tests"}
+    for name in os.listdir(os.path.join(ROOT, "ops")):
+        if name.endswith(".py"):
+            tree = ast.parse(open(os.path.join(ROOT, "ops", name)).read())
+            for node in ast.walk(tree):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+                assert not [m for m in mods if m.split(".")[0] in above], (name, mods)
