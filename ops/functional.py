@@ -14,6 +14,8 @@ No operator writes a subnormal float where the exact result is below float32's n
 (csrc/ops.cc says why); `library.set_flush_denormals` (runtime.flush_denormals) adds FTZ/DAZ for
 the threads that run the operators (tests/test_denormals.py).
 """
+import os
+
 import paddle
 
 from ops import library, reference
@@ -29,7 +31,6 @@ def set_enabled(enabled, threads=None, flush_denormals=None):
     `flush_denormals` (True/False; None leaves it) for the threads that run the operators."""
     _state["enabled"] = bool(enabled)
     if threads:
-        import os
         os.environ["ZOO_FAST_OPS_THREADS"] = str(int(threads))
     if flush_denormals is not None:
         library.set_flush_denormals(flush_denormals)
