@@ -112,7 +112,7 @@ class Normalize:
 
     `in_main_process: true` keeps the pixels uint8 (same layout) and adds `<key>_normalize` =
     [shift, scale] per RGB channel to the sample; the model applies them after collation
-    (`models.video.tsn.as_float`). DataLoader workers then hand over a quarter of the bytes: a StNet
+    (`models.video.clips.as_float`). DataLoader workers then hand over a quarter of the bytes: a StNet
     batch of 16 x 7 x 15 x 224 x 224 is 337 MB in float32, 84 MB in uint8.
     """
 

@@ -1,5 +1,5 @@
 """Video batches leave the DataLoader workers as uint8 and are normalised in the main process
-(Normalize `in_main_process: true` + models.video.tsn.as_float): same numbers as normalising in the
+(Normalize `in_main_process: true` + models.video.clips.as_float): same numbers as normalising in the
 workers, a quarter of the bytes between processes."""
 import numpy as np
 import paddle
@@ -26,7 +26,7 @@ def test_uint8_batches_normalised_in_the_main_process_equal_worker_normalisation
                     for f in frames])
     assert late["imgs"].dtype == np.uint8 and late["imgs"].shape == ref["imgs"].shape == (2, 3, 6, 8, 10)
     assert late["imgs"].nbytes * 4 == ref["imgs"].nbytes
-    from models.video.tsn import as_float
+    from models.video.clips import as_float
     batch = {"imgs": paddle.to_tensor(late["imgs"]), "imgs_normalize": late["imgs_normalize"]}
     out = as_float(batch).numpy()
     # by hand for one pixel: segment 1, frame 1 of the segment, blue (channel 3 * 1 + 2)
@@ -57,6 +57,6 @@ def test_stnet_trains_alike_on_uint8_and_float_batches():
 def test_bad_inputs_say_what_is_missing():
     with pytest.raises(ConfigError, match="in_main_process needs uint8 pixels in 'imgs'"):
         T.Normalize(in_main_process=True)(_sample(np.zeros((2, 4, 4, 3), np.float32)))
-    from models.video.tsn import as_float
+    from models.video.clips import as_float
     with pytest.raises(ConfigError, match="imgs_normalize"):
         as_float({"imgs": paddle.zeros([1, 2, 3, 4, 4], "uint8")})

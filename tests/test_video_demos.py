@@ -166,7 +166,7 @@ def test_full_recipe_readers_give_the_model_layout(path, kinetics_demo):
         assert imgs.shape == shape, (split, imgs.shape)
         if "imgs_normalize" in sample:   # Normalize(in_main_process): uint8 to the trainer, float32 into the model
             import paddle
-            from models.video.tsn import as_float
+            from models.video.clips import as_float
             assert imgs.dtype == "uint8", split
             imgs = as_float({"imgs": paddle.to_tensor(imgs[None]), "imgs_normalize": [sample["imgs_normalize"]]})
             assert tuple(imgs.shape[1:]) == shape and imgs.dtype == paddle.float32, split

@@ -18,7 +18,7 @@ from paddle.nn.initializer import KaimingNormal, KaimingUniform, Normal
 
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
-from models.video.attention_lstm import check_features, check_reduction, feature_input, multilabel_outputs
+from models.video.yt8m_common import check_features, check_reduction, feature_input, multilabel_outputs
 
 
 def _msra_normal():

@@ -10,8 +10,7 @@ The layers sit under a `head` sublayer with PaddleVideo's names, so the official
 (`bi_lstm0.weight_ih_l0` and `bi_lstm0.0.cell_fw.weight_ih`); `engine.pretrained.load_state` loads the
 first spelling of a tied group and skips the alias.
 
-This file also holds the small helpers the three YouTube-8M models share (reading a modality with its
-lengths/mask from the batch, the sigmoid cross-entropy and the train/eval output dicts).
+The helpers the three YouTube-8M models share are in models/video/yt8m_common.py.
 """
 import paddle
 import paddle.nn as nn
@@ -19,94 +18,13 @@ import paddle.nn.functional as F
 
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
+from models.video.yt8m_common import check_features, check_reduction, feature_input, multilabel_outputs, \
+    padded_feature_spec
 
 try:  # internal API; only used to let nn.LSTM be built under paddle.LazyGuard
     from paddle.nn.initializer.lazy_init import lazy_init_helper
 except ImportError:  # pragma: no cover - other paddle versions
     lazy_init_helper = None
-
-
-# ---------------------------------------------------------------- helpers shared by the YT8M models
-def check_features(model, feature_names, feature_dims):
-    """Constructor check: one dim per feature name."""
-    if len(feature_names) != len(feature_dims) or not feature_names:
-        raise ConfigError(f"{model}: feature_names {list(feature_names)} and feature_dims "
-                          f"{list(feature_dims)} must be non-empty lists of the same length")
-
-
-def _tensor(value):
-    return value if isinstance(value, paddle.Tensor) else paddle.to_tensor(value)
-
-
-def feature_input(batch, name, dim, model):
-    """(x [B,T,D] float, lengths [B] int64, mask [B,T] float) for one modality.
-
-    The mask may also come as [B,T,D] (PaddleVideo's FeatureDecoder layout); it is reduced to [B,T].
-    Missing lengths/mask mean every frame is real.
-    """
-    if name not in batch:
-        raise ConfigError(f"{model}: the batch has no '{name}' (feature_names); batch keys: "
-                          f"{', '.join(sorted(k for k in batch if not k.startswith('_')))}")
-    x = _tensor(batch[name])
-    if x.ndim != 3 or x.shape[-1] != dim:
-        raise ConfigError(f"{model}: batch '{name}' has shape {list(x.shape)}, expected "
-                          f"[batch, frames, {dim}] (feature_dims)")
-    if not paddle.is_floating_point(x):
-        x = x.astype("float32")
-    mask = batch.get(name + "_mask")
-    lengths = batch.get(name + "_len")
-    if mask is not None:
-        mask = _tensor(mask).astype(x.dtype)
-        if mask.ndim == 3:
-            mask = mask.mean(axis=2)
-    if lengths is not None:
-        lengths = _tensor(lengths).astype("int64").reshape([-1])
-    if mask is None and lengths is not None:
-        mask = (paddle.arange(x.shape[1], dtype="int64").unsqueeze(0) < lengths.unsqueeze(1)).astype(x.dtype)
-    if mask is None:
-        mask = paddle.ones(x.shape[:2], dtype=x.dtype)
-    if lengths is None:
-        lengths = mask.sum(axis=1).round().astype("int64")
-    return x, lengths, mask
-
-
-def sigmoid_ce(logits, labels, reduction="mean"):
-    """Sigmoid cross-entropy summed over classes; 'mean' averages over the batch, 'sum' adds it up."""
-    per_video = F.binary_cross_entropy_with_logits(
-        logits.astype("float32"), labels.astype("float32"), reduction="none").sum(axis=-1)
-    return per_video.sum() if reduction == "sum" else per_video.mean()
-
-
-def padded_feature_spec(names, dims, lengths=True):
-    """Export inputs of the PadSequences batches: features [B, T, D], masks [B, T] and (for models
-    that use them) lengths [B]."""
-    from paddle.static import InputSpec
-    spec = {}
-    for name, dim in zip(names, dims):
-        spec[name] = InputSpec([None, None, dim], "float32")
-        if lengths:
-            spec[name + "_len"] = InputSpec([None], "int64")
-        spec[name + "_mask"] = InputSpec([None, None], "float32")
-    return spec
-
-
-def multilabel_outputs(layer, logits, batch, reduction="mean"):
-    """Train mode: {'loss'}; eval mode: {'logits', 'probs'} (+ 'loss' when the batch has labels)."""
-    labels = batch.get("labels")
-    if layer.training:
-        if labels is None:
-            raise ConfigError(f"{type(layer).__name__}: training needs 'labels' (multi-hot [B, C]) "
-                              f"in the batch")
-        return {"loss": sigmoid_ce(logits, _tensor(labels), reduction)}
-    out = {"logits": logits, "probs": F.sigmoid(logits)}
-    if labels is not None:
-        out["loss"] = sigmoid_ce(logits, _tensor(labels), reduction)
-    return out
-
-
-def check_reduction(model, reduction):
-    if reduction not in ("mean", "sum"):
-        raise ConfigError(f"{model}: loss_reduction must be 'mean' or 'sum', got '{reduction}'")
 
 
 # ---------------------------------------------------------------- model

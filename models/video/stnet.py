@@ -22,7 +22,7 @@ from paddle.static import InputSpec
 
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
-from models.video.tsn import as_float, classify, split_views
+from models.video.clips import as_float, classify, split_views
 from models.vision.resnet import DEPTHS, ResNet, build_backbone, resnet_key_map
 
 _MSRA = paddle.ParamAttr(initializer=nn.initializer.KaimingUniform())  # Fluid MSRAInitializer default
