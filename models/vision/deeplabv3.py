@@ -363,22 +363,3 @@ for _name, _depth, _data, _dataset, _config, _ss, _flip, _ms, _folder in _RELEAS
         dataset=_dataset,
         num_params=_NUM_PARAMS[(_depth, _classes)],
     ))
-
-# The ImageNet initialisation of the R101 recipes (the R50 one, resnet50_vd_ssld_v2_paddleseg, is in
-# models/vision/resnet.py). Loaded into DeepLabV3 under `backbone.` (the engine's backbone layouts).
-WEIGHTS.add(PretrainedEntry(
-    name="resnet101_vd_ssld_paddleseg",
-    reproduced="key map tested on PaddleSeg ResNet_vd names (R50 table and golden outputs); not downloaded here",
-    model="ResNet",
-    urls=["https://bj.bcebos.com/paddleseg/dygraph/resnet101_vd_ssld.tar.gz"],
-    archive_member="model.pdparams",
-    source="PaddleSeg dygraph backbone archive (ResNet101_vd names: conv1_1._conv, bb_2_22.conv0._batch_norm)",
-    key_map=resnet_key_map("paddleseg", 101, "d", src_prefix=r"(?:backbone\.)?"),
-    ignore_keys=[r"(?:fc|out)(?:_0)?\.(?:weight|bias|w_0|b_0)"],
-    model_args={"depth": 101, "variant": "d", "output_stride": 8, "multi_grid": [1, 2, 4],
-                "out_indices": [0, 1, 2, 3]},
-    dataset="ImageNet-1k (SSLD distillation)",
-    num_params=42519392,
-    notes="The backbone initialisation of PaddleSeg's DeepLabV3 R101 recipes "
-          "(configs/deeplabv3/deeplabv3_resnet101_os8_*.yml).",
-))

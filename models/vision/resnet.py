@@ -345,19 +345,33 @@ WEIGHTS.add(PretrainedEntry(
           "tsn.md). A classifier, if the file has one, is dropped.",
 ))
 
-WEIGHTS.add(PretrainedEntry(
-    name="resnet50_vd_ssld_v2_paddleseg",
-    reproduced="PaddleSeg ResNet50_vd OS8 outputs matched on golden weights; not downloaded here",
-    model="ResNet",
-    urls=["https://bj.bcebos.com/paddleseg/dygraph/resnet50_vd_ssld_v2.tar.gz"],
-    archive_member="model.pdparams",
-    source="PaddleSeg dygraph backbone archive (ResNet50_vd names: conv1_1._conv, bb_0_0.conv0._batch_norm)",
-    key_map=resnet_key_map("paddleseg", 50, "d", src_prefix=r"(?:backbone\.)?"),
-    ignore_keys=[r"(?:fc|out)(?:_0)?\.(?:weight|bias|w_0|b_0)"],
-    model_args={"depth": 50, "variant": "d", "output_stride": 8, "multi_grid": [1, 2, 4],
-                "out_indices": [0, 1, 2, 3]},
-    dataset="ImageNet-1k (SSLD distillation)",
-    num_params=23527264,
-    notes="The backbone initialisation of PaddleSeg's DeepLabV3 R50 recipes. PaddleSeg reads "
-          "<top folder>/model.pdparams out of the archive (paddleseg/utils/utils.py).",
-))
+# The ImageNet initialisations of PaddleSeg's DeepLabV3 R50 and R101 recipes, loaded into DeepLabV3
+# under `backbone.` (the engine's backbone layouts).
+_PADDLESEG_VD = [
+    # (name, depth, archive file, a block name quoted in `source`, parameters, reproduced, notes)
+    ("resnet50_vd_ssld_v2_paddleseg", 50, "resnet50_vd_ssld_v2", "bb_0_0", 23527264,
+     "PaddleSeg ResNet50_vd OS8 outputs matched on golden weights; not downloaded here",
+     "The backbone initialisation of PaddleSeg's DeepLabV3 R50 recipes. PaddleSeg reads "
+     "<top folder>/model.pdparams out of the archive (paddleseg/utils/utils.py)."),
+    ("resnet101_vd_ssld_paddleseg", 101, "resnet101_vd_ssld", "bb_2_22", 42519392,
+     "key map tested on PaddleSeg ResNet_vd names (R50 table and golden outputs); not downloaded here",
+     "The backbone initialisation of PaddleSeg's DeepLabV3 R101 recipes "
+     "(configs/deeplabv3/deeplabv3_resnet101_os8_*.yml)."),
+]
+for _name, _depth, _archive, _block, _params, _reproduced, _notes in _PADDLESEG_VD:
+    WEIGHTS.add(PretrainedEntry(
+        name=_name,
+        reproduced=_reproduced,
+        model="ResNet",
+        urls=[f"https://bj.bcebos.com/paddleseg/dygraph/{_archive}.tar.gz"],
+        archive_member="model.pdparams",
+        source=f"PaddleSeg dygraph backbone archive (ResNet{_depth}_vd names: conv1_1._conv, "
+               f"{_block}.conv0._batch_norm)",
+        key_map=resnet_key_map("paddleseg", _depth, "d", src_prefix=r"(?:backbone\.)?"),
+        ignore_keys=[r"(?:fc|out)(?:_0)?\.(?:weight|bias|w_0|b_0)"],
+        model_args={"depth": _depth, "variant": "d", "output_stride": 8, "multi_grid": [1, 2, 4],
+                    "out_indices": [0, 1, 2, 3]},
+        dataset="ImageNet-1k (SSLD distillation)",
+        num_params=_params,
+        notes=_notes,
+    ))
