@@ -36,7 +36,7 @@ CLASS_HUES = [None, 0, 45, 90, 135]     # OpenCV hue (0-180) typical of each sha
 
 
 def voc_palette():
-    from metrics.segmentation import voc_palette as pal
+    from outputs.palettes import voc_palette as pal
     return pal()
 
 

@@ -133,7 +133,7 @@ def prepare(voc_root, sbd_root, log=print):
     """Write SegmentationClassAug/*.png and aug.txt; returns (PNGs written, ids in aug.txt)."""
     from PIL import Image
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from metrics.segmentation import voc_palette
+    from outputs.palettes import voc_palette
     voc = os.path.join(voc_root, "VOC2012")
     sets = os.path.join(voc, "ImageSets", "Segmentation")
     dataset = os.path.join(sbd_root, "dataset")

@@ -1,4 +1,5 @@
-"""The one explicit list of component modules. Add a new model, reader, transform or metric file here.
+"""The one explicit list of component modules. Add a new model, reader, transform, metric or output
+writer file here.
 
 Importing a module registers what it defines; `load_all()` is called by the tools and the tests,
 never at import time of the engine itself.
@@ -26,6 +27,12 @@ COMPONENT_MODULES = [
     "metrics.detection",
     "metrics.translation",
     "metrics.glue",
+    "outputs.youtube8m",
+    "outputs.classification",
+    "outputs.segmentation",
+    "outputs.detection",
+    "outputs.translation",
+    "outputs.glue",
     "models.vision.resnet",
     "models.vision.deeplabv3",
     "models.video.attention_lstm",

@@ -7,15 +7,12 @@
   predicted but never a label; on a full validation set, where every class occurs, both agree.
 
 Per sample only the k best class ids and the label are kept, not the score matrix. The inference
-output of classification (`TopK`) is here too.
+output of classification (`TopK`) is in outputs/classification.py.
 """
-import json
-import os
-
 import numpy as np
 
-from engine.registry import METRICS, OUTPUTS, ConfigError
-from metrics.base import IndexedMetric, OutputWriter, check_scores, softmax, to_numpy, top_k
+from engine.registry import METRICS, ConfigError
+from metrics.base import IndexedMetric, check_scores, to_numpy, top_k
 
 
 def mean_class_accuracy(top1, labels):
@@ -62,37 +59,3 @@ class Classification(IndexedMetric):
             out[f"top{k}"] = float(np.mean((ids[:, :k] == labels[:, None]).any(axis=1)))
         out["mean_class_acc"] = mean_class_accuracy(ids[:, 0], labels)
         return out
-
-
-@OUTPUTS.register("TopK")
-class TopK(OutputWriter):
-    """`predictions.json`: per sample its id and the `top_k` classes with label names and scores
-    (preds['probs'], or the softmax of preds['logits'])."""
-
-    def __init__(self, top_k: int = 5):
-        if top_k < 1:
-            raise ConfigError(f"infer TopK: top_k must be >= 1, got {top_k}")
-        self.top_k = top_k
-
-    def open(self, output_dir, dataset, label_names=None):
-        super().open(output_dir, dataset, label_names)
-        self.results, self.ids, self.probs = [], [], []
-
-    def write(self, preds, meta):
-        probs = preds["probs"] if "probs" in preds else softmax(np.asarray(preds["logits"], np.float32))
-        cols, scores = top_k(probs, self.top_k)
-        lines = []
-        for vid, row, ids, vals in zip(meta["id"], probs, cols, scores):
-            top = [{"class_id": int(c), "label": self.label(int(c)), "score": float(v)} for c, v in zip(ids, vals)]
-            self.results.append({"id": vid, "top_k": top})
-            self.ids.append(vid)
-            self.probs.append(row)
-            lines.append(f"{vid}: " + ", ".join(f"{t['label']} {t['score']:.3f}" for t in top))
-        return lines
-
-    def close(self):
-        path = os.path.join(self.output_dir, "predictions.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(self.results, f, indent=1)
-        os.replace(path + ".tmp", path)
-        return [path]

@@ -1,4 +1,4 @@
-"""Machine translation: BLEU, perplexity and the inference output (text).
+"""Machine translation: BLEU and perplexity.
 
 `BLEU` scores the model's decoded `ids` against the evaluation reader's references (the reader
 turns ids back into text with `decode` and gives the references with `references()`), with sacrebleu:
@@ -11,18 +11,15 @@ turns ids back into text with `decode` and gives the references with `references
   unsmoothed per-token negative log-likelihood) from the teacher-forced pass.
 Each score's sacrebleu signature is logged when it is computed.
 
-`Text` takes preds['text'] (one string per sample), or decodes preds['ids'] through the dataset, and
-writes `translations.txt`, one line per input in the input order (by dataset index, whatever order
-the batches came in).
+The inference output (`Text`, translations.txt) is in outputs/translation.py.
 """
 import logging
 import math
-import os
 
 import numpy as np
 
-from engine.registry import METRICS, OUTPUTS, ConfigError
-from metrics.base import IndexedMetric, OutputWriter, to_numpy
+from engine.registry import METRICS, ConfigError
+from metrics.base import IndexedMetric, to_numpy
 
 log = logging.getLogger("zoo")
 
@@ -90,39 +87,3 @@ class BLEU(IndexedMetric):
             out["ppl"] = float(math.exp(min(rows["nll_sum"].sum() / n, 700.0)))
         out["num_samples"] = len(index)
         return out
-
-
-@OUTPUTS.register("Text")
-class Text(OutputWriter):
-    """translations.txt, one line per input, in input order."""
-
-    def __init__(self, file_name: str = "translations.txt"):
-        if not file_name or os.path.basename(file_name) != file_name:
-            raise ConfigError(f"infer Text: file_name must be a plain file name, got {file_name!r}")
-        self.file_name = file_name
-
-    def open(self, output_dir, dataset, label_names=None):
-        super().open(output_dir, dataset, label_names)
-        self.lines = {}
-
-    def write(self, preds, meta):
-        if "text" in preds:
-            texts = list(preds["text"])
-        elif "ids" in preds:
-            texts = [detok for detok, _ in decode_rows(preds, self.dataset)]
-        else:
-            raise ConfigError(f"infer Text: predictions have no 'text' nor 'ids' (keys: {sorted(preds)})")
-        empty = getattr(self.dataset, "source_is_empty", lambda i: False)
-        out = []
-        for index, text in zip(meta["index"], texts):
-            text = "" if empty(int(index)) else str(text).replace("\n", " ")   # an empty line stays empty
-            self.lines[int(index)] = text
-            out.append(text)
-        return out
-
-    def close(self):
-        path = os.path.join(self.output_dir, self.file_name)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.writelines(self.lines[i] + "\n" for i in sorted(self.lines))
-        os.replace(path + ".tmp", path)
-        return [path]

@@ -22,13 +22,10 @@ on batch order or world size and equals the starter code's number whenever no sc
 Memory: per video only the top-k scores and hits, the label count, and two scalars are kept
 (~0.1 GB for YouTube-8M val, 1.1M videos), never the [N, classes] score matrix.
 """
-import os
-
 import numpy as np
 
-from engine.registry import METRICS, OUTPUTS, ConfigError
+from engine.registry import METRICS, ConfigError
 from metrics.base import IndexedMetric, check_scores, to_numpy, top_k
-from metrics.classification import TopK
 
 
 def hit_at_one(scores, positives):
@@ -136,26 +133,3 @@ class YouTube8M(IndexedMetric):
             "perr": float(rows["perr"].mean()),
             "num_samples": int(len(index)),
         }
-
-
-@OUTPUTS.register("YouTube8MTopK")
-class YouTube8MTopK(TopK):
-    """TopK's `predictions.json` plus the Kaggle YouTube-8M submission `submission.csv`
-    (`VideoId,LabelConfidencePairs`, the `csv_top_k` best classes per video, ties to the lower id)."""
-
-    def __init__(self, top_k: int = 5, csv_top_k: int = 20):
-        super().__init__(top_k)
-        if csv_top_k < 1:
-            raise ConfigError(f"infer YouTube8MTopK: csv_top_k must be >= 1, got {csv_top_k}")
-        self.csv_top_k = csv_top_k
-
-    def close(self):
-        paths = super().close()
-        path = os.path.join(self.output_dir, "submission.csv")
-        with open(path + ".tmp", "w") as f:
-            f.write("VideoId,LabelConfidencePairs\n")
-            for vid, row in zip(self.ids, self.probs):
-                cols, vals = top_k(row[None], self.csv_top_k)
-                f.write(vid + "," + " ".join(f"{c} {v:.6f}" for c, v in zip(cols[0], vals[0])) + "\n")
-        os.replace(path + ".tmp", path)
-        return paths + [path]

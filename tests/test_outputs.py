@@ -9,8 +9,8 @@ from PIL import Image
 
 from engine.components import load_all
 from engine.registry import OUTPUTS, ConfigError
-from metrics.detection import rle_encode
-from metrics.segmentation import voc_palette
+from outputs.detection import rle_encode
+from outputs.palettes import voc_palette
 
 load_all()
 

@@ -27,7 +27,7 @@ def rel(path):
 
 def test_every_component_file_is_listed():
     files = []
-    for pkg in ("models", "readers", "metrics"):
+    for pkg in ("models", "readers", "metrics", "outputs"):
         for path in glob.glob(os.path.join(ROOT, pkg, "**", "*.py"), recursive=True):
             name = os.path.basename(path)
             registers = re.search(r"\.register\(|WEIGHTS\.add\(", open(path).read())

@@ -12,7 +12,8 @@ from PIL import Image
 from engine.components import load_all
 from engine.data import SampleError
 from engine.registry import ConfigError, OUTPUTS
-from metrics.segmentation import MeanIoU, confusion_matrix, iou_scores, voc_palette
+from metrics.segmentation import MeanIoU, confusion_matrix, iou_scores
+from outputs.palettes import voc_palette
 from readers.fields import declare
 from readers.image_transforms import PhotometricDistortion, RandomPaddingCrop, ResizeStepScaling
 from readers.segmentation import VOC_CLASSES, Cityscapes, PascalVOC, SegList, read_label
