@@ -11,6 +11,7 @@ from tests.helpers import ROOT
 
 load_all()
 from metrics import glue as M  # noqa: E402
+from outputs import glue as O  # noqa: E402
 from readers import bert_pretrain as P  # noqa: E402
 from readers.glue import GLUE, TASKS  # noqa: E402
 
@@ -262,7 +263,7 @@ def test_submission_files(tmp_path, vocab):
     ds = GLUE.for_inputs([str(tmp_path / "test_matched.tsv"), str(tmp_path / "test_mismatched.tsv")],
                          task="MNLI", vocab_file=vocab)
     assert "label" not in ds[0] and [ds.describe(i) for i in range(3)] == ["7", "8", "9"]
-    w = M.GLUESubmission()
+    w = O.GLUESubmission()
     w.open(str(tmp_path / "out"), ds)
     meta = {"index": np.array([2, 0, 1]), "guid": ["9", "7", "8"], "subset": np.array([1, 0, 0])}
     lines = w.write({"logits": np.array([[0, 1, 0], [1, 0, 0], [0, 0, 1]], np.float32)}, meta)
@@ -275,7 +276,7 @@ def test_submission_files(tmp_path, vocab):
 
 def test_pretraining_scores_writer(tmp_path, corpus, vocab):
     ds = P.BertPretrainText.for_inputs([corpus], vocab_file=vocab, max_seq_length=32)
-    w = M.PretrainingScores()
+    w = O.PretrainingScores()
     w.open(str(tmp_path), ds)
     lines = w.write({"nsp_logits": np.array([[0.0, 0.0], [np.log(3.0), 0.0]]), "mlm_correct": np.array([1.0, 2.0]),
                      "mlm_total": np.array([3.0, 2.0])}, {"index": np.array([1, 0]), "id": [ds.describe(1), ds.describe(0)]})
