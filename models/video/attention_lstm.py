@@ -17,6 +17,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from engine.model import DataAgreement, Weights, ZooModel
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 
@@ -166,7 +167,7 @@ class AttentionLstmHead(nn.Layer):
 
 
 @MODELS.register("AttentionLSTM")
-class AttentionLSTM(nn.Layer):
+class AttentionLSTM(ZooModel):
     """Attention-pooled bidirectional LSTM over YouTube-8M frame features (PaddleVideo 2.x).
 
     Initialisation is paddle's default, as in PaddleVideo (its `init_weights` is a no-op): Linear
@@ -177,7 +178,11 @@ class AttentionLSTM(nn.Layer):
     the batch instead.
     """
 
-    head_keys = [r"head\.fc_logit\.(weight|bias)"]  # what fine-tuning to another num_classes replaces
+    def weights(self):   # the head: what fine-tuning to another num_classes replaces
+        return Weights(head_keys=[r"head\.fc_logit\.(weight|bias)"])
+
+    def data_agreement(self):
+        return DataAgreement(num_classes=self.num_classes)
 
     def __init__(self, num_classes: int = 3862, feature_names: list = ["rgb", "audio"],
                  feature_dims: list = [1024, 128], embedding_size: int = 512, lstm_size: int = 1024,
