@@ -1,6 +1,7 @@
 """From a validated config to objects: model, readers (DataLoader), metric."""
 from engine.config import LOADER_KEYS
 from engine.data import SerialLoader, WorkerLoader
+from engine.model import unwrap
 from engine.registry import COLLATES, DATASETS, METRICS, MODELS, SAMPLERS, ConfigError
 
 
@@ -78,18 +79,18 @@ def build_metric(cfg, dataset=None):
 
 def check_agreement(model, dataset, split="train"):
     """Catch a model/reader mismatch before the first step instead of inside the loss."""
-    inner = getattr(model, "_layers", model)
-    want, have = getattr(inner, "num_classes", None), getattr(dataset, "num_classes", None)
+    agree = unwrap(model).data_agreement()
+    want, have = agree.num_classes, getattr(dataset, "num_classes", None)
     if want is not None and have is not None and int(want) != int(have):
-        key = getattr(inner, "num_classes_key", "num_classes")   # e.g. a vocabulary size
+        key = agree.num_classes_key   # e.g. a vocabulary size
         raise ConfigError(f"model.{key} is {want} but reader.{split} ({type(dataset).__name__}) "
                           f"has {have} classes; make them agree (e.g. -o model.{key}={have})")
-    want, have = getattr(inner, "vocab_size", None), getattr(dataset, "vocab_size", None)
+    want, have = agree.vocab_size, getattr(dataset, "vocab_size", None)
     if want is not None and have is not None and int(want) != int(have):
         raise ConfigError(f"model.vocab_size is {want} but the vocabulary of reader.{split} ({type(dataset).__name__}) "
                           f"has {have} tokens: the vocab file does not match the model's (and its weights') "
                           f"embedding table")
-    want, have = getattr(inner, "max_seq_length", None), getattr(dataset, "max_seq_length", None)
+    want, have = agree.max_seq_length, getattr(dataset, "max_seq_length", None)
     if want is not None and have is not None and int(have) > int(want):
         raise ConfigError(f"reader.{split}.max_seq_length is {have}, more than the model's {want} positions "
                           f"(its position table): lower it, or build the model with more positions")

@@ -1,36 +1,39 @@
 """Export a model's eval forward as a static program for Paddle Inference, beside an infer_cfg.yml.
 
-A model opts in with `export_spec(example=None)`: {"inputs": {batch key: paddle.static.InputSpec},
-"outputs": [prediction keys]}. Dimensions that may vary (batch, frames, image size, length) are None
-in the specs, so one export serves other batch and input sizes. `example` is a batch of the split
-inference reads (test, else val), when its data is at hand: a model whose input layout depends on
-the reader (several views per video or not) takes it from there. The program takes the batch as a dict of
-those inputs and returns the outputs in that order; `infer_cfg.yml` records everything the
-predictor needs besides the program: the model's name, the inputs and outputs, and the recipe's
-reader (transforms: sizes, mean/std), `infer` writer and class names, so `tools/infer.py --backend
-inference` pre- and post-processes exactly as the dynamic path does.
+A model opts in by overriding `engine.model.ZooModel.export_spec(example=None)`: {"inputs": {batch
+key: paddle.static.InputSpec}, "outputs": [prediction keys]}. Dimensions that may vary (batch,
+frames, image size, length) are None in the specs, so one export serves other batch and input sizes.
+`example` is a batch of the split inference reads (test, else val), when its data is at hand: a
+model whose input layout depends on the reader (several views per video or not) takes it from there.
+The program takes the batch as a dict of those inputs and returns the outputs in that order;
+`infer_cfg.yml` records everything the predictor needs besides the program: the model's name, the
+inputs and outputs, and the recipe's reader (transforms: sizes, mean/std), `infer` writer and class
+names, so `tools/infer.py --backend inference` pre- and post-processes exactly as the dynamic path does.
 
 Optional keys of the spec:
 - `max_shape`: {input: ([max per dim, None for any], why)}: the largest input the program can take
   (a position table); the predictor rejects a larger one with one line naming `why`.
-- `programs`: {name: {"method": model method name, "inputs": {...}, "outputs": [...]}}: several
-  programs instead of one (`name.json` + `name.pdiparams` each), for a model whose prediction is a
-  Python loop over networks (beam search over an encoder and one decoder step). Each method takes a
-  dict of its inputs and returns a dict holding its outputs. The predictor then calls the model
-  class's `exported_runner(programs, settings)`, which returns `run(batch) -> predictions`;
-  `programs[name](feeds)` runs one program on numpy feeds. The top-level `inputs` and `outputs` stay
+- `programs`: {name: {"method": a bound method of the model, "inputs": {...}, "outputs": [...]}}:
+  several programs instead of one (`name.json` + `name.pdiparams` each), for a model whose
+  prediction is a Python loop over networks (beam search over an encoder and one decoder step).
+  Each method takes a dict of its inputs and returns a dict holding its outputs; infer_cfg.yml
+  records its name. The predictor then calls the model class's `exported_runner(programs,
+  settings)`, which returns `run(batch) -> predictions`; `programs[name](feeds)` runs one program
+  on numpy feeds. The top-level `inputs` and `outputs` stay
   what the whole predictor takes and gives. `settings` (plain data, e.g. beam size) is recorded for
   the runner. One program with a `method` is driven by the runner too: a segmenter's windows,
   scales and arg-max around its one network. A model whose eval forward is
   `pipeline(run, batch, settings)` over calls `run(name, inputs)` of its programs' methods returns
   `pipeline_runner(pipeline, programs, settings)`, so both paths share every step outside the networks.
 """
+import inspect
 import os
 
 import numpy as np
 import paddle
 import yaml
 
+from engine.model import unwrap
 from engine.registry import ConfigError
 
 EXPORT_VERSION = 1
@@ -44,19 +47,19 @@ class _Exported(paddle.nn.Layer):
         self.model, self.outputs, self.method = model, list(outputs), method
 
     def forward(self, batch):
-        preds = self.model(batch) if self.method is None else getattr(self.model, self.method)(batch)
+        preds = self.model(batch) if self.method is None else self.method(batch)
         return tuple(preds[k] for k in self.outputs)
 
 
 def spec_of(model, example=None):
-    inner = getattr(model, "_layers", model)
-    if not hasattr(inner, "export_spec"):
-        raise ConfigError(f"model {type(inner).__name__} cannot be exported (it has no export_spec)")
+    inner = unwrap(model)
     spec = inner.export_spec(example)
     if not spec.get("inputs") or not spec.get("outputs"):
         raise ConfigError(f"{type(inner).__name__}.export_spec() must name inputs and outputs")
     for name, prog in (spec.get("programs") or {}).items():
-        if not hasattr(inner, prog.get("method") or "") or not prog.get("inputs") or not prog.get("outputs"):
+        method = prog.get("method")
+        if not (inspect.ismethod(method) and method.__self__ is inner) or not prog.get("inputs") \
+                or not prog.get("outputs"):
             raise ConfigError(f"{type(inner).__name__}.export_spec(): program '{name}' needs a method of the "
                               f"model (got {prog.get('method')!r}), inputs and outputs")
     return spec
@@ -83,7 +86,7 @@ def export(model, cfg, output_dir, label_names=None, example=None):
     returns the spec."""
     spec = spec_of(model, example)
     model.eval()
-    inner = getattr(model, "_layers", model)
+    inner = unwrap(model)
     programs = spec.get("programs") or {PROGRAM: {"method": None, "inputs": spec["inputs"],
                                                   "outputs": spec["outputs"]}}
     os.makedirs(output_dir, exist_ok=True)
@@ -93,7 +96,8 @@ def export(model, cfg, output_dir, label_names=None, example=None):
         static = paddle.jit.to_static(_Exported(inner, prog["outputs"], prog.get("method")),
                                       input_spec=[inputs], full_graph=True)
         paddle.jit.save(static, os.path.join(output_dir, name))
-        recorded[name] = {"method": prog.get("method"), "inputs": _describe(inputs), "outputs": list(prog["outputs"])}
+        method = prog.get("method") and prog["method"].__name__
+        recorded[name] = {"method": method, "inputs": _describe(inputs), "outputs": list(prog["outputs"])}
     reader = cfg.get("reader", {})
     record = {
         "zoo_export_version": EXPORT_VERSION,

@@ -33,6 +33,7 @@ import math
 import paddle
 from paddle.optimizer.lr import LRScheduler
 
+from engine.model import NormLayer
 from engine.registry import LR_SCHEDULES, OPTIMIZERS, ConfigError
 
 
@@ -252,7 +253,7 @@ class _GroupL2Decay(paddle.regularizer.L2Decay):
 def _norm_layer_types():
     norm = paddle.nn.layer.norm
     names = ["BatchNorm", "_BatchNormBase", "LayerNorm", "GroupNorm", "_InstanceNormBase", "RMSNorm"]
-    return tuple(getattr(norm, n) for n in names if hasattr(norm, n))
+    return tuple(getattr(norm, n) for n in names if hasattr(norm, n)) + (NormLayer,)
 
 
 def _own_regularizer(param):
@@ -267,14 +268,14 @@ def split_decay(model, no_decay=("bias", "norm")):
     """(decay, no_decay, own): lists of (structured name, parameter) of the model's parameters.
 
     `own` holds the parameters with their own ParamAttr regularizer. A custom normalisation
-    layer opts in to the "norm" rule with the class attribute `zoo_norm_layer = True`.
+    layer opts in to the "norm" rule by deriving from `engine.model.NormLayer`.
     """
     tokens = [str(t) for t in no_decay]
     norm_params = set()
     if "norm" in tokens:
         types = _norm_layer_types()
         for _, layer in model.named_sublayers(include_self=True):
-            if isinstance(layer, types) or getattr(layer, "zoo_norm_layer", False):
+            if isinstance(layer, types):
                 norm_params.update(id(p) for p in layer.parameters(include_sublayers=False))
     substrings = [t for t in tokens if t not in ("bias", "norm")]
     decay, exempt, own = [], [], []

@@ -107,10 +107,10 @@ class Predictor:
             from engine.registry import MODELS
             load_all()
             cls = MODELS.get(self.record["model"])
-            if not hasattr(cls, "exported_runner"):
+            self.run = cls.exported_runner(self.programs, self.record.get("settings") or {})
+            if self.run is None:
                 raise ConfigError(f"{export_dir}: programs {', '.join(self.programs)}, but model "
                                   f"{self.record['model']} has no exported_runner to drive them")
-            self.run = cls.exported_runner(self.programs, self.record.get("settings") or {})
         else:
             self.run = next(iter(self.programs.values()))
 

@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 
 from engine.download import archive_stem, cache_dir, download, extract, url_filename
+from engine.model import unwrap
 from engine.registry import MODELS, ConfigError, Registry, did_you_mean
 from engine.weightfile import read_state
 
@@ -27,7 +28,7 @@ class PretrainedEntry:
     key_map: list = ()             # [(regex, replacement)] on source keys, first match wins
     ignore_keys: list = ()         # regex of source keys dropped on purpose (aliases, buffers, a classifier)
     head_keys: list = ()           # regex of OUR keys the file may lack, or hold in another shape (then
-                                   # dropped: another num_classes); default: the model's `head_keys`
+                                   # dropped: another num_classes); default: the model's `weights().head_keys`
     convert: object = None         # optional fn(state_dict) -> state_dict, after key_map (e.g. transposes)
     model_args: dict = dataclasses.field(default_factory=dict)  # model config that matches the file
     metrics: dict = dataclasses.field(default_factory=dict)     # reference metrics, ratios in [0, 1]
@@ -157,11 +158,11 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
 def load_entry_state(model, state, entry, strict=False, log=print):
     """Map a source state dict with `entry` and load it; returns the report (with ignored keys).
 
-    Head keys: the entry's, else the model's `head_keys` class attribute; the model's declared
-    `foreign_keys` are dropped (reported as ignored)."""
-    inner = getattr(model, "_layers", model)
-    mapped, ignored = Layout(entry.name, entry, foreign_keys=list(getattr(inner, "foreign_keys", ()))).map(state)
-    report = load_state(model, mapped, list(entry.head_keys) or list(getattr(inner, "head_keys", ())),
+    Head keys: the entry's, else the model's `weights().head_keys`; the model's `foreign_keys` are
+    dropped (reported as ignored)."""
+    own = unwrap(model).weights()
+    mapped, ignored = Layout(entry.name, entry, foreign_keys=list(own.foreign_keys)).map(state)
+    report = load_state(model, mapped, list(entry.head_keys) or list(own.head_keys),
                         strict=strict, log=log, what=entry.name, layout=entry.name)
     report["ignored"] = ignored
     return report
@@ -200,38 +201,34 @@ class Layout:
         return f"{self.entry.source or 'entry ' + self.entry.name}{where}"
 
 
-def _registry_name(cls):
-    return next((name for name, obj in MODELS._items.items() if obj is cls), None)
-
-
 def model_layouts(model):
-    """The layouts a bare file may use for `model`, in order of preference: native, the entries of
-    its registry name, the entries of the registry names in its `layout_models` (models whose files
-    it also reads, e.g. a fine-tuning model reading pretraining releases), the unregistered layouts
-    of its `weight_layouts()` (e.g. another framework's names), then the entries of its `backbone`
-    class (loaded under `backbone.`). The model's `foreign_keys` apply to all of them."""
-    inner = getattr(model, "_layers", model)
-    own_heads = list(getattr(inner, "head_keys", ()))
-    foreign = list(getattr(inner, "foreign_keys", ()))
+    """The layouts a bare file may use for `model`, in order of preference (all from its
+    `weights()`): native, the entries of its registry name, the entries of the registry names in
+    its `layout_models` (models whose files it also reads, e.g. a fine-tuning model reading
+    pretraining releases), its unregistered `layouts` (e.g. another framework's names), then the
+    entries of its `backbone`'s registry name (loaded under `backbone.`). The model's
+    `foreign_keys` apply to all of them."""
+    inner = unwrap(model)
+    own = inner.weights()
+    own_heads, foreign = list(own.head_keys), list(own.foreign_keys)
     layouts = {"native": Layout("native", head_keys=own_heads, foreign_keys=foreign)}
-    entries = list(WEIGHTS._items.values())  # registration order
-    name = _registry_name(type(inner))
+    entries = WEIGHTS.values()  # registration order
+    name = MODELS.name_of(type(inner))
     for e in entries:
         if name is not None and e.model == name:
             layouts[e.name] = Layout(e.name, e, "", list(e.head_keys) or own_heads, foreign)
-    for other in getattr(inner, "layout_models", ()):
+    for other in own.layout_models:
         for e in entries:
             if e.model == other and other != name and e.name not in layouts:
                 layouts[e.name] = Layout(e.name, e, "", own_heads, foreign)
-    extra = getattr(inner, "weight_layouts", None)
-    for e in (extra() if extra else ()):
+    for e in own.layouts:
         layouts.setdefault(e.name, Layout(e.name, e, "", list(e.head_keys) or own_heads, foreign))
-    backbone = getattr(inner, "backbone", None)
-    bb_name = _registry_name(type(backbone)) if backbone is not None else None
+    backbone = own.backbone
+    bb_name = MODELS.name_of(type(backbone)) if backbone is not None else None
     if bb_name is not None and bb_name != name:
         for e in entries:
             if e.model == bb_name and e.name not in layouts:
-                bb_heads = list(e.head_keys) or list(getattr(backbone, "head_keys", ()))
+                bb_heads = list(e.head_keys) or list(backbone.weights().head_keys)
                 # everything outside the backbone is the model's own, new part: the file need not have it
                 heads = own_heads + [r"(?!backbone\.).*"] + [r"backbone\." + p for p in bb_heads]
                 layouts[e.name] = Layout(e.name, e, "backbone.", heads)
@@ -395,7 +392,7 @@ def load_pretrained(model, spec, strict=False, log=print, progress=True, weights
     unpickles the file in full (only for files you trust; see engine.weightfile).
     Returns the load report, with `path`, `entry` (name or None) and `layout` added.
     """
-    inner = getattr(model, "_layers", model)  # paddle.DataParallel wraps the model
+    inner = unwrap(model)
     layouts = model_layouts(inner)
     hint = ("if the file has another layout, name it with --weights-format / train.weights_format: "
             + ", ".join(layouts))
@@ -403,7 +400,7 @@ def load_pretrained(model, spec, strict=False, log=print, progress=True, weights
         raise ConfigError(f"weights format '{weights_format}' is not a layout of {type(inner).__name__} "
                           f"weights{did_you_mean(weights_format, layouts)}; choose one of: {', '.join(layouts)}")
     path, entry = resolve_weights(spec, progress=progress)
-    if os.path.isdir(path) and hasattr(inner, "check_weights_folder"):
+    if os.path.isdir(path):
         inner.check_weights_folder(path)   # e.g. a Hugging Face config.json against the recipe's model
     state = load_weights_file(path, trust)
     what = os.path.basename(path)
@@ -417,8 +414,8 @@ def load_pretrained(model, spec, strict=False, log=print, progress=True, weights
             cls = MODELS.get(entry.model) if entry.model in MODELS else None
             if isinstance(cls, type) and not isinstance(inner, cls):
                 log(f"warning: '{entry.name}' is for model {entry.model}, not {type(inner).__name__}")
-            layout = Layout(entry.name, entry, "", list(entry.head_keys) or list(getattr(inner, "head_keys", ())),
-                            list(getattr(inner, "foreign_keys", ())))
+            own = inner.weights()
+            layout = Layout(entry.name, entry, "", list(entry.head_keys) or list(own.head_keys), list(own.foreign_keys))
         mapped, ignored = layout.map(state)
         log(f"loading pretrained '{entry.name}' ({layout.describe()}) from {path}")
     else:

@@ -40,6 +40,14 @@ class Registry:
     def names(self):
         return sorted(self._items)
 
+    def values(self):
+        """The registered objects in registration order."""
+        return list(self._items.values())
+
+    def name_of(self, obj):
+        """The name `obj` is registered under, or None."""
+        return next((name for name, item in self._items.items() if item is obj), None)
+
     def __contains__(self, name):
         return name in self._items
 

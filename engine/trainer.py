@@ -13,6 +13,7 @@ import paddle
 from engine import checkpoint, config as C, runtime
 from engine.builder import build_loader, build_metric, build_model, check_agreement, count_params
 from engine.evaluator import evaluate
+from engine.model import unwrap
 from engine.optim import build_lr, build_optimizer, clip_grad_norm_
 from engine.registry import ConfigError, did_you_mean
 
@@ -44,7 +45,7 @@ class TrainStep:
 
     @property
     def model(self):
-        return getattr(self.net, "_layers", self.net)   # paddle.DataParallel wraps the model
+        return unwrap(self.net)
 
     def __call__(self, batch, update=True):
         no_sync = isinstance(self.net, paddle.DataParallel) and not update

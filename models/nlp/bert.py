@@ -18,6 +18,7 @@ activations (activation checkpointing): the same gradients, with dropout too, fo
 `load_bert(folder_or_entry)` and `sentence_embeddings(...)` are the small Python API for use
 outside the tools.
 """
+import dataclasses
 import json
 import os
 import warnings
@@ -29,6 +30,7 @@ import paddle.nn.functional as F
 from paddle.static import InputSpec
 
 import ops
+from engine.model import DataAgreement, Weights, ZooModel
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 
@@ -184,10 +186,16 @@ def _init_weights(layer, std):
                 sub.bias.set_value(paddle.zeros(sub.bias.shape))
 
 
-class BertModel(nn.Layer):
+class BertModel(ZooModel):
     """The encoder: `forward(input_ids, token_type_ids, attention_mask)` -> (sequence_output, pooled)."""
 
-    foreign_keys = [r"cls\..*", r"classifier\..*"]   # task heads in a file: dropped, logged
+    def weights(self):
+        """Task heads in a file are dropped (logged); task-model files (`bert.` taken off) and Hugging
+        Face checkpoints load too."""
+        return Weights(foreign_keys=[r"cls\..*", r"classifier\..*"], layouts=[task_file_layout(), hf_layout("")])
+
+    def check_weights_folder(self, folder):
+        check_hf_folder(folder, self.config)
 
     def __init__(self, size="base", **kwargs):
         super().__init__()
@@ -245,29 +253,29 @@ def bert_inputs(batch):
 
 
 # ------------------------------------------------------------------------------------- task models
-class _BertTask(nn.Layer):
+class _BertTask(ZooModel):
     """Shared by the task models: the encoder under `bert.`, and the layouts their files come in."""
 
-    layout_models = ["BertForPretraining"]   # the PaddleNLP releases are pretraining files
+    head_keys, foreign_keys = (), ()   # the task's own, set by each task model
 
     def _build_bert(self, args):
         args = {k: v for k, v in args.items() if k not in ("self", "__class__", "num_classes", "dropout")}
         self.bert = BertModel(**args)
         self.config = self.bert.config
 
-    @classmethod
-    def weight_layouts(cls):
-        """Layouts that are not downloadable entries: Hugging Face checkpoints (BertModel files and
-        task files, with or without the `bert.` prefix)."""
-        return [hf_layout("bert.")]
+    def weights(self):
+        """The PaddleNLP releases are pretraining files; Hugging Face checkpoints (BertModel files and
+        task files, with or without the `bert.` prefix) are layouts that are not downloadable entries."""
+        return Weights(head_keys=list(self.head_keys), foreign_keys=list(self.foreign_keys),
+                       layout_models=["BertForPretraining"], layouts=[hf_layout("bert.")])
 
     def check_weights_folder(self, folder):
         check_hf_folder(folder, self.config)
 
-    @property
-    def max_seq_length(self):
-        """The longest input the position table takes (checked against the reader's)."""
-        return self.config["max_position_embeddings"]
+    def data_agreement(self):
+        """The vocabulary and the longest input the position table takes."""
+        return DataAgreement(vocab_size=self.config["vocab_size"],
+                             max_seq_length=self.config["max_position_embeddings"])
 
     def _export_inputs(self, extra=()):
         """The padded token batch (any batch size and length) and, for the predictor, the longest
@@ -303,7 +311,6 @@ class BertForPretraining(_BertTask):
         self.cls = PretrainingHeads(self.config)
         if not _lazy():
             _init_weights(self.cls, self.config["initializer_range"])
-        self.vocab_size = self.config["vocab_size"]
 
     def export_spec(self, example=None):
         """The eval predictions PretrainingScores and the Pretraining metric read; the losses need
@@ -391,11 +398,13 @@ class BertForSequenceClassification(_BertTask):
             raise ConfigError(f"BertForSequenceClassification: num_classes must be >= 1, got {num_classes}")
         self._build_bert(dict(locals()))
         self.num_classes = num_classes
-        self.vocab_size = self.config["vocab_size"]
         self.dropout = nn.Dropout(self.config["hidden_dropout_prob"] if dropout is None else dropout)
         self.classifier = nn.Linear(self.config["hidden_size"], num_classes)
         if not _lazy():
             _init_weights(self.classifier, self.config["initializer_range"])
+
+    def data_agreement(self):
+        return dataclasses.replace(super().data_agreement(), num_classes=self.num_classes)
 
     def export_spec(self, example=None):
         """`logits`, what the GLUE metric and the GLUESubmission writer read."""
@@ -561,9 +570,6 @@ def task_file_layout():
     return PretrainedEntry(name="task-model", model="", urls=[], source="a BERT task model's file (bert.* keys)",
                            key_map=[(r"bert\.(.*)", r"\1")], ignore_keys=PADDLENLP_IGNORE)
 
-
-BertModel.weight_layouts = classmethod(lambda cls: [task_file_layout(), hf_layout("")])
-BertModel.check_weights_folder = lambda self, folder: check_hf_folder(folder, self.config)
 
 
 # ------------------------------------------------------------------------------------- Python API

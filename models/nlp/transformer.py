@@ -48,6 +48,7 @@ import paddle.nn.functional as F
 from paddle.static import InputSpec
 
 import ops
+from engine.model import DataAgreement, ZooModel
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 
@@ -262,7 +263,7 @@ class _Body(nn.Layer):
 
 
 @MODELS.register("Transformer")
-class Transformer(nn.Layer):
+class Transformer(ZooModel):
     """Encoder-decoder Transformer; defaults are the base model with PaddleNLP's WMT14 en-de layout
     (pre-norm, shared 33712-entry vocabulary, position table of 257 = max_length 256 + 1).
 
@@ -281,7 +282,8 @@ class Transformer(nn.Layer):
     search is refused (an override that did nothing would mislead).
     """
 
-    head_keys = ()
+    def data_agreement(self):   # the target vocabulary is the classes of the reader (padded)
+        return DataAgreement(num_classes=self.trg_vocab_size, num_classes_key="trg_vocab_size")
 
     def __init__(self, src_vocab_size: int = 33712, trg_vocab_size: int = 33712, d_model: int = 512,
                  d_inner_hid: int = 2048, n_head: int = 8, num_encoder_layers: int = 6,
@@ -301,8 +303,7 @@ class Transformer(nn.Layer):
         for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
             if not 0 <= value < trg_vocab_size:
                 raise ConfigError(f"Transformer: {name} {value} is outside the vocabulary of {trg_vocab_size}")
-        self.num_classes = trg_vocab_size   # the engine checks it against the reader's vocabulary
-        self.num_classes_key = "trg_vocab_size"
+        self.trg_vocab_size = trg_vocab_size
         self.d_model, self.max_length = d_model, max_length
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
         self.dropout, self.label_smooth_eps = dropout, label_smooth_eps
@@ -418,9 +419,9 @@ class Transformer(nn.Layer):
         step_inputs = {"ids": InputSpec([None, 1], "int64"),
                        "memory_bias": InputSpec([None, 1, 1, None], "float32"), **kv("memory"), **kv("cache")}
         return {"inputs": src, "outputs": ["ids", "ids_len", "scores"],
-                "programs": {"encoder": {"method": "export_encoder", "inputs": src,
+                "programs": {"encoder": {"method": self.export_encoder, "inputs": src,
                                          "outputs": ["memory_bias"] + list(kv("memory"))},
-                             "decoder_step": {"method": "export_decoder_step", "inputs": step_inputs,
+                             "decoder_step": {"method": self.export_decoder_step, "inputs": step_inputs,
                                               "outputs": ["logp"] + list(kv("cache"))}},
                 "settings": dict(self.search_settings(), layers=len(layers), heads=h, head_dim=dh)}
 

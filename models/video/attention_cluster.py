@@ -16,6 +16,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.nn.initializer import KaimingNormal, KaimingUniform, Normal
 
+from engine.model import DataAgreement, Weights, ZooModel
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.video.yt8m_common import check_features, check_reduction, feature_input, multilabel_outputs
@@ -54,7 +55,7 @@ class ShiftingAttention(nn.Layer):
 
 
 @MODELS.register("AttentionCluster")
-class AttentionCluster(nn.Layer):
+class AttentionCluster(ZooModel):
     """Attention Cluster video classifier.
 
     Initialisation as in the original: MSRA normal for every weight (conv, fc1, fc2, logistic),
@@ -64,7 +65,11 @@ class AttentionCluster(nn.Layer):
     `seg_num` is checked against the batch (the reader's SampleFrames must produce that many frames).
     """
 
-    head_keys = [r"logistic\.(weight|bias)"]  # what fine-tuning to another num_classes replaces
+    def weights(self):   # the head: what fine-tuning to another num_classes replaces
+        return Weights(head_keys=[r"logistic\.(weight|bias)"])
+
+    def data_agreement(self):
+        return DataAgreement(num_classes=self.num_classes)
 
     def __init__(self, num_classes: int = 3862, feature_names: list = ["rgb", "audio"],
                  feature_dims: list = [1024, 128], seg_num: int = 100, cluster_nums: list = [32, 32],

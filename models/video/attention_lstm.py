@@ -16,6 +16,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from engine.model import DataAgreement, Weights, ZooModel
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.video.yt8m_common import check_features, check_reduction, feature_input, multilabel_outputs, \
@@ -84,7 +85,7 @@ class AttentionLstmHead(nn.Layer):
 
 
 @MODELS.register("AttentionLSTM")
-class AttentionLSTM(nn.Layer):
+class AttentionLSTM(ZooModel):
     """Attention-pooled bidirectional LSTM over YouTube-8M frame features (PaddleVideo 2.x).
 
     Initialisation is paddle's default, as in PaddleVideo (its `init_weights` is a no-op): Linear
@@ -95,7 +96,11 @@ class AttentionLSTM(nn.Layer):
     the batch instead.
     """
 
-    head_keys = [r"head\.fc_logit\.(weight|bias)"]  # what fine-tuning to another num_classes replaces
+    def weights(self):   # the head: what fine-tuning to another num_classes replaces
+        return Weights(head_keys=[r"head\.fc_logit\.(weight|bias)"])
+
+    def data_agreement(self):
+        return DataAgreement(num_classes=self.num_classes)
 
     def __init__(self, num_classes: int = 3862, feature_names: list = ["rgb", "audio"],
                  feature_dims: list = [1024, 128], embedding_size: int = 512, lstm_size: int = 1024,

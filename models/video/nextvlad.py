@@ -17,6 +17,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.nn.initializer import Constant, KaimingNormal
 
+from engine.model import DataAgreement, Weights, ZooModel
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.video.yt8m_common import check_features, check_reduction, feature_input, multilabel_outputs, \
@@ -77,7 +78,7 @@ class NeXtVLADLayer(nn.Layer):
 
 
 @MODELS.register("NeXtVLAD")
-class NeXtVLAD(nn.Layer):
+class NeXtVLAD(ZooModel):
     """NeXtVLAD video classifier.
 
     Initialisation as in the original: MSRA normal (N(0, sqrt(2/fan_in))) for every weight, zero
@@ -88,7 +89,11 @@ class NeXtVLAD(nn.Layer):
     The reader is expected to apply the original's PCA-eigenvalue rescaling of rgb.
     """
 
-    head_keys = [r"logits_clf\.(weight|bias)"]  # what fine-tuning to another num_classes replaces
+    def weights(self):   # the head: what fine-tuning to another num_classes replaces
+        return Weights(head_keys=[r"logits_clf\.(weight|bias)"])
+
+    def data_agreement(self):
+        return DataAgreement(num_classes=self.num_classes)
 
     def __init__(self, num_classes: int = 3862, feature_names: list = ["rgb", "audio"],
                  feature_dims: list = [1024, 128], cluster_size: int = 128, hidden_size: int = 2048,

@@ -20,6 +20,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.static import InputSpec
 
+from engine.model import DataAgreement, Weights, ZooModel
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.video.clips import as_float, classify, split_views
@@ -73,7 +74,7 @@ class TemporalXception(nn.Layer):
 
 
 @MODELS.register("StNet")
-class StNet(nn.Layer):
+class StNet(ZooModel):
     """Args:
         num_classes: classes of the fc.
         seglen: frames stacked per segment (conv1 takes 3*seglen channels). The number of segments
@@ -82,7 +83,11 @@ class StNet(nn.Layer):
         num_views: views per video in a 5-D eval batch (same convention as TSN, probs averaged).
     """
 
-    head_keys = [r"fc\.(weight|bias)"]  # what fine-tuning to another num_classes replaces
+    def weights(self):   # the head: what fine-tuning to another num_classes replaces
+        return Weights(head_keys=[r"fc\.(weight|bias)"], backbone=self.backbone)
+
+    def data_agreement(self):
+        return DataAgreement(num_classes=self.num_classes)
 
     def __init__(self, num_classes: int = 400, seglen: int = 5, backbone: dict = None,
                  num_views: int = 1):

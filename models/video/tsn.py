@@ -15,6 +15,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.static import InputSpec
 
+from engine.model import DataAgreement, Weights, ZooModel
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.video.clips import as_float, classify, split_views
@@ -24,7 +25,7 @@ DEFAULT_BACKBONE = {"name": "ResNet", "depth": 50}
 
 
 @MODELS.register("TSN")
-class TSN(nn.Layer):
+class TSN(ZooModel):
     """Args:
         num_classes: classes of the fc.
         backbone: backbone config, default {name: ResNet, depth: 50} (its last `out_indices` is used).
@@ -34,7 +35,11 @@ class TSN(nn.Layer):
         view_average: "prob" or "feature" (see module docstring).
     """
 
-    head_keys = [r"fc\.(weight|bias)"]  # what fine-tuning to another num_classes replaces
+    def weights(self):   # the head: what fine-tuning to another num_classes replaces
+        return Weights(head_keys=[r"fc\.(weight|bias)"], backbone=self.backbone)
+
+    def data_agreement(self):
+        return DataAgreement(num_classes=self.num_classes)
 
     def __init__(self, num_classes: int = 400, backbone: dict = None, drop_rate: float = 0.4,
                  fc_std: float = 0.01, num_views: int = 1, view_average: str = "prob"):

@@ -32,6 +32,7 @@ from paddle.static import InputSpec
 
 import ops
 from engine.export import pipeline_runner
+from engine.model import DataAgreement, Weights, ZooModel
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.vision.resnet import build_backbone, resnet_key_map
@@ -113,7 +114,7 @@ def segmentation_loss(logits, label, ignore_index=255, ohem_thresh=None, ohem_mi
 
 
 @MODELS.register("DeepLabV3")
-class DeepLabV3(nn.Layer):
+class DeepLabV3(ZooModel):
     """Args:
         num_classes: classes of the classifier (19 Cityscapes, 21 VOC).
         backbone: ResNet config; default ResNet-50-vd at output stride 8 with multi-grid [1, 2, 4]
@@ -133,6 +134,12 @@ class DeepLabV3(nn.Layer):
     """
 
     head_keys = [r"cls\.(weight|bias)", r"aux\..*"]   # replaced when fine-tuning to other classes
+
+    def weights(self):
+        return Weights(head_keys=self.head_keys, backbone=self.backbone)
+
+    def data_agreement(self):
+        return DataAgreement(num_classes=self.num_classes)
 
     def __init__(self, num_classes: int = 19, backbone: dict = None, aspp_ratios: list = None,
                  aspp_channels: int = 256, image_pooling: bool = True, dropout: float = 0.1,
@@ -244,7 +251,7 @@ class DeepLabV3(nn.Layer):
         """Batch and image size may vary."""
         image = {"image": InputSpec([None, self.backbone.stem[0].conv._in_channels, None, None], "float32")}
         return {"inputs": image, "outputs": ["label_map"],
-                "programs": {"model": {"method": self.PROGRAMS["model"], "inputs": image, "outputs": ["logits"]}},
+                "programs": {"model": {"method": self.export_logits, "inputs": image, "outputs": ["logits"]}},
                 "settings": self.pipeline_settings()}
 
     @classmethod

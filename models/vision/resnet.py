@@ -19,6 +19,7 @@ import paddle.nn.functional as F
 
 import ops
 from ops.paddle_attrs import batch_norm_settings
+from engine.model import Weights, ZooModel
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 
@@ -90,7 +91,7 @@ def _shortcut(cin, cout, stride, project, avg_down, global_stats):
 
 
 @MODELS.register("ResNet")
-class ResNet(nn.Layer):
+class ResNet(ZooModel):
     """ResNet trunk returning the features of the stages in `out_indices` (0 = res2 ... 3 = res5).
 
     Args:
@@ -115,7 +116,8 @@ class ResNet(nn.Layer):
             gradients and the BN running statistics are those of a plain step (`recompute_stage`).
     """
 
-    head_keys = [r"fc\.(weight|bias)"]  # the ImageNet classifier, if any: replaced when fine-tuning
+    def weights(self):   # the ImageNet classifier, if any: replaced when fine-tuning
+        return Weights(head_keys=[r"fc\.(weight|bias)"])
 
     def __init__(self, depth: int = 50, variant: str = "b", in_channels: int = 3,
                  output_stride: int = 32, multi_grid: list = None, out_indices: list = None,

@@ -27,6 +27,7 @@ import paddle.nn as nn
 from paddle.static import InputSpec
 
 from engine.export import pipeline_runner
+from engine.model import DataAgreement, Weights, ZooModel
 from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.vision.mask_rcnn import postprocess, roi_heads
@@ -64,7 +65,7 @@ def _settings(what, given, defaults):
 
 
 @MODELS.register("MaskRCNN")
-class MaskRCNN(nn.Layer):
+class MaskRCNN(ZooModel):
     """Args:
         num_classes: object classes (COCO: 80), without the background.
         backbone: the ResNet config (default R50, PaddleDetection's freezing; `depth: 101` for R101).
@@ -80,8 +81,12 @@ class MaskRCNN(nn.Layer):
             (PaddleDetection's ignore_thresh; -1: crowd regions are only kept out of the matching).
     """
 
-    # what fine-tuning to another num_classes replaces
-    head_keys = [r"box_head\.(cls_score|bbox_pred)\.(weight|bias)", r"mask_head\.logits\.(weight|bias)"]
+    def weights(self):   # the class layers: what fine-tuning to another num_classes replaces
+        return Weights(head_keys=[r"box_head\.(cls_score|bbox_pred)\.(weight|bias)",
+                                  r"mask_head\.logits\.(weight|bias)"], backbone=self.backbone)
+
+    def data_agreement(self):
+        return DataAgreement(num_classes=self.num_classes)
 
     def __init__(self, num_classes: int = 80, backbone: dict = None, fpn_channels: int = 256, rpn: dict = None,
                  roi: dict = None, box_fc: int = 1024, mask_convs: int = 4, mask_channels: int = 256,
@@ -166,9 +171,9 @@ class MaskRCNN(nn.Layer):
                            "orig_size": InputSpec([None, 2], "int64")},
                 "outputs": ["bbox_num", "boxes", "scores", "labels", "masks"],
                 "programs": {
-                    "detect": {"method": self.PROGRAMS["detect"], "inputs": size,
+                    "detect": {"method": self.detect_program, "inputs": size,
                                "outputs": ["rois", "rois_num", "box_logits", "box_deltas", *FEATURE_KEYS]},
-                    "mask": {"method": self.PROGRAMS["mask"],
+                    "mask": {"method": self.mask_program,
                              "inputs": {**{k: InputSpec([None, c, None, None], "float32") for k in FEATURE_KEYS},
                                         "boxes": InputSpec([None, 4], "float32"),
                                         "boxes_num": InputSpec([None], "int32"), "labels": InputSpec([None], "int64")},

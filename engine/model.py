@@ -1,0 +1,71 @@
+"""The model contract: what the engine may ask of a model, with a written default for each question.
+
+Every registered model (and BERT's bare encoder) derives from `ZooModel` and overrides only what it
+has; the engine calls these methods and never probes a model for attributes, so a misspelt hook is
+an error in the model's own file rather than an ability silently missing.
+"""
+import dataclasses
+
+import paddle
+
+from engine.registry import ConfigError
+
+
+@dataclasses.dataclass
+class Weights:
+    """How files in other layouts load into the model (engine/pretrained.py). Key patterns are
+    regexes of OUR parameter names."""
+    head_keys: list = ()      # a file may lack them or hold another shape (a head for another num_classes);
+                              # an entry's own head_keys take precedence
+    foreign_keys: list = ()   # another task's head in a file (pretraining heads when fine-tuning): dropped, logged
+    layout_models: list = ()  # registry names whose entries are layouts of this model too
+    layouts: list = ()        # unregistered `PretrainedEntry` objects used as layouts only (another framework's names)
+    backbone: object = None   # a registered ZooModel under `backbone.`: its entries load into that part
+
+
+@dataclasses.dataclass
+class DataAgreement:
+    """What must agree with the reader before the first step (engine.builder.check_agreement), so a
+    mismatch is one line instead of an error inside the loss; None: nothing to check."""
+    num_classes: int = None
+    num_classes_key: str = "num_classes"   # the config key a mismatch names (a vocabulary: trg_vocab_size)
+    vocab_size: int = None                 # rows of the embedding table
+    max_seq_length: int = None             # positions of the position table: the reader's may not exceed it
+
+
+class ZooModel(paddle.nn.Layer):
+    """A registered model is called as `model(batch) -> dict`: the losses (total under `loss`) in
+    train mode, the predictions in eval mode. A method left alone keeps the default written here."""
+
+    def weights(self):
+        """Default: only native files, every key required."""
+        return Weights()
+
+    def data_agreement(self):
+        """Default: nothing to compare with the reader."""
+        return DataAgreement()
+
+    def check_weights_folder(self, folder):
+        """Called when the weights are a folder (e.g. a Hugging Face config.json against the recipe).
+        Default: no check."""
+
+    def export_spec(self, example=None):
+        """{"inputs": {batch key: InputSpec}, "outputs": [keys], optional "max_shape", "programs",
+        "settings"} (engine/export.py). Default: the model cannot be exported."""
+        raise ConfigError(f"model {type(self).__name__} cannot be exported (it has no export_spec)")
+
+    @classmethod
+    def exported_runner(cls, programs, settings):
+        """`run(feeds) -> predictions` over the exported `programs` of a spec with "programs".
+        Default: None, no runner."""
+        return None
+
+
+class NormLayer(paddle.nn.Layer):
+    """Base of a custom normalisation layer: its parameters are exempt from weight decay under the
+    "norm" rule, as paddle's norm layers' are (engine.optim.split_decay)."""
+
+
+def unwrap(model):
+    """The model inside paddle.DataParallel (which keeps it as `_layers`)."""
+    return model._layers if isinstance(model, paddle.DataParallel) else model
