@@ -23,7 +23,6 @@ from ops.paddle_attrs import batch_norm_settings, conv2d_settings
 
 _state = {"enabled": False}
 _ACTS = {None: 0, "none": 0, "relu": 1, "gelu": 2}   # the activation codes the kernels know
-_ACT_NAMES = {0: None, 1: "relu", 2: "gelu"}
 
 
 def set_enabled(enabled, threads=None, flush_denormals=None):
