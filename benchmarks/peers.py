@@ -111,7 +111,7 @@ def _ours(spec, threads, fast_ops):
     overrides = list(spec.get("overrides", [])) + [f"runtime.num_threads={threads}",
                                                    f"runtime.fast_ops={'true' if fast_ops else 'false'}"]
     cfg = config.load(os.path.join(ROOT, spec["config"]), overrides)
-    runtime.setup(config.section(cfg, "runtime", config.RUNTIME_KEYS))
+    runtime.setup(cfg.runtime)
     runtime.seed_all(0)
     model = builder.build_model(cfg["model"])
     step = trainer.build_train_step(cfg, model, steps_per_epoch=100, total_steps=1000)

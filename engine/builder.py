@@ -1,5 +1,5 @@
 """From a validated config to objects: model, readers (DataLoader), metric."""
-from engine.config import LOADER_KEYS
+from engine.config import split_reader
 from engine.data import SerialLoader, WorkerLoader
 from engine.model import unwrap
 from engine.registry import COLLATES, DATASETS, METRICS, MODELS, SAMPLERS, ConfigError
@@ -26,20 +26,11 @@ def _numel(shape):
     return n
 
 
-def split_loader_cfg(reader_cfg):
-    """Separate the DataLoader keys from the dataset's own keyword arguments."""
-    loader = {k: spec[1] for k, spec in LOADER_KEYS.items()}
-    dataset = {}
-    for key, value in reader_cfg.items():
-        (loader if key in LOADER_KEYS else dataset)[key] = value
-    return dataset, loader
-
-
 def build_dataset(cfg, split, seed=0, **overrides):
     reader = (cfg.get("reader") or {}).get(split)
     if reader is None:
         raise ConfigError(f"the config has no reader.{split} section")
-    dataset_cfg, _ = split_loader_cfg(reader)
+    dataset_cfg, _ = split_reader(reader)
     dataset_cfg.update(overrides)
     dataset_cfg.setdefault("seed", seed)
     return DATASETS.build(dataset_cfg)
@@ -53,18 +44,18 @@ def build_loader(cfg, split, seed=0, world_size=1, rank=0, dataset=None, batch_s
     reader = (cfg.get("reader") or {}).get(split)
     if reader is None:
         raise ConfigError(f"the config has no reader.{split} section")
-    _, loader_cfg = split_loader_cfg(reader)
+    _, loader_cfg = split_reader(reader)
     dataset = dataset if dataset is not None else build_dataset(cfg, split, seed)
     if len(dataset) == 0:
         raise ConfigError(f"reader.{split}: the dataset is empty")
-    shuffle = loader_cfg["shuffle"] if loader_cfg["shuffle"] is not None else split == "train"
-    sampler = SAMPLERS.build(loader_cfg["sampler"] or {"name": "Epoch"}).bind(
-        dataset, batch_size or loader_cfg["batch_size"], shuffle=shuffle,
-        drop_last=loader_cfg["drop_last"] and split == "train", seed=seed, num_replicas=world_size, rank=rank)
-    collate = COLLATES.build(loader_cfg["collate"] or {"name": "Stack"})
-    if loader_cfg["num_workers"] == 0:
+    shuffle = loader_cfg.shuffle if loader_cfg.shuffle is not None else split == "train"
+    sampler = SAMPLERS.build(loader_cfg.sampler or {"name": "Epoch"}).bind(
+        dataset, batch_size or loader_cfg.batch_size, shuffle=shuffle,
+        drop_last=loader_cfg.drop_last and split == "train", seed=seed, num_replicas=world_size, rank=rank)
+    collate = COLLATES.build(loader_cfg.collate or {"name": "Stack"})
+    if loader_cfg.num_workers == 0:
         return SerialLoader(dataset, sampler, collate), dataset, sampler
-    return WorkerLoader(dataset, sampler, collate, loader_cfg["num_workers"]), dataset, sampler
+    return WorkerLoader(dataset, sampler, collate, loader_cfg.num_workers), dataset, sampler
 
 
 def build_metric(cfg, dataset=None):

@@ -18,6 +18,19 @@ def parser(description):
     return p
 
 
+def weights_args(p, required=False, help=None):
+    """--weights and --weights-format, as eval, infer and export take them."""
+    p.add_argument("--weights", required=required,
+                   help=help or "a .pdparams file, a checkpoint directory, a pretrained entry name or a URL")
+    p.add_argument("--weights-format", default=None, metavar="LAYOUT",
+                   help="key layout of a weights file: native or a pretrained entry name "
+                        "(default: detected from the file's keys)")
+
+
+def format_metrics(metrics):
+    return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+
+
 def default_output(config_path):
     return os.path.join("output", os.path.splitext(os.path.basename(config_path))[0])
 

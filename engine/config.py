@@ -1,11 +1,14 @@
 """YAML recipes: `_base_` inheritance, dotted overrides, validation against the components' signatures.
 
-A config is plain data. Component sections (`model`, `optimizer`, `lr`, `metric`, readers,
+A config is plain data (a `Config`, a dict) plus its engine sections read once, typed, at load:
+`cfg.train` (with `cfg.train.amp`), `cfg.runtime` and `cfg.loader(split)` are frozen dataclasses
+generated from the key tables below, with the defaults filled in. Component sections (`model`, `optimizer`, `lr`, `metric`, readers,
 transforms, collates, backbones) select a class with `name:`; their other keys are the class's
 keyword arguments, so the class signature is the schema: an unknown key or a value of the wrong type
 is rejected with the file it came from, the dotted key and a did-you-mean.
 """
 import copy
+import dataclasses
 import inspect
 import os
 
@@ -180,7 +183,7 @@ def _list_item(node, part, key):
 
 
 def load(path, overrides=(), validate_config=True):
-    """Read a recipe, merge its bases, apply `-o` overrides and validate. Returns a plain dict."""
+    """Read a recipe, merge its bases, apply `-o` overrides and validate. Returns a `Config`."""
     origins = {}
     cfg = _load_tree(path, origins)
     for text in overrides:
@@ -189,7 +192,71 @@ def load(path, overrides=(), validate_config=True):
     cfg.setdefault("runtime", {})
     if validate_config:
         validate(cfg, origins, path)
-    return cfg
+    return Config(cfg)
+
+
+# ---------------------------------------------------------------- typed sections
+def _section_class(name, keys, doc, **nested):
+    """A frozen dataclass with one field per key of a table (type and default from the table);
+    `nested` gives the section classes of keys holding a sub-section (train.amp)."""
+    fields = [(key, nested.get(key, spec[0]), dataclasses.field(default=nested[key]() if key in nested else spec[1]))
+              for key, spec in keys.items()]
+
+    def of(cls, data):
+        """The section of a validated mapping (unknown keys, possible only without validation, are left out)."""
+        data = dict(data or {})
+        for key, sub in nested.items():
+            data[key] = sub.of(data.get(key))
+        return cls(**{k: v for k, v in data.items() if k in keys})
+
+    cls = dataclasses.make_dataclass(name, fields, frozen=True, namespace={"of": classmethod(of)})
+    cls.__doc__ = doc
+    return cls
+
+
+AmpSection = _section_class("AmpSection", AMP_KEYS, "train.amp; the AMP defaults live in AMP_KEYS alone.")
+TrainSection = _section_class("TrainSection", TRAIN_KEYS, "The train section.", amp=AmpSection)
+RuntimeSection = _section_class("RuntimeSection", RUNTIME_KEYS, "The runtime section.")
+LoaderSection = _section_class("LoaderSection", LOADER_KEYS, "A reader split's DataLoader keys.")
+
+
+class Config(dict):
+    """A loaded recipe: the plain data (what config.yaml holds, what components read) and its typed
+    engine sections, read once here. The sections describe the recipe as loaded: change a recipe
+    through `load(path, overrides)`, not by editing the dict afterwards."""
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.train = TrainSection.of(self.get("train"))
+        self.runtime = RuntimeSection.of(self.get("runtime"))
+
+    @property
+    def amp(self):
+        return self.train.amp
+
+    def loader(self, split):
+        """(the dataset's keyword arguments, LoaderSection) of reader.<split>."""
+        reader = (self.get("reader") or {}).get(split)
+        if reader is None:
+            raise ConfigError(f"the config has no reader.{split} section")
+        return split_reader(reader)
+
+    def eval_split(self):
+        """The split evaluation, inference and export read: test if the recipe has one, else val."""
+        return "test" if "test" in (self.get("reader") or {}) else "val"
+
+    def resolved(self, world_size):
+        """The plain data to write as the run's config.yaml: the recipe as loaded plus what the run
+        found (`runtime.world_size`, which multi-node runs and tools read back)."""
+        out = copy.deepcopy(dict(self))
+        out.setdefault("runtime", {})["world_size"] = world_size
+        return out
+
+
+def split_reader(reader_cfg):
+    """Separate a reader split's DataLoader keys (a LoaderSection) from the dataset's own arguments."""
+    dataset = {k: v for k, v in reader_cfg.items() if k not in LOADER_KEYS}
+    return dataset, LoaderSection.of({k: v for k, v in reader_cfg.items() if k in LOADER_KEYS})
 
 
 # ---------------------------------------------------------------- validation
@@ -327,16 +394,18 @@ def validate(cfg, origins=None, root_file="<config>"):
     return cfg
 
 
-def section(cfg, key, schema):
-    """A validated engine section with its defaults filled in."""
-    out = {k: spec[1] for k, spec in schema.items()}
-    out.update(cfg.get(key) or {})
-    return out
-
-
 def dump(cfg, path):
     """Write the resolved config (atomically) so the run can be reproduced from this file alone."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        yaml.safe_dump(cfg, f, sort_keys=False, default_flow_style=None)
+        yaml.safe_dump(_plain(cfg), f, sort_keys=False, default_flow_style=None)
     os.replace(tmp, path)
+
+
+def _plain(tree):
+    """Dicts (a Config too) as plain dicts, for yaml.safe_dump."""
+    if isinstance(tree, dict):
+        return {k: _plain(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_plain(v) for v in tree]
+    return tree

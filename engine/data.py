@@ -165,6 +165,12 @@ def _is_ragged(value):
         isinstance(v, np.ndarray) and v.dtype.kind in "biuf" for v in value)
 
 
+def empty(batch):
+    """A batch whose every sample was unreadable (and logged): it carries only the skip counts
+    (`skipped`, `num_skipped`), no `index` and no data. Loops skip it."""
+    return "index" not in batch
+
+
 def finalize(batch):
     """numpy arrays -> tensors, ragged lists of arrays -> lists of tensors, metadata unchanged.
 

@@ -4,6 +4,10 @@ import time
 
 import paddle
 
+from engine.config import AmpSection
+from engine.data import empty
+from engine.runtime import autocast
+
 log = logging.getLogger("zoo")
 
 
@@ -15,16 +19,16 @@ def evaluate(model, loader, metric, amp=None, log_every=50):
     of distinct dataset indices skipped on any rank, so it is the same for any number of ranks;
     `records_lost` (only when there are) counts what damaged files lost before indexing could see it.
     """
-    amp = amp or {"enable": False, "dtype": "float16", "level": "O1"}
+    amp = amp or AmpSection()
     was_training = model.training
     model.eval()
     metric.reset()
     loss_sum, loss_n, skipped, tic = 0.0, 0, set(), time.perf_counter()
     for i, batch in enumerate(loader):
         skipped.update(batch["skipped"])
-        if "index" not in batch:  # every sample of the batch was unreadable and skipped
+        if empty(batch):
             continue
-        with paddle.amp.auto_cast(enable=amp["enable"], dtype=amp["dtype"], level=amp["level"]):
+        with autocast(amp):
             preds = model(batch)
         if "loss" in preds:
             n = len(batch["index"])

@@ -22,16 +22,17 @@ def world():
 
 
 def setup(runtime_cfg):
-    """Threads, device and (when launched on several processes) the parallel environment."""
-    threads = runtime_cfg.get("num_threads") or len(os.sched_getaffinity(0))
+    """Threads, device and (when launched on several processes) the parallel environment, from a
+    RuntimeSection (`config.RuntimeSection()`: the defaults)."""
+    threads = runtime_cfg.num_threads or len(os.sched_getaffinity(0))
     paddle.base.core.set_num_threads(threads)
-    flush = runtime_cfg.get("flush_denormals", True)
+    flush = runtime_cfg.flush_denormals
     cpu.flush_denormals(flush)      # this thread (paddle's kernels; threads and processes started later)
-    ops.set_enabled(runtime_cfg.get("fast_ops", True), threads, flush_denormals=flush)
-    device = runtime_cfg.get("device", "auto")
+    ops.set_enabled(runtime_cfg.fast_ops, threads, flush_denormals=flush)
+    device = runtime_cfg.device
     if device == "auto":
         device = "gpu" if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() else "cpu"
-    if device == "cpu" and runtime_cfg.get("keep_freed_memory", True):
+    if device == "cpu" and runtime_cfg.keep_freed_memory:
         cpu.keep_freed_memory()
     if device == "gpu" and not paddle.device.is_compiled_with_cuda():
         raise ConfigError("runtime.device: gpu asked for, but this paddle build has no CUDA "
@@ -42,9 +43,14 @@ def setup(runtime_cfg):
         dist.init_parallel_env()
     else:
         paddle.set_device(device)
-    if runtime_cfg.get("sync_bn") and device != "gpu":
+    if runtime_cfg.sync_bn and device != "gpu":
         raise ConfigError("runtime.sync_bn: SyncBatchNorm has no CPU kernel in Paddle; set it false on CPU")
     return {"device": device, "threads": threads, "world_size": world_size, "rank": rank}
+
+
+def autocast(amp):
+    """paddle's autocast for an AmpSection (train.amp); on a CPU paddle 3.3 computes in fp32 regardless."""
+    return paddle.amp.auto_cast(enable=amp.enable, dtype=amp.dtype, level=amp.level)
 
 
 def convert_sync_bn(layer):

@@ -1,5 +1,6 @@
 """The one training loop every recipe uses. It never names a model: models return their losses."""
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -11,11 +12,13 @@ import numpy as np
 import paddle
 
 from engine import checkpoint, config as C, runtime
-from engine.builder import build_loader, build_metric, build_model, check_agreement, count_params
+from engine.builder import check_agreement, count_params
+from engine.data import empty
 from engine.evaluator import evaluate
 from engine.model import unwrap
 from engine.optim import build_lr, build_optimizer, clip_grad_norm_
 from engine.registry import ConfigError, did_you_mean
+from engine.session import Session
 
 log = logging.getLogger("zoo")
 
@@ -26,8 +29,7 @@ class NonFiniteLoss(ConfigError):
 
 def make_scaler(amp):
     """fp16 needs loss scaling; bf16 and fp32 do not (the scaler then passes everything through)."""
-    return paddle.amp.GradScaler(enable=amp["enable"] and amp["dtype"] == "float16",
-                                 init_loss_scaling=amp["init_loss_scaling"])
+    return paddle.amp.GradScaler(enable=amp.enable and amp.dtype == "float16", init_loss_scaling=amp.init_loss_scaling)
 
 
 class TrainStep:
@@ -40,7 +42,7 @@ class TrainStep:
 
     def __init__(self, net, optimizer, scaler, lr=None, amp=None, accum_steps=1, clip_grad_norm=None):
         self.net, self.optimizer, self.scaler, self.lr = net, optimizer, scaler, lr
-        self.amp = amp or C.section({}, "amp", C.AMP_KEYS)
+        self.amp = amp or C.AmpSection()
         self.accum_steps, self.clip_grad_norm = accum_steps, clip_grad_norm
 
     @property
@@ -50,7 +52,7 @@ class TrainStep:
     def __call__(self, batch, update=True):
         no_sync = isinstance(self.net, paddle.DataParallel) and not update
         with self.net.no_sync() if no_sync else contextlib.nullcontext():
-            with paddle.amp.auto_cast(enable=self.amp["enable"], dtype=self.amp["dtype"], level=self.amp["level"]):
+            with runtime.autocast(self.amp):
                 losses = self.net(batch)
             self.scaler.scale(losses["loss"] / self.accum_steps).backward()
         if update:
@@ -65,30 +67,39 @@ class TrainStep:
         return {k: v.detach() for k, v in losses.items()}
 
 
-def build_train_step(cfg, model, steps_per_epoch, total_steps, world_size=1, amp=None, make_scaler=make_scaler):
-    """Optimizer, LR schedule, loss scaler, AMP O2 decoration and data parallel around `model`."""
-    train_cfg = C.section(cfg, "train", C.TRAIN_KEYS)
-    amp = amp or C.section(train_cfg, "amp", C.AMP_KEYS)
+def build_train_step(cfg, model, steps_per_epoch, total_steps, world_size=1, amp=None):
+    """Optimizer, LR schedule, loss scaler, AMP O2 decoration and data parallel around `model`;
+    `amp` (an AmpSection) replaces the recipe's train.amp (tools/amp_check.py)."""
+    amp = amp or cfg.train.amp
     lr = build_lr(cfg["lr"], steps_per_epoch, total_steps)
     optimizer = build_optimizer(cfg["optimizer"], model, lr)
-    if amp["enable"] and amp["level"] == "O2":
-        model, optimizer = paddle.amp.decorate(model, optimizer, level="O2", dtype=amp["dtype"])
+    if amp.enable and amp.level == "O2":
+        model, optimizer = paddle.amp.decorate(model, optimizer, level="O2", dtype=amp.dtype)
     net = paddle.DataParallel(model) if world_size > 1 else model
-    return TrainStep(net, optimizer, make_scaler(amp), lr, amp, train_cfg["accum_steps"], train_cfg["clip_grad_norm"])
+    return TrainStep(net, optimizer, make_scaler(amp), lr, amp, cfg.train.accum_steps, cfg.train.clip_grad_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where training is: in epoch `epoch` (from 0), `batch` batches of it done, `step` optimizer
+    steps done in all. A checkpoint records it as it is; the end of an epoch is (epoch + 1, 0, step)."""
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
 
 
 class Plan:
     """How long training runs: `train.epochs`, or `train.max_steps` optimizer steps (not both)."""
 
     def __init__(self, train_cfg, batches_per_epoch):
-        epochs, max_steps = train_cfg["epochs"], train_cfg["max_steps"]
+        epochs, max_steps = train_cfg.epochs, train_cfg.max_steps
         if (epochs is None) == (max_steps is None):
             raise ConfigError("train: give train.epochs or train.max_steps (not both); "
                               f"got epochs={epochs}, max_steps={max_steps}")
-        if not train_cfg["save_interval"] and not train_cfg["save_steps"]:
+        if not train_cfg.save_interval and not train_cfg.save_steps:
             raise ConfigError("train.save_interval and train.save_steps are both 0: no checkpoint would be "
                               "written until the end, and a killed run could not resume; set one of them >= 1")
-        self.accum = train_cfg["accum_steps"]
+        self.accum = train_cfg.accum_steps
         self.batches = batches_per_epoch
         self.steps_per_epoch = -(-batches_per_epoch // self.accum)  # a last partial accumulation steps too
         self.max_steps = max_steps
@@ -100,157 +111,221 @@ class Plan:
             return range(start, self.epochs)
         return itertools.count(start) if step < self.max_steps else range(0)
 
-    def remaining_batches(self, epoch, i, step):
+    def remaining_batches(self, at):
         if self.max_steps is None:
-            return (self.batches - i - 1) + self.batches * (self.epochs - epoch - 1)
-        return (self.max_steps - step) * self.accum
+            return (self.batches - at.batch) + self.batches * (self.epochs - at.epoch - 1)
+        return (self.max_steps - at.step) * self.accum
+
+    def finished(self, at):
+        """After the last batch of epoch `at.epoch`, or at max_steps."""
+        return at.step == self.max_steps or (self.max_steps is None and at.epoch + 1 == self.epochs)
 
 
-def fit(cfg, output_dir, resume=None, trust_weights=False, make_scaler=make_scaler):
-    train_cfg = C.section(cfg, "train", C.TRAIN_KEYS)
-    rt_cfg = C.section(cfg, "runtime", C.RUNTIME_KEYS)
-    rt = runtime.setup(rt_cfg)
-    cfg.setdefault("runtime", {})["world_size"] = rt["world_size"]
-    seed, accum, rank0 = rt_cfg["seed"], train_cfg["accum_steps"], rt["rank"] == 0
-    runtime.seed_all(seed)
-    model = build_model(cfg["model"])
-    loader, dataset, sampler = build_loader(cfg, "train", seed, rt["world_size"], rt["rank"])
-    plan = Plan(train_cfg, len(loader))
-    check_agreement(model, dataset, "train")
-    val, metric = None, None
-    if "val" in cfg.get("reader", {}):
-        val, val_set, _ = build_loader(cfg, "val", seed, rt["world_size"], rt["rank"])
-        check_agreement(model, val_set, "val")
-        metric = build_metric(cfg, val_set)
-    _check_best_metric(train_cfg, metric)
-    if rank0:
-        os.makedirs(output_dir, exist_ok=True)
-        C.dump(cfg, os.path.join(output_dir, "config.yaml"))
-    if train_cfg["pretrained"]:
-        from engine.pretrained import load_pretrained
-        load_pretrained(model, train_cfg["pretrained"], log=log.info, weights_format=train_cfg["weights_format"],
-                        trust=trust_weights)
-    if rt_cfg["sync_bn"]:  # GPU only: runtime.setup refuses it on CPU, where it has no kernel
-        model = runtime.convert_sync_bn(model)
-    train_step = build_train_step(cfg, model, plan.steps_per_epoch, plan.total_steps, rt["world_size"],
-                                  make_scaler=make_scaler)
-    model, net = train_step.model, train_step.net
-    log.info("model %s: %s trainable parameters; %d steps/epoch, %d steps, world size %d, %d threads",
-             cfg["model"]["name"], f"{count_params(model):,}", plan.steps_per_epoch, plan.total_steps,
-             rt["world_size"], rt["threads"])
-    faults = dataset.data_faults()
-    if faults["records_lost"]:
-        log.warning("reader.train: %s", faults["summary"])
-
-    start_epoch, start_batch, step, best, rng = 0, 0, 0, None, None
-    resume_path = checkpoint.find_resume(resume, output_dir) if resume else None
-    if resume_path:
-        state = checkpoint.load(resume_path, model, train_step.optimizer, train_step.scaler, trust_weights)
-        start_epoch, start_batch, step, best = state["epoch"], state.get("batch", 0), state["step"], state.get("best")
-        rng = state["rng"]
-        log.info("resumed from %s (epoch %d, batch %d, step %d)", resume_path, start_epoch, start_batch, step)
-    run = _Run(cfg, train_cfg, output_dir, model, train_step, val, metric, rank0, best)
-
-    for epoch in plan.epoch_range(start_epoch, step):
-        sampler.set_epoch(epoch, start_batch)
-        dataset.set_epoch(epoch)
+def fit(cfg, output_dir, resume=None, trust_weights=False):
+    """Train the recipe `cfg` (a loaded Config) into `output_dir`; returns (model, last metrics)."""
+    run = _Training(Session(cfg, trust_weights), output_dir)
+    at = run.resume(resume)
+    plan, loader, train_step, seed = run.plan, run.loader, run.train_step, cfg.runtime.seed
+    for epoch in plan.epoch_range(at.epoch, at.step):
+        run.sampler.set_epoch(epoch, at.batch)
+        run.dataset.set_epoch(epoch)
         paddle.seed(seed * 100003 + epoch)  # dropout etc.: a function of (seed, epoch), so resume is exact
-        if start_batch:
-            checkpoint.restore_rng(rng)     # inside an epoch: the RNG as it was at that batch
-        net.train()
-        meter, tic, i = _Meter(len(loader)), time.perf_counter(), start_batch - 1
-        for i, batch in enumerate(loader, start_batch):
+        if at.batch:
+            checkpoint.restore_rng(run.rng)  # inside an epoch: the RNG as it was at that batch
+        train_step.net.train()
+        meter, tic, at = _Meter(len(loader)), time.perf_counter(), Progress(epoch, at.batch, at.step)
+        for i, batch in enumerate(loader, at.batch):
             meter.data_time(time.perf_counter() - tic)
-            if "index" not in batch:  # every sample of this batch was unreadable (and logged)
+            if empty(batch):
                 meter.skipped += batch["num_skipped"]
-                tic = time.perf_counter()
+                at, tic = Progress(epoch, i + 1, at.step), time.perf_counter()
                 continue
-            update = (i + 1) % accum == 0 or i + 1 == len(loader)
+            update = (i + 1) % plan.accum == 0 or i + 1 == len(loader)
             losses = train_step(batch, update)
             meter.update(losses, len(batch["index"]), batch["num_skipped"], time.perf_counter() - tic,
-                         (epoch + 1, i + 1, step))
-            step += update
-            inside = i + 1 < len(loader) and step != plan.max_steps
-            if (i + 1) % train_cfg["log_interval"] == 0 or not inside:
-                meter.log(epoch, i, step, train_step, run.writer, plan.remaining_batches(epoch, i, step))
+                         Progress(epoch, i + 1, at.step))
+            at = Progress(epoch, i + 1, at.step + update)
+            inside = i + 1 < len(loader) and at.step != plan.max_steps
+            if (i + 1) % cfg.train.log_interval == 0 or not inside:
+                meter.log(at, train_step, run.writer, plan.remaining_batches(at))
             if update and inside:
-                run.step_end(epoch, i + 1, step, meter)
-            if step == plan.max_steps:
+                for hook in run.hooks:
+                    hook.after_step(at, meter)
+            if at.step == plan.max_steps:
                 break
             tic = time.perf_counter()
-        start_batch = 0
-        finished = step == plan.max_steps or (plan.max_steps is None and epoch + 1 == plan.epochs)
-        run.epoch_end(epoch, i + 1, len(loader), step, meter, finished, faults)
-        if finished:
+        for hook in run.hooks:
+            hook.after_epoch(at, meter, plan.finished(at))
+        if plan.finished(at):
             break
-    return model, run.finish()
+        at = Progress(epoch + 1, 0, at.step)
+    for hook in run.hooks:
+        hook.after_train()
+    return run.model, run.evaluation.metrics
 
 
-class _Run:
-    """What happens between steps: evaluation, best/ and checkpoints, at step or epoch intervals."""
+class _Training:
+    """Everything one training run holds, assembled in the order that fixes its random streams: the
+    runtime and seeds, the model, the readers, the resolved config.yaml, the pretrained weights, the
+    optimizer; and its hooks (evaluation, checkpoints, reports) called at three points of the loop."""
 
-    def __init__(self, cfg, train_cfg, output_dir, model, train_step, val, metric, rank0, best):
-        self.cfg, self.t, self.output_dir, self.model, self.train_step = cfg, train_cfg, output_dir, model, train_step
-        self.val, self.metric, self.rank0, self.best = val, metric, rank0, best
-        self.amp = C.section(train_cfg, "amp", C.AMP_KEYS)
-        self.writer = _visualdl(output_dir) if rank0 else None
-        self.metrics, self.evaluated_at = {}, None
+    def __init__(self, session, output_dir):
+        cfg, t = session.cfg, session.cfg.train
+        rt = session.setup()
+        self.session, self.output_dir, self.rank0 = session, output_dir, rt["rank"] == 0
+        model = session.model()
+        self.loader, self.dataset, self.sampler = session.loader("train")
+        self.plan = Plan(t, len(self.loader))
+        check_agreement(model, self.dataset, "train")
+        val, metric = None, None
+        if "val" in cfg.get("reader", {}):
+            val, val_set, _ = session.loader("val")
+            check_agreement(model, val_set, "val")
+            metric = session.metric(val_set)
+        _check_best_metric(t, metric)
+        self.resolved = cfg.resolved(world_size=rt["world_size"])   # config.yaml and every checkpoint's state
+        if self.rank0:
+            os.makedirs(output_dir, exist_ok=True)
+            C.dump(self.resolved, os.path.join(output_dir, "config.yaml"))
+        if t.pretrained:
+            session.load_weights(model, t.pretrained, t.weights_format, strict=False, log=log.info)
+        if cfg.runtime.sync_bn:  # GPU only: runtime.setup refuses it on CPU, where it has no kernel
+            model = runtime.convert_sync_bn(model)
+        self.train_step = build_train_step(cfg, model, self.plan.steps_per_epoch, self.plan.total_steps,
+                                           rt["world_size"])
+        self.model = self.train_step.model
+        log.info("model %s: %s trainable parameters; %d steps/epoch, %d steps, world size %d, %d threads",
+                 cfg["model"]["name"], f"{count_params(self.model):,}", self.plan.steps_per_epoch,
+                 self.plan.total_steps, rt["world_size"], rt["threads"])
+        self.faults = self.dataset.data_faults()
+        if self.faults["records_lost"]:
+            log.warning("reader.train: %s", self.faults["summary"])
+        self.writer = _visualdl(output_dir) if self.rank0 else None
+        self.evaluation = EvaluateHook(self, val, metric)
+        self.hooks = [ReportHook(self), self.evaluation, CheckpointHook(self)]
+        self.rng = None
 
-    def step_end(self, epoch, batch, step, meter):
-        if self.t["eval_steps"] and step % self.t["eval_steps"] == 0:
-            self.evaluate(epoch, step)
-        if self.t["save_steps"] and step % self.t["save_steps"] == 0:
-            self.save(f"step_{step}", {"epoch": epoch, "batch": batch, "step": step}, meter)
+    def resume(self, resume):
+        """The position to start from: a checkpoint's (restoring weights, optimizer, scaler, best), or 0."""
+        path = checkpoint.find_resume(resume, self.output_dir) if resume else None
+        if not path:
+            return Progress()
+        state = checkpoint.load(path, self.model, self.train_step.optimizer, self.train_step.scaler,
+                                self.session.trust_weights)
+        at = Progress(state["epoch"], state.get("batch", 0), state["step"])
+        self.evaluation.best, self.rng = state.get("best"), state["rng"]
+        log.info("resumed from %s (epoch %d, batch %d, step %d)", path, at.epoch, at.batch, at.step)
+        return at
 
-    def epoch_end(self, epoch, batch, batches, step, meter, finished, faults):
-        every = lambda key, n: self.t[key] and n % self.t[key] == 0  # noqa: E731
+
+class Hook:
+    """What runs between steps. `after_step` follows an optimizer step inside an epoch (not the
+    epoch's last), `after_epoch` the epoch's last batch (`finished`: training ends there),
+    `after_train` the loop."""
+
+    def __init__(self, run):
+        self.run = run
+
+    def after_step(self, at, meter):
+        pass
+
+    def after_epoch(self, at, meter, finished):
+        pass
+
+    def after_train(self):
+        pass
+
+
+class ReportHook(Hook):
+    """Unreadable samples per epoch; the VisualDL writer closed at the end."""
+
+    def after_epoch(self, at, meter, finished):
+        faults = self.run.faults
         if meter.skipped or faults["records_lost"]:
-            log.warning("epoch %d: skipped %d unreadable samples%s", epoch + 1, meter.skipped,
+            log.warning("epoch %d: skipped %d unreadable samples%s", at.epoch + 1, meter.skipped,
                         f"; {faults['summary']}" if faults["records_lost"] else "")
-        if self.val and (finished or every("eval_interval", epoch + 1) or every("eval_steps", step)):
-            self.evaluate(epoch, step)
-        whole = batch >= batches   # False when max_steps ends training inside an epoch
-        if finished or every("save_interval", epoch + 1) or every("save_steps", step):
-            name, state = (f"epoch_{epoch + 1}", {"epoch": epoch + 1, "batch": 0, "step": step}) if whole else \
-                (f"step_{step}", {"epoch": epoch, "batch": batch, "step": step})
-            self.save(name, state, meter)
 
-    def evaluate(self, epoch, step):
-        if self.val is None or self.evaluated_at == step:
+    def after_train(self):
+        if self.run.writer:
+            self.run.writer.close()
+
+
+class EvaluateHook(Hook):
+    """Evaluation at train.eval_steps / train.eval_interval and at the end; best/ by train.best_metric."""
+
+    def __init__(self, run, val, metric):
+        super().__init__(run)
+        self.val, self.metric, self.t = val, metric, run.session.cfg.train
+        self.best, self.metrics, self.evaluated_at = None, {}, None
+
+    def after_step(self, at, meter):
+        if self.t.eval_steps and at.step % self.t.eval_steps == 0:
+            self.evaluate(at)
+
+    def after_epoch(self, at, meter, finished):
+        if self.val and (finished or _every(self.t.eval_interval, at.epoch + 1) or _every(self.t.eval_steps, at.step)):
+            self.evaluate(at)
+
+    def evaluate(self, at):
+        if self.val is None or self.evaluated_at == at.step:
             return
-        self.metrics, self.evaluated_at = evaluate(self.model, self.val, self.metric, self.amp), step
-        log.info("eval at epoch %d, step %d: %s", epoch + 1, step, _fmt(self.metrics))
-        if self.writer:
+        run = self.run
+        self.metrics, self.evaluated_at = evaluate(run.model, self.val, self.metric, self.t.amp), at.step
+        log.info("eval at epoch %d, step %d: %s", at.epoch + 1, at.step, _fmt(self.metrics))
+        if run.writer:
             for k, v in self.metrics.items():
-                self.writer.add_scalar(f"eval/{k}", v, step)
-        key = self.t["best_metric"]
-        if key and (self.best is None or _better(self.metrics[key], self.best, self.t["best_mode"])):
+                run.writer.add_scalar(f"eval/{k}", v, at.step)
+        key = self.t.best_metric
+        if key and (self.best is None or _better(self.metrics[key], self.best, self.t.best_mode)):
             self.best = self.metrics[key]
-            if self.rank0:
-                checkpoint.save(os.path.join(self.output_dir, "best"), self.model, state={
-                    "epoch": epoch + 1, "step": step, "metrics": self.metrics, "config": self.cfg})
+            if run.rank0:
+                checkpoint.save(os.path.join(run.output_dir, "best"), run.model, state={
+                    "epoch": at.epoch + 1, "step": at.step, "metrics": self.metrics, "config": run.resolved})
 
-    def save(self, name, state, meter):
+    def after_train(self):
+        if self.run.rank0 and self.metrics:
+            write_metrics(self.metrics, self.run.output_dir)
+
+
+class CheckpointHook(Hook):
+    """Checkpoints at train.save_steps / train.save_interval and at the end (kept: train.keep_last),
+    and final/model.pdparams."""
+
+    def after_step(self, at, meter):
+        t = self.run.session.cfg.train
+        if t.save_steps and at.step % t.save_steps == 0:
+            self.save(f"step_{at.step}", at, meter)
+
+    def after_epoch(self, at, meter, finished):
+        t = self.run.session.cfg.train
+        if finished or _every(t.save_interval, at.epoch + 1) or _every(t.save_steps, at.step):
+            if at.batch >= self.run.plan.batches:   # the whole epoch; max_steps may end training inside it
+                self.save(f"epoch_{at.epoch + 1}", Progress(at.epoch + 1, 0, at.step), meter)
+            else:
+                self.save(f"step_{at.step}", at, meter)
+
+    def save(self, name, at, meter):
         meter.check_finite()   # never write a checkpoint of diverged weights
-        if self.rank0:
-            root = os.path.join(self.output_dir, "checkpoints")
-            state.update(best=self.best, metrics=self.metrics, config=self.cfg)
-            checkpoint.save(os.path.join(root, name), self.model, self.train_step.optimizer,
-                            self.train_step.scaler, state)
-            checkpoint.prune(root, self.t["keep_last"])
+        run = self.run
+        if run.rank0:
+            root = os.path.join(run.output_dir, "checkpoints")
+            state = dataclasses.asdict(at)
+            state.update(best=run.evaluation.best, metrics=run.evaluation.metrics, config=run.resolved)
+            checkpoint.save(os.path.join(root, name), run.model, run.train_step.optimizer, run.train_step.scaler,
+                            state)
+            checkpoint.prune(root, run.session.cfg.train.keep_last)
 
-    def finish(self):
-        if self.rank0:
-            checkpoint.save_weights(os.path.join(self.output_dir, "final", "model.pdparams"), self.model)
-            if self.metrics:
-                write_metrics(self.metrics, self.output_dir)
-            if self.writer:
-                self.writer.close()
-        return self.metrics
+    def after_train(self):
+        if self.run.rank0:
+            checkpoint.save_weights(os.path.join(self.run.output_dir, "final", "model.pdparams"), self.run.model)
+
+
+def _every(interval, n):
+    return bool(interval) and n % interval == 0
 
 
 def _check_best_metric(train_cfg, metric):
-    key = train_cfg["best_metric"]
+    key = train_cfg.best_metric
     if key is None:
         return
     if metric is None:
@@ -294,7 +369,7 @@ class _Meter:
 
     def _reset(self):
         self.sums, self.n, self.samples, self.t_data, self.t_step = {}, 0, 0, 0.0, 0.0
-        self.span = None   # (epoch, first batch, first step) of the batches summed
+        self.span = None   # Progress before the first of the batches summed
 
     def data_time(self, t):
         self.t_data += t
@@ -320,13 +395,13 @@ class _Meter:
     def check_finite(self, avg=None, scaler=None):
         avg = self.averages() if avg is None else avg
         if (scaler is None or not scaler.is_enable()) and not all(math.isfinite(v) for v in avg.values()):
-            (epoch, b0, s0), (_, b1, s1) = self.span, self.last
+            epoch, (b0, s0), (b1, s1) = self.span.epoch + 1, (self.span.batch, self.span.step), (self.last.batch, self.last.step)
             where = f"batch {b0}" if b0 == b1 else f"one of batches {b0}-{b1}"
             steps = f"step {s0 + 1}" if s1 == s0 else f"steps {s0 + 1}-{s1 + 1}"
             raise NonFiniteLoss(f"loss is {avg.get('loss')} in epoch {epoch}, {where} (optimizer {steps}); "
                                 f"lower the lr or check the data (train.log_interval: 1 names the exact batch)")
 
-    def log(self, epoch, i, step, train_step, writer, remaining):
+    def log(self, at, train_step, writer, remaining):
         """Called on every rank: the logged losses are averaged over the ranks."""
         if not self.n:
             return
@@ -341,14 +416,14 @@ class _Meter:
         if runtime.world()[1] == 0:
             eta = self.t_step / self.n * remaining
             log.info("epoch %d batch %d/%d step %d %s lr %.3g | %.1f samples/s reader %.0f%% of step | "
-                     "eta %s | mem %.0f MB%s", epoch + 1, i + 1, self.batches, step, _fmt(avg), lr,
+                     "eta %s | mem %.0f MB%s", at.epoch + 1, at.batch, self.batches, at.step, _fmt(avg), lr,
                      self.samples / max(self.t_step, 1e-9), 100 * self.t_data / max(self.t_step, 1e-9),
                      _duration(eta), runtime.peak_memory_mb(),
                      f" | skipped {self.skipped} bad samples" if self.skipped else "")
             if writer:
                 for k, v in avg.items():
-                    writer.add_scalar(f"train/{k}", v, step)
-                writer.add_scalar("train/lr", lr, step)
+                    writer.add_scalar(f"train/{k}", v, at.step)
+                writer.add_scalar("train/lr", lr, at.step)
         self._reset()
 
 

@@ -225,7 +225,7 @@ def _set_by_config(on):
     cfg = config.load("configs/video/attention_lstm/attention_lstm_demo.yaml",
                       [f"runtime.flush_denormals={'true' if on else 'false'}", "runtime.num_threads=2"],
                       validate_config=False)
-    runtime.setup(config.section(cfg, "runtime", config.RUNTIME_KEYS))
+    runtime.setup(cfg.runtime)
 
 
 @pytest.mark.parametrize("on", [True, False])
@@ -255,6 +255,6 @@ def test_the_switch_is_a_runtime_key_on_by_default():
     from engine.components import load_all
     load_all()
     cfg = config.load("configs/video/attention_lstm/attention_lstm_demo.yaml", validate_config=False)
-    assert config.section(cfg, "runtime", config.RUNTIME_KEYS)["flush_denormals"] is True
+    assert cfg.runtime.flush_denormals is True
     with pytest.raises(Exception, match="flush_denormals"):
         config.load("configs/video/attention_lstm/attention_lstm_demo.yaml", ["runtime.flush_denormals=3"])

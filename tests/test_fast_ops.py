@@ -627,10 +627,10 @@ def test_reference_path_traces_under_to_static():
 def test_config_switch(tmp_path):
     from engine import config, runtime
     cfg = config.load("configs/nlp/bert/bert_glue_demo.yaml", ["runtime.fast_ops=false"], validate_config=False)
-    runtime.setup(config.section(cfg, "runtime", config.RUNTIME_KEYS))
+    runtime.setup(cfg.runtime)
     assert not functional.is_enabled()
     cfg = config.load("configs/nlp/bert/bert_glue_demo.yaml", validate_config=False)
-    runtime.setup(config.section(cfg, "runtime", config.RUNTIME_KEYS))
+    runtime.setup(cfg.runtime)
     assert functional.is_enabled()   # on by default
 
 

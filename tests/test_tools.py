@@ -85,7 +85,7 @@ def test_runtime_keeps_freed_memory_unless_the_config_says_no(monkeypatch):
         calls.clear()
         cfg = config.load("configs/nlp/bert/bert_glue_demo.yaml", overrides + ["runtime.device=cpu"],
                           validate_config=False)
-        runtime.setup(config.section(cfg, "runtime", config.RUNTIME_KEYS))
+        runtime.setup(cfg.runtime)
         assert calls == expected, overrides
 
 def test_benchmark_and_amp_check_time_the_trainers_step(yt8m_demo, monkeypatch, tmp_path):

@@ -26,9 +26,9 @@ MODES = {"fp32": (False, "float16", "O1"), "fp16-O1": (True, "float16", "O1"),
 
 def run_mode(cfg, batches, mode, seed):
     """The trainer's own TrainStep with the mode's AMP settings, from the same initial weights."""
-    from engine import builder, runtime, trainer
+    from engine import builder, config, runtime, trainer
     enable, dtype, level = MODES[mode]
-    amp = {"enable": enable, "dtype": dtype, "level": level, "init_loss_scaling": 32768.0}
+    amp = config.AmpSection(enable=enable, dtype=dtype, level=level)
     runtime.seed_all(seed)
     model = builder.build_model(cfg["model"])
     train_step = trainer.build_train_step(cfg, model, max(1, len(batches)), max(1, len(batches)), amp=amp)
@@ -81,7 +81,7 @@ def main():
     load_all()
     configs = args.config or sorted(glob.glob(os.path.join(_bootstrap.ROOT, "configs", "**", "*_demo.yaml"),
                                               recursive=True))
-    rt = runtime.setup(config.section({}, "runtime", config.RUNTIME_KEYS))
+    rt = runtime.setup(config.RuntimeSection())
     print(f"device {rt['device']}, paddle {paddle.__version__}"
           + ("" if rt["device"] == "gpu" else " (CPU: AMP is a no-op, only the code path is checked)"))
     rows = []

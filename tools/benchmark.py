@@ -175,14 +175,10 @@ def _time_model(cfg, batches, steps, train, tokens=None):
 
 def bench(config_path, overrides, steps, batch_size, workers, synthetic, tokens=None, drop_keys=()):
     import paddle
-    from engine import config, runtime
-    from engine.components import load_all
-    load_all()
-    cfg = config.load(config_path, overrides)
-    rt_cfg = config.section(cfg, "runtime", config.RUNTIME_KEYS)
-    rt = runtime.setup(rt_cfg)
-    seed = rt_cfg["seed"]
-    runtime.seed_all(seed)
+    from engine import runtime
+    from engine.session import Session
+    s = Session.from_file(config_path, overrides)
+    rt, cfg, seed = s.setup(), s.cfg, s.cfg.runtime.seed
     bs = batch_size or cfg["reader"]["train"].get("batch_size", 1)
     result = {
         "command": " ".join([os.path.relpath(sys.argv[0], _bootstrap.ROOT)] + sys.argv[1:]),
@@ -225,30 +221,24 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
     import tempfile
 
     import paddle
-    from engine import builder, config, export, runtime
-    from engine.components import load_all
+    from engine import export, runtime
     from engine.predictor import Predictor
-    from engine.pretrained import load_pretrained
-    load_all()
-    cfg = config.load(config_path, overrides)
-    rt_cfg = config.section(cfg, "runtime", config.RUNTIME_KEYS)
-    rt = runtime.setup(rt_cfg)
-    runtime.seed_all(rt_cfg["seed"])
-    model = builder.build_model(cfg["model"])
-    if weights:
-        load_pretrained(model, weights, strict=True, log=lambda *_: None)
+    from engine.session import Session
+    s = Session.from_file(config_path, overrides)
+    rt, cfg = s.setup(), s.cfg
+    model = s.model(weights, log=lambda *_: None)
     model.eval()
-    split = "test" if "test" in cfg["reader"] else "val"
+    split = cfg.eval_split()
     rows = []
     load_before = round(os.getloadavg()[0], 2)   # other work on the machine skews latency: recorded
-    example = next(iter(builder.build_loader(cfg, split, rt_cfg["seed"], batch_size=1)[0]))
+    example = next(iter(s.loader(split, batch_size=1, sharded=False)[0]))
     with tempfile.TemporaryDirectory() as tmp:
         export.export(model, cfg, tmp, example=example)
         backends = {"dynamic": None,
                     "exported, oneDNN": Predictor(tmp, mkldnn=True, threads=rt["threads"]),
                     "exported, no oneDNN": Predictor(tmp, mkldnn=False, threads=rt["threads"])}
         for bs in batch_sizes:
-            loader, _, _ = builder.build_loader(cfg, split, rt_cfg["seed"], batch_size=bs)
+            loader, _, _ = s.loader(split, batch_size=bs, sharded=False)
             batch = next(b for b in loader if len(b["index"]) == bs)
             for name, predictor in backends.items():
                 def run():

@@ -14,11 +14,8 @@ from engine import cli
 
 def main():
     p = cli.parser(__doc__)
-    p.add_argument("--weights", required=True, help="a .pdparams file, checkpoint dir, entry name or URL; "
-                                                    "an export directory with --backend inference")
-    p.add_argument("--weights-format", default=None, metavar="LAYOUT",
-                   help="key layout of a weights file: native or a pretrained entry name "
-                        "(default: detected from the file's keys)")
+    cli.weights_args(p, required=True, help="a .pdparams file, checkpoint dir, entry name or URL; "
+                                            "an export directory with --backend inference")
     p.add_argument("--input", required=True, nargs="+", help="input files or folders")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--backend", choices=["dynamic", "inference"], default="dynamic",
@@ -28,38 +25,27 @@ def main():
     args = p.parse_args()
 
     import paddle
-    from engine import builder, config, runtime
-    from engine.components import load_all
-    from engine.pretrained import load_pretrained
-    from engine.registry import DATASETS, OUTPUTS, ConfigError
-    load_all()
-    cfg = config.load(args.config, list(args.override))
-    if not cfg.get("infer"):
-        raise ConfigError(f"{args.config}: the recipe has no infer section (how to write predictions, "
-                          f"e.g. infer: {{name: TopK}}; known: {', '.join(OUTPUTS.names())})")
-    rt_cfg = config.section(cfg, "runtime", config.RUNTIME_KEYS)
-    rt = runtime.setup(rt_cfg)
-    output = args.output or os.path.join(cli.default_output(args.config), "infer")
+    from engine import runtime
+    from engine.data import empty
+    from engine.session import Session
+    s = Session.from_args(args)
+    writer = s.infer_writer()
+    rt = s.setup()
     runtime.setup_logging(None)
-    split = "test" if "test" in cfg.get("reader", {}) else "val"
-    reader_cfg, _ = builder.split_loader_cfg(cfg["reader"][split])
-    dataset = DATASETS.get(reader_cfg.pop("name")).for_inputs(args.input, **reader_cfg)
+    dataset = s.input_dataset(args.input)
     if args.backend == "inference":
         from engine.predictor import Predictor
         model = Predictor(args.weights, mkldnn=not args.no_mkldnn, threads=rt["threads"], device=rt["device"],
-                          model_name=cfg["model"]["name"])
+                          model_name=s.cfg["model"]["name"])
     else:
-        model = builder.build_model(cfg["model"])
-        weights = os.path.join(args.weights, "model.pdparams") if os.path.isdir(args.weights) else args.weights
-        load_pretrained(model, weights, strict=True, weights_format=args.weights_format,
-                        trust=args.trust_weights)
+        model = s.model(args.weights, args.weights_format)
     model.eval()
-    loader, _, _ = builder.build_loader(cfg, split, rt_cfg["seed"], dataset=dataset, batch_size=args.batch_size)
-    writer = OUTPUTS.build(cfg["infer"])
-    writer.open(output, dataset, _label_file(cfg.get("labels")))
+    loader, _, _ = s.loader(s.cfg.eval_split(), dataset=dataset, batch_size=args.batch_size, sharded=False)
+    writer.open(args.output or os.path.join(cli.default_output(args.config), "infer"), dataset,
+                s.label_names(required=True))
     with paddle.no_grad():
         for batch in loader:
-            if "index" not in batch:
+            if empty(batch):
                 continue
             preds, meta = to_numpy(model(batch)), to_numpy(batch)
             meta["id"] = [dataset.describe(i) for i in meta["index"].tolist()]
@@ -78,16 +64,6 @@ def to_numpy(tree):
     if isinstance(tree, paddle.Tensor):
         return (tree.astype("float32") if tree.dtype == paddle.bfloat16 else tree).numpy()
     return tree
-
-
-def _label_file(path):
-    if not path:
-        return None
-    if not os.path.isfile(path):
-        from engine.registry import ConfigError
-        raise ConfigError(f"labels file not found: {path}")
-    with open(path, encoding="utf-8") as f:
-        return [line.strip() for line in f if line.strip()]
 
 
 if __name__ == "__main__":

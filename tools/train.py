@@ -11,17 +11,15 @@ def main():
     p.add_argument("--seed", type=int, help="overrides runtime.seed")
     args = p.parse_args()
 
-    from engine import config, runtime, trainer
-    from engine.components import load_all
-    load_all()
+    from engine import runtime, trainer
+    from engine.session import Session
     overrides = list(args.override) + ([f"runtime.seed={args.seed}"] if args.seed is not None else [])
-    cfg = config.load(args.config, overrides)
+    s = Session.from_file(args.config, overrides, args.trust_weights)
     output = args.output or cli.default_output(args.config)
     runtime.setup_logging(output, runtime.world()[1])
-    _, metrics = trainer.fit(cfg, output, resume=args.resume, trust_weights=args.trust_weights)
+    _, metrics = trainer.fit(s.cfg, output, resume=args.resume, trust_weights=args.trust_weights)
     if metrics and runtime.world()[1] == 0:
-        print("final metrics: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-                                           for k, v in metrics.items()))
+        print("final metrics: " + cli.format_metrics(metrics))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,88 @@
+"""A run assembled from a config once: the one place train, eval, infer, export and benchmark get
+their runtime, model, weights, readers and metric from, so the tools differ only in what they do
+with them."""
+import dataclasses
+import os
+
+from engine import config, runtime
+from engine.builder import build_loader, build_metric, build_model
+from engine.registry import DATASETS, OUTPUTS, ConfigError
+
+
+class Session:
+    """`Session.from_args(args)` in a tool, `Session(cfg)` for a loaded config; then `setup()` once
+    (threads, device, data parallel, seeds) before building anything."""
+
+    def __init__(self, cfg, trust_weights=False, path="<config>"):
+        self.cfg, self.trust_weights, self.path = cfg, trust_weights, path
+        self.rt = None
+
+    @classmethod
+    def from_file(cls, path, overrides=(), trust_weights=False):
+        from engine.components import load_all
+        load_all()
+        return cls(config.load(path, list(overrides)), trust_weights, path)
+
+    @classmethod
+    def from_args(cls, args):
+        """From the flags every tool has (engine.cli.parser): -c, -o, --trust-weights."""
+        return cls.from_file(args.config, args.override, args.trust_weights)
+
+    def setup(self, device=None):
+        """runtime.setup and the seeds; `device` overrides runtime.device (export traces on the CPU)."""
+        rt_cfg = self.cfg.runtime if device is None else dataclasses.replace(self.cfg.runtime, device=device)
+        self.rt = runtime.setup(rt_cfg)
+        runtime.seed_all(self.cfg.runtime.seed)
+        return self.rt
+
+    @property
+    def rank(self):
+        return self.rt["rank"] if self.rt else 0
+
+    def model(self, weights=None, weights_format=None, strict=True, log=print):
+        """The recipe's model, with `weights` (a .pdparams file, a checkpoint or final/ directory, an
+        entry name or a URL) loaded when given."""
+        model = build_model(self.cfg["model"])
+        if weights:
+            self.load_weights(model, weights, weights_format, strict, log)
+        return model
+
+    def load_weights(self, model, weights, weights_format=None, strict=True, log=print):
+        from engine.pretrained import load_pretrained
+        if os.path.isdir(weights) and os.path.isfile(os.path.join(weights, "model.pdparams")):
+            weights = os.path.join(weights, "model.pdparams")
+        return load_pretrained(model, weights, strict=strict, log=log, weights_format=weights_format,
+                               trust=self.trust_weights)
+
+    def loader(self, split, dataset=None, batch_size=None, sharded=True):
+        """(loader, dataset, sampler) of reader.<split>; `sharded` splits it over the ranks."""
+        world_size, rank = (self.rt["world_size"], self.rt["rank"]) if sharded and self.rt else (1, 0)
+        return build_loader(self.cfg, split, self.cfg.runtime.seed, world_size, rank, dataset=dataset,
+                            batch_size=batch_size)
+
+    def input_dataset(self, inputs):
+        """The eval split's reader over raw input files or folders (tools/infer.py)."""
+        kwargs, _ = config.split_reader(self.cfg["reader"][self.cfg.eval_split()])
+        kwargs = dict(kwargs)
+        return DATASETS.get(kwargs.pop("name")).for_inputs(inputs, **kwargs)
+
+    def infer_writer(self):
+        """The recipe's `infer:` writer (how predictions are written)."""
+        if not self.cfg.get("infer"):
+            raise ConfigError(f"{self.path}: the recipe has no infer section (how to write predictions, "
+                              f"e.g. infer: {{name: TopK}}; known: {', '.join(OUTPUTS.names())})")
+        return OUTPUTS.build(self.cfg["infer"])
+
+    def metric(self, dataset=None):
+        return build_metric(self.cfg, dataset)
+
+    def label_names(self, required=False):
+        """The class names of the recipe's `labels:` file; None without one (or, unless `required`,
+        when the file is absent: an export without data)."""
+        path = self.cfg.get("labels")
+        if not path or not (required or os.path.isfile(path)):
+            return None
+        if not os.path.isfile(path):
+            raise ConfigError(f"labels file not found: {path}")
+        with open(path, encoding="utf-8") as f:
+            return [line.strip() for line in f if line.strip()]
