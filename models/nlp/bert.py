@@ -177,6 +177,33 @@ def bert_config(size="base", vocab_size=30522, hidden_size=None, num_hidden_laye
     return cfg
 
 
+def check_model_type(config, folder):
+    """A Hugging Face config.json (parsed) of another model family is one line."""
+    if config.get("model_type", "bert") != "bert":
+        raise ConfigError(f"{os.path.join(folder, 'config.json')}: model_type is '{config.get('model_type')}', "
+                          f"not 'bert'")
+
+
+def check_hf_config(config, vocab_rows, folder, model_cfg):
+    """One line when a Hugging Face folder's config.json (`config`, parsed; None: the folder has none)
+    or vocab.txt (`vocab_rows`, its lines; None: no vocab.txt) disagrees with the model's settings."""
+    if config is None:
+        raise ConfigError(f"{folder}: no config.json (a Hugging Face folder has config.json, vocab.txt "
+                          f"and model.safetensors)")
+    check_model_type(config, folder)
+    for key in CONFIG_KEYS:
+        if key not in config:
+            continue
+        have, want = config[key], model_cfg[key]
+        same = abs(float(have) - float(want)) <= 1e-6 * abs(float(want)) if key == "layer_norm_eps" else have == want
+        if not same:
+            raise ConfigError(f"{folder}/config.json: {key} is {have!r} but the model has {want!r} "
+                              f"(set model.{key}: {have!r} in the recipe, or use another checkpoint)")
+    if vocab_rows is not None and vocab_rows != model_cfg["vocab_size"]:
+        raise ConfigError(f"{os.path.join(folder, 'vocab.txt')} has {vocab_rows} tokens but the model's embedding "
+                          f"table has {model_cfg['vocab_size']} rows (vocab_size): vocab and weights do not match")
+
+
 def _init_weights(layer, std):
     """N(0, std) for Linear and Embedding weights, zero biases, LayerNorm 1/0 (PaddleNLP, HF)."""
     for sub in layer.sublayers(include_self=True):
@@ -194,8 +221,8 @@ class BertModel(ZooModel):
         Face checkpoints load too."""
         return Weights(foreign_keys=[r"cls\..*", r"classifier\..*"], layouts=[task_file_layout(), hf_layout("")])
 
-    def check_weights_folder(self, folder):
-        check_hf_folder(folder, self.config)
+    def check_weights_config(self, config, vocab_rows, folder):
+        check_hf_config(config, vocab_rows, folder, self.config)
 
     def __init__(self, size="base", **kwargs):
         super().__init__()
@@ -269,8 +296,8 @@ class _BertTask(ZooModel):
         return Weights(head_keys=list(self.head_keys), foreign_keys=list(self.foreign_keys),
                        layout_models=["BertForPretraining"], layouts=[hf_layout("bert.")])
 
-    def check_weights_folder(self, folder):
-        check_hf_folder(folder, self.config)
+    def check_weights_config(self, config, vocab_rows, folder):
+        check_hf_config(config, vocab_rows, folder, self.config)
 
     def data_agreement(self):
         """The vocabulary and the longest input the position table takes."""
@@ -525,45 +552,6 @@ def _hf_convert(state):
     return out
 
 
-def read_hf_config(folder):
-    path = os.path.join(folder, "config.json")
-    if not os.path.isfile(path):
-        raise ConfigError(f"{folder}: no config.json (a Hugging Face folder has config.json, vocab.txt "
-                          f"and model.safetensors)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path}: not a JSON config ({e})") from None
-    if cfg.get("model_type", "bert") != "bert":
-        raise ConfigError(f"{path}: model_type is '{cfg.get('model_type')}', not 'bert'")
-    return cfg
-
-
-def check_hf_folder(folder, model_cfg):
-    """One line when a Hugging Face folder's config.json or vocab.txt disagrees with the model.
-    Our own folders (final/, checkpoints: model.pdparams, no config.json) have nothing to check."""
-    if not os.path.isfile(os.path.join(folder, "config.json")) and \
-            not os.path.isfile(os.path.join(folder, "model.safetensors")):
-        return
-    cfg = read_hf_config(folder)
-    for key in CONFIG_KEYS:
-        if key not in cfg:
-            continue
-        have, want = cfg[key], model_cfg[key]
-        same = abs(float(have) - float(want)) <= 1e-6 * abs(float(want)) if key == "layer_norm_eps" else have == want
-        if not same:
-            raise ConfigError(f"{folder}/config.json: {key} is {have!r} but the model has {want!r} "
-                              f"(set model.{key}: {have!r} in the recipe, or use another checkpoint)")
-    vocab = os.path.join(folder, "vocab.txt")
-    if os.path.isfile(vocab):
-        with open(vocab, encoding="utf-8") as f:
-            n = sum(1 for _ in f)
-        if n != model_cfg["vocab_size"]:
-            raise ConfigError(f"{vocab} has {n} tokens but the model's embedding table has "
-                              f"{model_cfg['vocab_size']} rows (vocab_size): vocab and weights do not match")
-
-
 def task_file_layout():
     """Our (and PaddleNLP's) task-model files read by the bare encoder: `bert.` taken off; the heads
     left are BertModel's foreign keys."""
@@ -585,14 +573,15 @@ def load_bert(name_or_folder, task="encoder", log=None, **overrides):
 
     `task`: 'encoder' (BertModel), 'pretraining' or 'classification' (pass num_classes=...).
     """
-    from engine.pretrained import load_pretrained
+    from engine.pretrained import load_pretrained, read_folder_config
 
     if task not in TASKS:
         raise ConfigError(f"load_bert: task '{task}' unknown; known: {', '.join(TASKS)}")
     args = {}
     spec = os.fspath(name_or_folder)
     if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json")):
-        cfg = read_hf_config(spec)
+        cfg, _ = read_folder_config(spec)
+        check_model_type(cfg, spec)
         args = {HF_TO_ARGS[k]: v for k, v in cfg.items() if k in HF_TO_ARGS}
     elif spec in WEIGHTS:
         args = dict(WEIGHTS.get(spec).model_args)
