@@ -71,17 +71,17 @@ def build_metric(cfg, dataset=None):
 def check_agreement(model, dataset, split="train"):
     """Catch a model/reader mismatch before the first step instead of inside the loss."""
     agree = unwrap(model).data_agreement()
-    want, have = agree.num_classes, getattr(dataset, "num_classes", None)
+    want, have = agree.num_classes, dataset.num_classes
     if want is not None and have is not None and int(want) != int(have):
         key = agree.num_classes_key   # e.g. a vocabulary size
         raise ConfigError(f"model.{key} is {want} but reader.{split} ({type(dataset).__name__}) "
                           f"has {have} classes; make them agree (e.g. -o model.{key}={have})")
-    want, have = agree.vocab_size, getattr(dataset, "vocab_size", None)
+    want, have = agree.vocab_size, dataset.vocab_size
     if want is not None and have is not None and int(want) != int(have):
         raise ConfigError(f"model.vocab_size is {want} but the vocabulary of reader.{split} ({type(dataset).__name__}) "
                           f"has {have} tokens: the vocab file does not match the model's (and its weights') "
                           f"embedding table")
-    want, have = agree.max_seq_length, getattr(dataset, "max_seq_length", None)
+    want, have = agree.max_seq_length, dataset.max_seq_length
     if want is not None and have is not None and int(have) > int(want):
         raise ConfigError(f"reader.{split}.max_seq_length is {have}, more than the model's {want} positions "
                           f"(its position table): lower it, or build the model with more positions")

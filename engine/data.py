@@ -36,15 +36,18 @@ class SampleDataset(paddle.io.Dataset):
 
     `skip_bad`: a sample whose `load` raises SampleError is logged (with its file) and dropped from
     its batch instead of stopping the run; collate counts it in `batch["num_skipped"]`.
-    Optional hooks other parts of the engine use when a recipe asks for them: `num_classes`
-    (checked against the model's), `lengths()` (token-budget batching), `aspect_ratios()`
+    Optional hooks other parts of the engine use when a recipe asks for them: `num_classes`,
+    `vocab_size`, `max_seq_length` (checked against the model's), `lengths()` (token-budget batching), `aspect_ratios()`
     (aspect-ratio grouping), `data_faults()` (damage found while indexing), `label_names`.
     """
 
     # names of the classes, when the dataset knows them (inference output)
     label_names = None
-    # classes of the labels, when the dataset knows them; the engine compares it with the model's
+    # what the engine compares with the model's data_agreement() before the first step, when the
+    # dataset knows it: classes of the labels, rows of its vocabulary, the longest sequence it gives
     num_classes = None
+    vocab_size = None
+    max_seq_length = None
 
     def __init__(self, transforms=(), seed=0, skip_bad=False):
         self.transforms = [t if callable(t) else TRANSFORMS.build(t) for t in transforms or ()]

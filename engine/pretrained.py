@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 
 from engine.download import archive_stem, cache_dir, download, extract, url_filename
-from engine.model import unwrap
+from engine.model import ZooModel, unwrap
 from engine.registry import MODELS, ConfigError, Registry, did_you_mean
 from engine.weightfile import read_state
 
@@ -420,6 +420,9 @@ def load_pretrained(model, spec, strict=False, log=print, progress=True, weights
     Returns the load report, with `path`, `entry` (name or None) and `layout` added.
     """
     inner = unwrap(model)
+    if not isinstance(inner, ZooModel):
+        raise ConfigError(f"cannot load weights into a {type(inner).__name__}: it is not an engine.model.ZooModel "
+                          f"(the contract that says which layouts and heads its files may have; derive the model from it)")
     layouts = model_layouts(inner)
     hint = ("if the file has another layout, name it with --weights-format / train.weights_format: "
             + ", ".join(layouts))

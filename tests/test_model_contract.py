@@ -103,3 +103,13 @@ def test_a_norm_layer_of_a_models_own_takes_the_norm_rule():
     assert [n for n, _ in decay] == ["fc.weight"] and sorted(n for n, _ in exempt) == ["fc.bias", "gain.weight"]
     decay, _, _ = split_decay(Net(), no_decay=["bias"])
     assert sorted(n for n, _ in decay) == ["fc.weight", "gain.weight"]
+
+
+def test_loading_into_a_layer_outside_the_contract_is_one_line(tmp_path):
+    """A plain paddle layer has no weights(): one ConfigError naming its class, not an AttributeError."""
+    from engine.pretrained import load_pretrained
+    layer = paddle.nn.Linear(2, 3)
+    path = str(tmp_path / "w.pdparams")
+    paddle.save(layer.state_dict(), path)
+    with pytest.raises(ConfigError, match=r"^cannot load weights into a Linear: it is not an engine\.model\.ZooModel"):
+        load_pretrained(layer, path, log=lambda *_: None)

@@ -110,3 +110,19 @@ def test_benchmark_and_amp_check_time_the_trainers_step(yt8m_demo, monkeypatch, 
                                             "train.epochs=null", "train.max_steps=3", "train.accum_steps=2"])
     trainer.fit(cfg, str(tmp_path))
     assert len(calls) == 3 + len(batches) + 6   # 3 optimizer steps of 2 micro-batches each
+
+def test_the_tools_assemble_their_run_through_the_session():
+    """Issue 21: train, eval, infer, export and benchmark build their run with engine.session.Session
+    (config, runtime, model, weights, loaders) instead of each writing the assembly out; their main()
+    stays short (about 30 lines, counted from the source)."""
+    import ast
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for tool in ("train", "eval", "infer", "export", "benchmark"):
+        path = os.path.join(root, "tools", f"{tool}.py")
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+        assert "Session" in source, tool
+        for assembly in ("config.load(", "load_all(", "runtime.setup(", "load_pretrained(", "config.section("):
+            assert assembly not in source, (tool, assembly)
+        main = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "main")
+        assert main.end_lineno - main.lineno + 1 <= 32, (tool, main.end_lineno - main.lineno + 1)

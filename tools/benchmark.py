@@ -373,7 +373,7 @@ def _print(result):
               f"{100 * r['share_of_train_step']:.1f}% of a train step")
 
 
-def main():
+def _parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-c", "--config")
     p.add_argument("-o", "--override", action="append", default=[])
@@ -393,57 +393,58 @@ def main():
                    help="inference: prediction latency, dynamic vs exported (oneDNN on/off)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="with --backend inference")
     p.add_argument("--weights", help="with --backend inference: weights to load (default: initial weights)")
+    return p
+
+
+def main():
+    p = _parser()
     args = p.parse_args()
     if args.kind and args.table:
         p.error("--kind is for --show: --table measures this machine's kind")
-    if args.backend == "inference" and (args.table or args.show):
-        return _inference_table(args)
-    if args.backend == "inference":
-        if not args.config:
-            p.error("-c CONFIG is required (or --table)")
-        result = bench_inference(args.config, args.override, args.steps, args.batch_sizes, args.weights)
-        _print_inference(args.config, result)
-        if args.json:
-            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
-        return
     if args.table or args.show:
-        rows = []
-        for name, cfg_path, overrides, bs, note, *extra in BENCH_TABLE:
-            out = os.path.join(report.results_dir(args.kind), f"{name.lower()}.json")
-            cmd = [sys.executable, os.path.abspath(__file__), "-c", cfg_path, "--batch-size", str(bs),
-                   "--steps", str(args.steps), "--json", os.path.relpath(out, _bootstrap.ROOT),
-                   "--workers", *map(str, args.workers)]
-            for o in overrides:
-                cmd += ["-o", o]
-            cmd += [a for args_ in extra for a in args_]
-            if args.table and (not args.only or name in args.only):
-                subprocess.run(cmd, check=True, cwd=_bootstrap.ROOT)  # one process each: clean peak memory
-            if os.path.isfile(out):
-                with open(out) as f:
-                    rows.append((name, note, json.load(f)))
-        lines = ["| model | batch | input | params | train samples/s | eval samples/s | reader alone, samples/s "
-                 "(workers) | reader share of a train step | peak MB |",
-                 "|---|---|---|---|---|---|---|---|---|"]
-        for name, note, r in rows:
-            workers = " / ".join(f"{v['samples_per_s']:.0f} ({w.split('_')[1]})" for w, v in r["reader"].items())
-            share = " / ".join(f"{100 * v['share_of_train_step']:.1f}%" for v in r["reader"].values())
-            tokens = f" ({r['train_tokens_per_s']:.0f} tokens/s)" if r.get("train_tokens_per_s") else ""
-            lines.append(f"| {name} | {r['batch_size']} | {note} | {r['params']:,} | "
-                         f"{r['train_samples_per_s']:.2f}{tokens} | {r['eval_samples_per_s']:.2f} | {workers} | "
-                         f"{share} | {r['peak_memory_mb']:.0f} |")
-        _emit(args, "bench", lines, rows)
-        return
+        return _inference_table(args) if args.backend == "inference" else _train_table(args)
     if not args.config:
         p.error("-c CONFIG is required (or --table)")
-    result = bench(args.config, args.override, args.steps, args.batch_size, args.workers, args.synthetic,
-                   args.tokens, args.drop_keys)
-    _print(result)
+    if args.backend == "inference":
+        result = bench_inference(args.config, args.override, args.steps, args.batch_sizes, args.weights)
+        _print_inference(args.config, result)
+    else:
+        result = bench(args.config, args.override, args.steps, args.batch_size, args.workers, args.synthetic,
+                       args.tokens, args.drop_keys)
+        _print(result)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+
+
+def _train_table(args):
+    """BENCH_TABLE, one process per row (clean peak memory), or (--show) the stored results."""
+    rows = []
+    for name, cfg_path, overrides, bs, note, *extra in BENCH_TABLE:
+        out = os.path.join(report.results_dir(args.kind), f"{name.lower()}.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "-c", cfg_path, "--batch-size", str(bs),
+               "--steps", str(args.steps), "--json", os.path.relpath(out, _bootstrap.ROOT),
+               "--workers", *map(str, args.workers)]
+        for o in overrides:
+            cmd += ["-o", o]
+        cmd += [a for args_ in extra for a in args_]
+        if args.table and (not args.only or name in args.only):
+            subprocess.run(cmd, check=True, cwd=_bootstrap.ROOT)
+        if os.path.isfile(out):
+            with open(out) as f:
+                rows.append((name, note, json.load(f)))
+    lines = ["| model | batch | input | params | train samples/s | eval samples/s | reader alone, samples/s "
+             "(workers) | reader share of a train step | peak MB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, note, r in rows:
+        workers = " / ".join(f"{v['samples_per_s']:.0f} ({w.split('_')[1]})" for w, v in r["reader"].items())
+        share = " / ".join(f"{100 * v['share_of_train_step']:.1f}%" for v in r["reader"].values())
+        tokens = f" ({r['train_tokens_per_s']:.0f} tokens/s)" if r.get("train_tokens_per_s") else ""
+        lines.append(f"| {name} | {r['batch_size']} | {note} | {r['params']:,} | "
+                     f"{r['train_samples_per_s']:.2f}{tokens} | {r['eval_samples_per_s']:.2f} | {workers} | "
+                     f"{share} | {r['peak_memory_mb']:.0f} |")
+    _emit(args, "bench", lines, rows)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import os
 from engine import cli
 
 
-def main():
+def _parser():
     p = cli.parser(__doc__)
     cli.weights_args(p, required=True, help="a .pdparams file, checkpoint dir, entry name or URL; "
                                             "an export directory with --backend inference")
@@ -22,7 +22,11 @@ def main():
                    help="inference: --weights is a directory written by tools/export.py, run by Paddle Inference")
     p.add_argument("--no-mkldnn", action="store_true", help="inference backend on CPU without oneDNN")
     p.add_argument("--output", help="output directory (default output/<config name>/infer)")
-    args = p.parse_args()
+    return p
+
+
+def main():
+    args = _parser().parse_args()
 
     import paddle
     from engine import runtime
