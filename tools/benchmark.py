@@ -333,20 +333,27 @@ def _emit(args, name, lines, rows):
                             + (" --backend inference" if name == "bench-inference" else ""))
 
 
-def _inference_table(args):
+def _table_rows(args, entries):
+    """(name, note, result) of each (name, note, json path, flags) entry: with --table (re)measured in
+    a process of its own (clean peak memory), then read from its JSON."""
     rows = []
-    for name, cfg_path, overrides, sizes, note in INFER_TABLE:
-        out = os.path.join(report.results_dir(args.kind), "inference", f"{name.lower()}.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "-c", cfg_path, "--backend", "inference",
-               "--batch-sizes", *map(str, sizes), "--steps", str(args.steps),
-               "--json", os.path.relpath(out, _bootstrap.ROOT)]
-        for o in overrides:
-            cmd += ["-o", o]
+    for name, note, out, flags in entries:
         if args.table and (not args.only or name in args.only):
+            cmd = [sys.executable, os.path.abspath(__file__), *flags, "--steps", str(args.steps),
+                   "--json", os.path.relpath(out, _bootstrap.ROOT)]
             subprocess.run(cmd, check=True, cwd=_bootstrap.ROOT)
         if os.path.isfile(out):
             with open(out) as f:
                 rows.append((name, note, json.load(f)))
+    return rows
+
+
+def _inference_table(args):
+    rows = _table_rows(args, [
+        (name, note, os.path.join(report.results_dir(args.kind), "inference", f"{name.lower()}.json"),
+         ["-c", cfg_path, "--backend", "inference", "--batch-sizes", *map(str, sizes),
+          *[x for o in overrides for x in ("-o", o)]])
+        for name, cfg_path, overrides, sizes, note in INFER_TABLE])
     lines = ["| model | input | batch | dynamic p50 / p90 ms | exported + oneDNN p50 / p90 ms | exported, no oneDNN "
              "p50 / p90 ms | samples/s (dynamic / oneDNN / no oneDNN) | load (1 min) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -420,20 +427,11 @@ def main():
 
 def _train_table(args):
     """BENCH_TABLE, one process per row (clean peak memory), or (--show) the stored results."""
-    rows = []
-    for name, cfg_path, overrides, bs, note, *extra in BENCH_TABLE:
-        out = os.path.join(report.results_dir(args.kind), f"{name.lower()}.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "-c", cfg_path, "--batch-size", str(bs),
-               "--steps", str(args.steps), "--json", os.path.relpath(out, _bootstrap.ROOT),
-               "--workers", *map(str, args.workers)]
-        for o in overrides:
-            cmd += ["-o", o]
-        cmd += [a for args_ in extra for a in args_]
-        if args.table and (not args.only or name in args.only):
-            subprocess.run(cmd, check=True, cwd=_bootstrap.ROOT)
-        if os.path.isfile(out):
-            with open(out) as f:
-                rows.append((name, note, json.load(f)))
+    rows = _table_rows(args, [
+        (name, note, os.path.join(report.results_dir(args.kind), f"{name.lower()}.json"),
+         ["-c", cfg_path, "--batch-size", str(bs), "--workers", *map(str, args.workers),
+          *[x for o in overrides for x in ("-o", o)], *[a for args_ in extra for a in args_]])
+        for name, cfg_path, overrides, bs, note, *extra in BENCH_TABLE])
     lines = ["| model | batch | input | params | train samples/s | eval samples/s | reader alone, samples/s "
              "(workers) | reader share of a train step | peak MB |",
              "|---|---|---|---|---|---|---|---|---|"]
