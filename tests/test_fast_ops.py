@@ -802,3 +802,22 @@ def test_models_import_only_the_engine_and_the_layer_package():
                     assert "api" not in tops, (os.path.relpath(path, ROOT), mods)
                 found += pkg == "models"
     assert found > 10
+
+
+# docs/contributing.md, "The layout: folders as floors": what each folder may import of ours
+FLOORS = {"ops": set(), "engine": {"ops"}, "readers": {"engine"}, "models": {"engine", "ops"},
+          "metrics": {"engine", "readers"}, "outputs": {"engine", "metrics"}}
+
+
+def test_each_folder_imports_only_the_floors_the_contributing_guide_gives_it():
+    ours = set(FLOORS) | {"tools", "api", "data", "benchmarks", "tests"}
+    for pkg, allowed in FLOORS.items():
+        seen = set()
+        for folder, _, files in os.walk(os.path.join(ROOT, pkg)):
+            for name in (n for n in files if n.endswith(".py")):
+                path = os.path.join(folder, name)
+                for mods in _imports(path):
+                    tops = {m.split(".")[0] for m in mods} & ours - {pkg}
+                    assert tops <= allowed, (os.path.relpath(path, ROOT), sorted(tops - allowed))
+                    seen |= tops
+        assert seen == allowed, (pkg, seen)   # the table says no more than the code does
