@@ -8,7 +8,7 @@ python benchmarks/peers.py --run NAME --side ours|theirs [--steps N] [--profile]
 Each (model, side) runs in its own process with the same environment (engine/cpu.py's settings for
 this CPU) and the same number of math threads; the sides alternate (ours, theirs, then theirs,
 ours, ...) so that a change in the machine's load hits both. Ours is timed through the trainer's
-own step function (`engine.trainer.build_train_step` -> TrainStep: forward, backward, clipping,
+own step function (`engine.training.trainer.build_train_step` -> TrainStep: forward, backward, clipping,
 optimizer, LR schedule) on the model the recipe builds; theirs is benchmarks/torch_peers.py. Both
 get the same numpy batch (`make_batch`), a warm-up step, then `--steps` timed steps; a side's time is
 the median step. The ratio is our samples/s over theirs (> 1: we are faster). `--reference` adds
@@ -105,7 +105,8 @@ def _ours(spec, threads, fast_ops):
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import _bootstrap  # noqa: F401  (the tools' environment, set before paddle is imported)
     import paddle
-    from engine import builder, config, runtime, trainer
+    from engine import builder, config, runtime
+    from engine.training import trainer
     from engine.components import load_all
     load_all()
     overrides = list(spec.get("overrides", [])) + [f"runtime.num_threads={threads}",

@@ -8,8 +8,8 @@ import importlib
 
 COMPONENT_MODULES = [
     "engine.data",
-    "engine.samplers",
-    "engine.optim",
+    "engine.training.samplers",
+    "engine.training.optim",
     "readers.youtube8m",
     "readers.kinetics",
     "readers.coco",

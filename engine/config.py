@@ -65,7 +65,7 @@ LOADER_KEYS = {
     "num_workers": (int, 0, at_least(0)),
     "shuffle": (bool, None),                  # default: True for train, False otherwise
     "drop_last": (bool, False),
-    "sampler": (dict, None),                  # {name: Epoch} by default (engine/samplers.py)
+    "sampler": (dict, None),                  # {name: Epoch} by default (engine/training/samplers.py)
     "collate": (dict, None),                  # {name: Stack} by default
 }
 SPLITS = ("train", "val", "test")

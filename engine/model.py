@@ -13,7 +13,7 @@ from engine.registry import ConfigError
 
 @dataclasses.dataclass
 class Weights:
-    """How files in other layouts load into the model (engine/pretrained.py). Key patterns are
+    """How files in other layouts load into the model (engine/weights/pretrained.py). Key patterns are
     regexes of OUR parameter names."""
     head_keys: list = ()      # a file may lack them or hold another shape (a head for another num_classes);
                               # an entry's own head_keys take precedence
@@ -47,14 +47,14 @@ class ZooModel(paddle.nn.Layer):
 
     def check_weights_config(self, config, vocab_rows, folder):
         """Called when the weights are a Hugging Face folder (config.json or model.safetensors in it)
-        with what the engine read there (engine.pretrained.read_folder_config): `config` the parsed
+        with what the engine read there (engine.weights.pretrained.read_folder_config): `config` the parsed
         config.json (None: the folder has none), `vocab_rows` the lines of its vocab.txt (None: no
         vocab.txt); `folder` only names the files in a message. Raise a ConfigError where they
         disagree with the model (BERT: config.json against the recipe). Default: no check."""
 
     def export_spec(self, example=None):
         """{"inputs": {batch key: InputSpec}, "outputs": [keys], optional "max_shape", "programs",
-        "settings"} (engine/export.py). Default: the model cannot be exported."""
+        "settings"} (engine/deploy/export.py). Default: the model cannot be exported."""
         raise ConfigError(f"model {type(self).__name__} cannot be exported (it has no export_spec)")
 
     @classmethod
@@ -66,7 +66,7 @@ class ZooModel(paddle.nn.Layer):
 
 class NormLayer(paddle.nn.Layer):
     """Base of a custom normalisation layer: its parameters are exempt from weight decay under the
-    "norm" rule, as paddle's norm layers' are (engine.optim.split_decay)."""
+    "norm" rule, as paddle's norm layers' are (engine.training.optim.split_decay)."""
 
 
 def unwrap(model):

@@ -48,7 +48,7 @@ class Session:
         return model
 
     def load_weights(self, model, weights, weights_format=None, strict=True, log=print):
-        from engine.pretrained import load_pretrained
+        from engine.weights.pretrained import load_pretrained
         if os.path.isdir(weights) and os.path.isfile(os.path.join(weights, "model.pdparams")):
             weights = os.path.join(weights, "model.pdparams")
         return load_pretrained(model, weights, strict=strict, log=log, weights_format=weights_format,

@@ -40,7 +40,7 @@ import numpy as np
 
 from engine.data import SampleDataset, SampleError
 from engine.registry import ConfigError, DATASETS, TRANSFORMS
-from engine.weightfile import unpickle
+from engine.weights.weightfile import unpickle
 from readers.tfrecord import CorruptRecord, Damage, DecodeError, decode_sequence_example, \
     Scan, estimate_losses, read_record, scan_records
 

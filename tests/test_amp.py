@@ -6,7 +6,8 @@ import numpy as np
 import paddle
 import pytest
 
-from engine import config, trainer
+from engine import config
+from engine.training import trainer
 from engine.components import load_all
 from tests.conftest import ATTENTION_LSTM_DEMO
 

@@ -9,7 +9,7 @@ from engine.components import load_all
 from engine.data import PadImages, PadSequences, SampleDataset, SampleError, SerialLoader, Skipped, Stack, \
     WorkerLoader, collate, finalize
 from engine.registry import ConfigError
-from engine.samplers import AspectRatioGroup, EpochBatchSampler, TokenBudget
+from engine.training.samplers import AspectRatioGroup, EpochBatchSampler, TokenBudget
 
 load_all()
 

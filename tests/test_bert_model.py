@@ -10,7 +10,7 @@ import pytest
 
 from engine import builder
 from engine.components import load_all
-from engine.pretrained import WEIGHTS, load_entry_state, load_pretrained, map_keys
+from engine.weights.pretrained import WEIGHTS, load_entry_state, load_pretrained, map_keys
 from engine.registry import ConfigError
 from tests.helpers import ROOT, counting_fused_ops
 

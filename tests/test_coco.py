@@ -13,7 +13,7 @@ import pytest
 from engine.components import load_all
 from engine.data import SampleError, Skipped
 from engine.registry import ConfigError, METRICS, TRANSFORMS
-from engine.samplers import EpochBatchSampler
+from engine.training.samplers import EpochBatchSampler
 from metrics.detection import coco_results, evaluate_results
 from readers.coco import COCODataset
 from tests.helpers import ROOT, assert_one_line_error, tool

@@ -11,7 +11,7 @@ import pytest
 
 from engine.builder import count_params
 from engine.components import load_all
-from engine.pretrained import WEIGHTS, detect_layout, load_entry_state, load_state, model_layouts
+from engine.weights.pretrained import WEIGHTS, detect_layout, load_entry_state, load_state, model_layouts
 from engine.registry import ConfigError
 from models.vision.deeplabv3 import DeepLabV3, segmentation_loss
 
@@ -110,7 +110,7 @@ def test_golden_paddleseg_r50vd_os8(golden_deeplab, op_path):
 def test_paddleseg_files_are_recognised_by_their_keys():
     """A bare PaddleSeg DeepLabV3 state dict is read in the DeepLabV3 layout and loads strictly; a
     bare PaddleSeg ResNet50_vd backbone file initialises the backbone of a model of any num_classes
-    (what tools/train.py does with a file given by path, through engine.pretrained.detect_layout)."""
+    (what tools/train.py does with a file given by path, through engine.weights.pretrained.detect_layout)."""
     full = golden_state_dict(table("keys_paddleseg_deeplabv3_resnet50_os8_cityscapes.json")["params"])
     with paddle.LazyGuard():
         model = DeepLabV3(num_classes=19)

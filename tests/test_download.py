@@ -16,9 +16,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from engine import download as dl
-from engine.download import ArchiveError, DownloadError, download, extract
-from engine.pretrained import (WEIGHTS, PretrainedEntry, load_pretrained, load_weights_file,
+from engine.weights import download as dl
+from engine.weights.download import ArchiveError, DownloadError, download, extract
+from engine.weights.pretrained import (WEIGHTS, PretrainedEntry, load_pretrained, load_weights_file,
                                resolve_weights)
 from engine.registry import ConfigError
 

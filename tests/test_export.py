@@ -12,9 +12,10 @@ import numpy as np
 import paddle
 import pytest
 
-from engine import builder, config, export
+from engine import builder, config
+from engine.deploy import export
 from engine.components import load_all
-from engine.predictor import Predictor
+from engine.deploy.predictor import Predictor
 from engine.registry import ConfigError
 from tests.conftest import (ATTENTION_LSTM_DEMO, BERT_GLUE_DEMO, BERT_PRETRAIN_DEMO, DEEPLAB_DEMO, MASK_RCNN_DEMO,
                             TRANSFORMER_DEMO, TSN_DEMO)

@@ -11,7 +11,7 @@ import pytest
 
 from engine.builder import count_params
 from engine.components import load_all
-from engine.pretrained import WEIGHTS, load_entry_state, map_keys
+from engine.weights.pretrained import WEIGHTS, load_entry_state, map_keys
 from engine.registry import ConfigError
 from models.vision.mask_rcnn import box_ops, postprocess, roi_heads
 from models.vision.mask_rcnn.model import MaskRCNN
@@ -406,7 +406,7 @@ def test_key_maps_cover_the_official_tables():
 
 
 def test_a_bare_paddledetection_file_is_recognised_by_its_keys():
-    from engine.pretrained import detect_layout, model_layouts
+    from engine.weights.pretrained import detect_layout, model_layouts
     tab = table()
     state = {k: np.zeros(shape, "float32") for k, shape, *_ in tab["params"]}
     with paddle.LazyGuard():

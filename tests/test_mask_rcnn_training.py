@@ -22,7 +22,7 @@ import paddle
 import pytest
 
 from engine.components import load_all
-from engine.pretrained import WEIGHTS, load_entry_state
+from engine.weights.pretrained import WEIGHTS, load_entry_state
 from models.vision.mask_rcnn import box_ops, roi_heads
 from models.vision.mask_rcnn.model import MaskRCNN
 

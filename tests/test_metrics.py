@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine.registry import METRICS, ConfigError
-from engine.samplers import EpochBatchSampler
+from engine.training.samplers import EpochBatchSampler
 from metrics.base import IndexedMetric, top_k
 from metrics.classification import Classification
 from metrics.youtube8m import YouTube8M, gap, global_average_precision

@@ -5,10 +5,11 @@ import warnings
 import paddle
 import pytest
 
-from engine import builder, export
+from engine import builder
+from engine.deploy import export
 from engine.components import load_all
 from engine.model import DataAgreement, Weights, ZooModel, unwrap
-from engine.pretrained import model_layouts
+from engine.weights.pretrained import model_layouts
 from engine.registry import MODELS, ConfigError, Registry
 
 load_all()
@@ -87,7 +88,7 @@ def test_a_registry_lists_its_objects_in_registration_order_and_names_them():
 
 def test_a_norm_layer_of_a_models_own_takes_the_norm_rule():
     from engine.model import NormLayer
-    from engine.optim import split_decay
+    from engine.training.optim import split_decay
 
     class Gain(NormLayer):
         def __init__(self):
@@ -107,7 +108,7 @@ def test_a_norm_layer_of_a_models_own_takes_the_norm_rule():
 
 def test_loading_into_a_layer_outside_the_contract_is_one_line(tmp_path):
     """A plain paddle layer has no weights(): one ConfigError naming its class, not an AttributeError."""
-    from engine.pretrained import load_pretrained
+    from engine.weights.pretrained import load_pretrained
     layer = paddle.nn.Linear(2, 3)
     path = str(tmp_path / "w.pdparams")
     paddle.save(layer.state_dict(), path)

@@ -6,7 +6,7 @@ import numpy as np
 import paddle
 import pytest
 
-from engine.optim import build_lr, build_optimizer, clip_grad_norm_, split_decay
+from engine.training.optim import build_lr, build_optimizer, clip_grad_norm_, split_decay
 from engine.registry import LR_SCHEDULES, OPTIMIZERS, ConfigError
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from engine import builder, config
 from engine.components import COMPONENT_MODULES, load_all
-from engine.pretrained import WEIGHTS
+from engine.weights.pretrained import WEIGHTS
 from engine.registry import DATASETS, METRICS, MODELS, OUTPUTS
 from tests.helpers import ROOT
 
@@ -79,7 +79,7 @@ def test_demo_model_steps_and_round_trips(path, demo_data, tmp_path):
     model = builder.build_model(cfg["model"])
     loader, _, _ = builder.build_loader(cfg, "train", 0)
     batch = next(iter(loader))
-    from engine.optim import build_lr, build_optimizer
+    from engine.training.optim import build_lr, build_optimizer
     opt = build_optimizer(cfg["optimizer"], model, build_lr(cfg["lr"], 10, 1))
     model.train()
     loss = model(batch)["loss"]

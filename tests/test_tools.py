@@ -89,12 +89,13 @@ def test_runtime_keeps_freed_memory_unless_the_config_says_no(monkeypatch):
         assert calls == expected, overrides
 
 def test_benchmark_and_amp_check_time_the_trainers_step(yt8m_demo, monkeypatch, tmp_path):
-    """tools/benchmark.py, tools/amp_check.py and the trainer all step through engine.trainer.TrainStep,
+    """tools/benchmark.py, tools/amp_check.py and the trainer all step through engine.training.trainer.TrainStep,
     so what is benchmarked is what training runs."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import amp_check
     import benchmark
-    from engine import config, trainer
+    from engine import config
+    from engine.training import trainer
     from engine.components import load_all
     load_all()
     calls = []

@@ -4,7 +4,8 @@ import os
 import numpy as np
 import paddle
 
-from engine import config, trainer
+from engine import config
+from engine.training import trainer
 from engine.components import load_all
 from tests.conftest import ATTENTION_LSTM_DEMO
 from tests.helpers import ROOT

@@ -12,9 +12,9 @@ import pytest
 from engine import builder, config
 from engine.components import load_all
 from engine.data import PadSequences
-from engine.pretrained import WEIGHTS, load_entry_state
+from engine.weights.pretrained import WEIGHTS, load_entry_state
 from engine.registry import ConfigError
-from engine.samplers import TokenBudget
+from engine.training.samplers import TokenBudget
 from models.nlp.transformer import Transformer, length_penalty, search_options
 from readers.translation import Translation
 from tests.helpers import ROOT, assert_one_line_error, peaked_transformer, read_metrics, tool
@@ -482,7 +482,7 @@ def _average_tool():
 
 
 def test_average_checkpoints(tmp_path):
-    from engine import checkpoint
+    from engine.training import checkpoint
     model = paddle.nn.Linear(2, 2)
     for step, value in ((10, 1.0), (20, 2.0), (30, 6.0)):
         model.weight.set_value(np.full((2, 2), value, "float32"))
@@ -549,7 +549,7 @@ def test_infer_translates_a_file_and_stdin_and_rejects_a_source_too_long(transfo
 
 
 def test_averaged_demo_checkpoints_evaluate(transformer_demo_run):
-    from engine.evaluator import evaluate
+    from engine.training.evaluator import evaluate
     tool_ = _average_tool()
     averaged = tool_.average(tool_.checkpoints_to_average([str(transformer_demo_run)], 2))
     cfg = config.load(os.path.join(ROOT, DEMO))
@@ -566,7 +566,7 @@ def test_entries_carry_their_vocabulary_as_an_asset(tmp_path, monkeypatch):
     import dataclasses
     import hashlib
     import tarfile
-    from engine import pretrained
+    from engine.weights import pretrained
     base = WEIGHTS.get("transformer_base_wmt14ende")
     assert base.assets["vocab"]["archive_member"] == "WMT14.en-de/wmt14_ende_data_bpe/vocab_all.bpe.33708"
     member = tmp_path / "v" / "vocab.txt"

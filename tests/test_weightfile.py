@@ -13,8 +13,8 @@ import numpy as np
 import paddle
 import pytest
 
-from engine import checkpoint
-from engine.weightfile import UnsafeWeights, read_state
+from engine.training import checkpoint
+from engine.weights.weightfile import UnsafeWeights, read_state
 from tests.conftest import ATTENTION_LSTM_DEMO
 from tests.helpers import ROOT, one_error_line, tool, tools_in_one_process
 

@@ -13,8 +13,8 @@ import numpy as np
 import paddle
 import pytest
 
-from engine import checkpoint
-from engine.pretrained import (WEIGHTS, detect_layout, load_entry_state, load_pretrained, map_keys,
+from engine.training import checkpoint
+from engine.weights.pretrained import (WEIGHTS, detect_layout, load_entry_state, load_pretrained, map_keys,
                                model_layouts)
 from engine.registry import ConfigError
 from models.video.stnet import StNet, inflate_conv1

@@ -10,7 +10,7 @@ import paddle
 import pytest
 
 from engine.data import PadSequences, SampleDataset, SampleError, SerialLoader, Skipped, WorkerLoader
-from engine.samplers import EpochBatchSampler
+from engine.training.samplers import EpochBatchSampler
 from engine.registry import ConfigError, DATASETS, TRANSFORMS
 from readers import tfrecord as tfr
 from readers.youtube8m import PCARescale, SampleFrames, YouTube8M, dequantize

@@ -8,7 +8,7 @@ import numpy as np
 import paddle
 import pytest
 
-from engine.pretrained import WEIGHTS, load_entry_state
+from engine.weights.pretrained import WEIGHTS, load_entry_state
 from engine.registry import MODELS, ConfigError
 from models.video.attention_cluster import AttentionCluster
 from models.video.attention_lstm import AttentionLSTM

@@ -26,7 +26,8 @@ MODES = {"fp32": (False, "float16", "O1"), "fp16-O1": (True, "float16", "O1"),
 
 def run_mode(cfg, batches, mode, seed):
     """The trainer's own TrainStep with the mode's AMP settings, from the same initial weights."""
-    from engine import builder, config, runtime, trainer
+    from engine import builder, config, runtime
+    from engine.training import trainer
     enable, dtype, level = MODES[mode]
     amp = config.AmpSection(enable=enable, dtype=dtype, level=level)
     runtime.seed_all(seed)

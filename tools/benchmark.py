@@ -146,7 +146,8 @@ def _time_model(cfg, batches, steps, train, tokens=None):
     """Train steps through the trainer's own TrainStep (what training runs), or eval forwards.
     Returns (samples/s, s/step, parameters, tokens/s or None)."""
     import paddle
-    from engine import builder, trainer
+    from engine import builder
+    from engine.training import trainer
     model = builder.build_model(cfg["model"])
     if train:
         train_step = trainer.build_train_step(cfg, model, steps_per_epoch=max(steps, 1), total_steps=steps + 1)
@@ -221,8 +222,9 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
     import tempfile
 
     import paddle
-    from engine import export, runtime
-    from engine.predictor import Predictor
+    from engine import runtime
+    from engine.deploy import export
+    from engine.deploy.predictor import Predictor
     from engine.session import Session
     s = Session.from_file(config_path, overrides)
     rt, cfg = s.setup(), s.cfg

@@ -24,7 +24,7 @@ def main():
     args = p.parse_args()
     from engine.registry import ConfigError
     from engine.runtime import setup_logging
-    from engine.trainer import write_metrics
+    from engine.training.trainer import write_metrics
     from metrics.detection import evaluate_results
     files = {k: v for k, v in (("bbox", args.bbox), ("segm", args.segm)) if v}
     if not files:

@@ -13,8 +13,9 @@ def main():
     p.add_argument("--split", default=None, help="reader split to evaluate (default: test if defined, else val)")
     args = p.parse_args()
 
-    from engine import runtime, trainer
-    from engine.evaluator import evaluate
+    from engine import runtime
+    from engine.training import trainer
+    from engine.training.evaluator import evaluate
     from engine.session import Session
     s = Session.from_args(args)
     rt = s.setup()

@@ -19,7 +19,8 @@ def main():
     p.add_argument("--output", required=True, help="the export directory")
     args = p.parse_args()
 
-    from engine import export, runtime
+    from engine import runtime
+    from engine.deploy import export
     from engine.session import Session
     s = Session.from_args(args)
     s.setup(device="cpu")

@@ -38,7 +38,7 @@ def main():
     runtime.setup_logging(None)
     dataset = s.input_dataset(args.input)
     if args.backend == "inference":
-        from engine.predictor import Predictor
+        from engine.deploy.predictor import Predictor
         model = Predictor(args.weights, mkldnn=not args.no_mkldnn, threads=rt["threads"], device=rt["device"],
                           model_name=s.cfg["model"]["name"])
     else:

@@ -11,7 +11,8 @@ def main():
     p.add_argument("--seed", type=int, help="overrides runtime.seed")
     args = p.parse_args()
 
-    from engine import runtime, trainer
+    from engine import runtime
+    from engine.training import trainer
     from engine.session import Session
     overrides = list(args.override) + ([f"runtime.seed={args.seed}"] if args.seed is not None else [])
     s = Session.from_file(args.config, overrides, args.trust_weights)

@@ -1,12 +1,12 @@
 """BERT's weight layouts: the PaddleNLP releases (entries), the Hugging Face names and our task-model
 files read by the bare encoder (layouts that are not downloadable entries), as key maps and
-conversions of a state dict; no file is read here (engine/pretrained.py reads them).
+conversions of a state dict; no file is read here (engine/weights/pretrained.py reads them).
 
 models/nlp/bert.py names the layouts in its models' `weights()`.
 """
 import numpy as np
 
-from engine.pretrained import WEIGHTS, PretrainedEntry
+from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 
 
 # PaddleNLP's released files (model_state of BertForPretraining, legacy <= 2.4 names): the tied MLM

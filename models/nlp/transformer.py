@@ -49,7 +49,7 @@ from paddle.static import InputSpec
 
 import ops
 from engine.model import DataAgreement, ZooModel
-from engine.pretrained import WEIGHTS, PretrainedEntry
+from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 
 NEG = -1e9   # additive attention bias of masked positions

@@ -7,7 +7,7 @@ fc 8192 relu -> fc 4096 tanh -> fc num_classes (multi-label, sigmoid).
 
 The layers sit under a `head` sublayer with PaddleVideo's names, so the official
 `AttentionLSTM_yt8.pdparams` loads without a key map. `paddle.nn.LSTM` registers every tensor twice
-(`bi_lstm0.weight_ih_l0` and `bi_lstm0.0.cell_fw.weight_ih`); `engine.pretrained.load_state` loads the
+(`bi_lstm0.weight_ih_l0` and `bi_lstm0.0.cell_fw.weight_ih`); `engine.weights.pretrained.load_state` loads the
 first spelling of a tied group and skips the alias.
 
 The helpers the three YouTube-8M models share are in models/video/yt8m_common.py.
@@ -17,7 +17,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 from engine.model import DataAgreement, Weights, ZooModel
-from engine.pretrained import WEIGHTS, PretrainedEntry
+from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.video.yt8m_common import check_features, check_reduction, feature_input, multilabel_outputs, \
     padded_feature_spec

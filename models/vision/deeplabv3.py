@@ -31,9 +31,9 @@ import paddle.nn.functional as F
 from paddle.static import InputSpec
 
 import ops
-from engine.export import pipeline_runner
+from engine.deploy.export import pipeline_runner
 from engine.model import DataAgreement, Weights, ZooModel
-from engine.pretrained import WEIGHTS, PretrainedEntry
+from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.vision.resnet import build_backbone, resnet_key_map
 
@@ -233,7 +233,7 @@ class DeepLabV3(ZooModel):
     # ------------------------------------------------------------------------------ inference
     # The network (image -> logits at its size) is the one exported program; the windows, scales,
     # flips and the arg-max are `run_exported`, the Python the eval forward runs around this model's
-    # own network and the predictor (engine/predictor.py, `exported_runner`) around the exported one.
+    # own network and the predictor (engine/deploy/predictor.py, `exported_runner`) around the exported one.
     PROGRAMS = {"model": "export_logits"}
 
     def run_program(self, name, inputs):

@@ -20,7 +20,7 @@ import paddle.nn.functional as F
 import ops
 from ops.paddle_attrs import batch_norm_settings
 from engine.model import Weights, ZooModel
-from engine.pretrained import WEIGHTS, PretrainedEntry
+from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 
 # depth -> (block type, blocks per stage)

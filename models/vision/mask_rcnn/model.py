@@ -26,9 +26,9 @@ import paddle
 import paddle.nn as nn
 from paddle.static import InputSpec
 
-from engine.export import pipeline_runner
+from engine.deploy.export import pipeline_runner
 from engine.model import DataAgreement, Weights, ZooModel
-from engine.pretrained import WEIGHTS, PretrainedEntry
+from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
 from models.vision.mask_rcnn import postprocess, roi_heads
 from models.vision.mask_rcnn.fpn import FPN
@@ -133,7 +133,7 @@ class MaskRCNN(ZooModel):
     # head: everything before the detection NMS) and "mask" (the mask head on the detected boxes),
     # joined by `run_exported` (NMS, top-k, mask pasting). The eval forward runs exactly that code
     # with the networks run here; tools/export.py exports the two networks as static programs and
-    # the predictor runs `run_exported` around them (`exported_runner`, engine/export.py).
+    # the predictor runs `run_exported` around them (`exported_runner`, engine/deploy/export.py).
     PROGRAMS = {"detect": "detect_program", "mask": "mask_program"}
 
     def run_program(self, name, inputs):

@@ -6,7 +6,7 @@ possibly inside an epoch) with `model.pdparams`, `model.pdopt` (optimizer incl. 
 written into a hidden temporary directory which is then renamed into place.
 
 Nothing in a checkpoint needs a full unpickle: the weights and optimizer state are read through
-engine.weightfile's allow-list, the scaler and RNG states are JSON. Checkpoints written before the
+engine.weights.weightfile's allow-list, the scaler and RNG states are JSON. Checkpoints written before the
 JSON files existed (`scaler.pdstate`, `rng.pdstate` pickles) still load: their records are plain data
 and paddle's GeneratorState, which the allow-list admits for that file alone.
 """
@@ -18,7 +18,7 @@ import shutil
 import numpy as np
 import paddle
 
-from engine import weightfile
+from engine.weights import weightfile
 from engine.registry import ConfigError
 
 CKPT_DIR = re.compile(r"(epoch|step)_(\d+)$")
@@ -106,7 +106,7 @@ def load(path, model, optimizer=None, scaler=None, trust=False):
     Returns its state dict (epoch, batch, step, ...) with the saved RNG state under `rng`; the
     trainer applies it with `restore_rng` once it has seeded the epoch.
     """
-    from engine.pretrained import load_state
+    from engine.weights.pretrained import load_state
     state_file = os.path.join(path, "model.pdparams")
     weights = read_weights(state_file, trust)
     load_state(model, weights, strict=True, what=f"checkpoint {state_file}", log=lambda *_: None)

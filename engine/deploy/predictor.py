@@ -5,7 +5,7 @@ and returns the predictions as numpy arrays under the model's own output names, 
 writer (tools/infer.py) and metric consume them exactly as they consume the dynamic model's.
 oneDNN is on by default on CPU; `device="gpu"` uses the GPU where one exists.
 
-An export of programs declared by the model (engine/export.py `programs`) is driven by the model
+An export of programs declared by the model (engine/deploy/export.py `programs`) is driven by the model
 class's `exported_runner(programs, settings)`: the Python part of the prediction (a beam search,
 sliding windows, NMS) is the model's own code, the networks are the exported programs. Predictions
 are numpy arrays, or lists of them where the model gives one per image.
@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from engine.export import programs_of, read_infer_cfg, uses_runner
+from engine.deploy.export import programs_of, read_infer_cfg, uses_runner
 from engine.registry import ConfigError
 
 

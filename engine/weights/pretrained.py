@@ -3,7 +3,7 @@
 An entry lives in its model family's files (`WEIGHTS.add(PretrainedEntry(...))`); this module only
 knows how to turn a source state dict into ours and load it, and reads what a weights folder says of
 the model (a Hugging Face config.json and vocab.txt) for the model to compare. Download, cache and
-hash checks: see `engine.download`.
+hash checks: see `engine.weights.download`.
 """
 import dataclasses
 import json
@@ -13,10 +13,10 @@ import warnings
 
 import numpy as np
 
-from engine.download import archive_stem, cache_dir, download, extract, url_filename
+from engine.weights.download import archive_stem, cache_dir, download, extract, url_filename
 from engine.model import ZooModel, unwrap
 from engine.registry import MODELS, ConfigError, Registry, did_you_mean
-from engine.weightfile import read_state
+from engine.weights.weightfile import read_state
 
 
 @dataclasses.dataclass
@@ -291,7 +291,7 @@ def _entry_file(entry, root, progress):
 def resolve_weights(spec, progress=True, root=None):
     """Turn an entry name, an http(s) URL or a local path into (local_path, entry_or_None).
 
-    Downloads go under `root` (default: `engine.download.cache_dir()`): an entry's files in
+    Downloads go under `root` (default: `engine.weights.download.cache_dir()`): an entry's files in
     `<root>/<entry name>/`, a bare URL's as `<root>/<file name>`. A URL listed by an entry is
     treated as that entry, so its hash and key map apply.
     """
@@ -334,7 +334,7 @@ def resolve_asset(spec, progress=True, root=None):
     path = _entry_file(fake, root, progress)
     want = a.get("member_md5")
     if want:
-        from engine.download import file_hash
+        from engine.weights.download import file_hash
         got = file_hash(path, "md5")
         if got != want:
             raise ConfigError(f"{path} ({spec}) has md5 {got}, {entry.name} expects {want}")
@@ -387,7 +387,7 @@ def read_folder_config(folder):
 
 def load_weights_file(path, trust=False):
     """A `.pdparams`, `.npz` or `.safetensors` file (or a folder holding one) as a dict of numpy
-    arrays, read as data: `.pdparams` through engine.weightfile's allow-list (`trust` reads a file
+    arrays, read as data: `.pdparams` through engine.weights.weightfile's allow-list (`trust` reads a file
     the user trusts in full); the other two formats never execute code."""
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -416,7 +416,7 @@ def load_pretrained(model, spec, strict=False, log=print, progress=True, weights
     An entry maps the source keys with its key map; a bare file (path or unknown URL) is read in the
     layout that explains its keys best (see `detect_layout`). `weights_format` (a layout name from
     `model_layouts`: "native" or an entry name) forces the layout. strict: see `load_state`. `trust`
-    unpickles the file in full (only for files you trust; see engine.weightfile).
+    unpickles the file in full (only for files you trust; see engine.weights.weightfile).
     Returns the load report, with `path`, `entry` (name or None) and `layout` added.
     """
     inner = unwrap(model)

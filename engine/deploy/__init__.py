@@ -1,0 +1,1 @@
+"""Deployment: exporting Paddle Inference programs (export) and running them (predictor)."""
