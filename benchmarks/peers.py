@@ -106,8 +106,8 @@ def _ours(spec, threads, fast_ops):
     import _bootstrap  # noqa: F401  (the tools' environment, set before paddle is imported)
     import paddle
     from engine import builder, config, runtime
-    from engine.training import trainer
     from engine.components import load_all
+    from engine.training import trainer
     load_all()
     overrides = list(spec.get("overrides", [])) + [f"runtime.num_threads={threads}",
                                                    f"runtime.fast_ops={'true' if fast_ops else 'false'}"]

@@ -7,8 +7,8 @@ import paddle
 import pytest
 
 from engine import config
-from engine.training import trainer
 from engine.components import load_all
+from engine.training import trainer
 from tests.conftest import ATTENTION_LSTM_DEMO
 
 SMALL = ["train.epochs=1", "train.clip_grad_norm=1.0", "train.amp.enable=true",

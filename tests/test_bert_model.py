@@ -10,8 +10,8 @@ import pytest
 
 from engine import builder
 from engine.components import load_all
-from engine.weights.pretrained import WEIGHTS, load_entry_state, load_pretrained, map_keys
 from engine.registry import ConfigError
+from engine.weights.pretrained import WEIGHTS, load_entry_state, load_pretrained, map_keys
 from tests.helpers import ROOT, counting_fused_ops
 
 load_all()

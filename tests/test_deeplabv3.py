@@ -11,8 +11,8 @@ import pytest
 
 from engine.builder import count_params
 from engine.components import load_all
-from engine.weights.pretrained import WEIGHTS, detect_layout, load_entry_state, load_state, model_layouts
 from engine.registry import ConfigError
+from engine.weights.pretrained import WEIGHTS, detect_layout, load_entry_state, load_state, model_layouts
 from models.vision.deeplabv3 import DeepLabV3, segmentation_loss
 
 load_all()

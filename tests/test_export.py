@@ -13,8 +13,8 @@ import paddle
 import pytest
 
 from engine import builder, config
-from engine.deploy import export
 from engine.components import load_all
+from engine.deploy import export
 from engine.deploy.predictor import Predictor
 from engine.registry import ConfigError
 from tests.conftest import (ATTENTION_LSTM_DEMO, BERT_GLUE_DEMO, BERT_PRETRAIN_DEMO, DEEPLAB_DEMO, MASK_RCNN_DEMO,

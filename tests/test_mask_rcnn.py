@@ -11,8 +11,8 @@ import pytest
 
 from engine.builder import count_params
 from engine.components import load_all
-from engine.weights.pretrained import WEIGHTS, load_entry_state, map_keys
 from engine.registry import ConfigError
+from engine.weights.pretrained import WEIGHTS, load_entry_state, map_keys
 from models.vision.mask_rcnn import box_ops, postprocess, roi_heads
 from models.vision.mask_rcnn.model import MaskRCNN
 from models.vision.mask_rcnn.rpn import RPN, cell_anchors, grid_anchors

@@ -6,11 +6,11 @@ import paddle
 import pytest
 
 from engine import builder
-from engine.deploy import export
 from engine.components import load_all
+from engine.deploy import export
 from engine.model import DataAgreement, Weights, ZooModel, unwrap
-from engine.weights.pretrained import model_layouts
 from engine.registry import MODELS, ConfigError, Registry
+from engine.weights.pretrained import model_layouts
 
 load_all()
 

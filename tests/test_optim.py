@@ -6,8 +6,8 @@ import numpy as np
 import paddle
 import pytest
 
-from engine.training.optim import build_lr, build_optimizer, clip_grad_norm_, split_decay
 from engine.registry import LR_SCHEDULES, OPTIMIZERS, ConfigError
+from engine.training.optim import build_lr, build_optimizer, clip_grad_norm_, split_decay
 
 
 def lrs(cfg, steps, steps_per_epoch=10, epochs=10, base_lr=None):

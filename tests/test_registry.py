@@ -11,8 +11,8 @@ import pytest
 
 from engine import builder, config
 from engine.components import COMPONENT_MODULES, load_all
-from engine.weights.pretrained import WEIGHTS
 from engine.registry import DATASETS, METRICS, MODELS, OUTPUTS
+from engine.weights.pretrained import WEIGHTS
 from tests.helpers import ROOT
 
 load_all()

@@ -8,8 +8,8 @@ import paddle
 import pytest
 
 from engine.builder import count_params
-from engine.weights.pretrained import WEIGHTS, PretrainedEntry, load_entry_state, map_keys
 from engine.registry import MODELS, ConfigError
+from engine.weights.pretrained import WEIGHTS, PretrainedEntry, load_entry_state, map_keys
 from models.video.stnet import StNet, inflate_conv1, stnet_fluid_key_map
 from models.video.tsn import TSN
 from models.vision.resnet import ResNet, build_backbone, kit_block_name, resnet_key_map

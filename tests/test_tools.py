@@ -95,8 +95,8 @@ def test_benchmark_and_amp_check_time_the_trainers_step(yt8m_demo, monkeypatch, 
     import amp_check
     import benchmark
     from engine import config
-    from engine.training import trainer
     from engine.components import load_all
+    from engine.training import trainer
     load_all()
     calls = []
     real = trainer.TrainStep.__call__

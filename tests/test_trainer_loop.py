@@ -5,8 +5,8 @@ import numpy as np
 import paddle
 
 from engine import config
-from engine.training import trainer
 from engine.components import load_all
+from engine.training import trainer
 from tests.conftest import ATTENTION_LSTM_DEMO
 from tests.helpers import ROOT
 

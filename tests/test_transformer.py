@@ -12,9 +12,9 @@ import pytest
 from engine import builder, config
 from engine.components import load_all
 from engine.data import PadSequences
-from engine.weights.pretrained import WEIGHTS, load_entry_state
 from engine.registry import ConfigError
 from engine.training.samplers import TokenBudget
+from engine.weights.pretrained import WEIGHTS, load_entry_state
 from models.nlp.transformer import Transformer, length_penalty, search_options
 from readers.translation import Translation
 from tests.helpers import ROOT, assert_one_line_error, peaked_transformer, read_metrics, tool

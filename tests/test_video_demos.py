@@ -119,8 +119,8 @@ def test_infer_prints_and_writes_top5_names(tsn_demo_run, kinetics_demo, tmp_pat
 def test_full_recipe_resolves_and_builds(path):
     _components()
     from engine import builder, config
-    from engine.weights.pretrained import WEIGHTS
     from engine.registry import TRANSFORMS
+    from engine.weights.pretrained import WEIGHTS
     cfg = config.load(path)
     name = cfg["model"]["name"]
     with paddle.LazyGuard():

@@ -10,8 +10,8 @@ import paddle
 import pytest
 
 from engine.data import PadSequences, SampleDataset, SampleError, SerialLoader, Skipped, WorkerLoader
-from engine.training.samplers import EpochBatchSampler
 from engine.registry import ConfigError, DATASETS, TRANSFORMS
+from engine.training.samplers import EpochBatchSampler
 from readers import tfrecord as tfr
 from readers.youtube8m import PCARescale, SampleFrames, YouTube8M, dequantize
 

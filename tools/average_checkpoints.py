@@ -18,8 +18,8 @@ from engine import cli
 
 def checkpoints_to_average(paths, last):
     """The files to average: the newest `last` checkpoints of one run folder, or the paths given."""
-    from engine.training.checkpoint import list_checkpoints
     from engine.registry import ConfigError
+    from engine.training.checkpoint import list_checkpoints
     if len(paths) == 1 and os.path.isdir(paths[0]) and not os.path.isfile(os.path.join(paths[0], "model.pdparams")):
         root = paths[0]
         if os.path.isdir(os.path.join(root, "checkpoints")):
@@ -40,8 +40,8 @@ def average(paths):
     """{key: array} averaged over the weights files or checkpoint directories `paths`."""
     import numpy as np
 
-    from engine.training.checkpoint import read_weights
     from engine.registry import ConfigError
+    from engine.training.checkpoint import read_weights
     if len(paths) < 2:
         raise ConfigError(f"averaging needs at least 2 checkpoints, got {len(paths)}")
     total, first, dtypes = {}, None, {}

@@ -17,9 +17,9 @@ import _bootstrap  # noqa: E402,F401  (environment before paddle)
 import argparse  # noqa: E402
 
 from engine import components  # noqa: E402
+from engine.registry import ConfigError  # noqa: E402
 from engine.weights.download import cache_dir  # noqa: E402
 from engine.weights.pretrained import WEIGHTS, resolve_weights  # noqa: E402
-from engine.registry import ConfigError  # noqa: E402
 
 _NOT_RATIOS = {"bleu", "loss", "ppl", "num_samples"}
 

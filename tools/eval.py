@@ -14,9 +14,9 @@ def main():
     args = p.parse_args()
 
     from engine import runtime
+    from engine.session import Session
     from engine.training import trainer
     from engine.training.evaluator import evaluate
-    from engine.session import Session
     s = Session.from_args(args)
     rt = s.setup()
     output = args.output or os.path.join(cli.default_output(args.config), "eval")

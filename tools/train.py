@@ -12,8 +12,8 @@ def main():
     args = p.parse_args()
 
     from engine import runtime
-    from engine.training import trainer
     from engine.session import Session
+    from engine.training import trainer
     overrides = list(args.override) + ([f"runtime.seed={args.seed}"] if args.seed is not None else [])
     s = Session.from_file(args.config, overrides, args.trust_weights)
     output = args.output or cli.default_output(args.config)

@@ -18,8 +18,8 @@ import shutil
 import numpy as np
 import paddle
 
-from engine.weights import weightfile
 from engine.registry import ConfigError
+from engine.weights import weightfile
 
 CKPT_DIR = re.compile(r"(epoch|step)_(\d+)$")
 

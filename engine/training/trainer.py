@@ -12,14 +12,14 @@ import numpy as np
 import paddle
 
 from engine import config as C, runtime
-from engine.training import checkpoint
 from engine.builder import check_agreement, count_params
 from engine.data import empty
-from engine.training.evaluator import evaluate
 from engine.model import unwrap
-from engine.training.optim import build_lr, build_optimizer, clip_grad_norm_
 from engine.registry import ConfigError, did_you_mean
 from engine.session import Session
+from engine.training import checkpoint
+from engine.training.evaluator import evaluate
+from engine.training.optim import build_lr, build_optimizer, clip_grad_norm_
 
 log = logging.getLogger("zoo")
 

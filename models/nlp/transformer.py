@@ -49,8 +49,8 @@ from paddle.static import InputSpec
 
 import ops
 from engine.model import DataAgreement, ZooModel
-from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
+from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 
 NEG = -1e9   # additive attention bias of masked positions
 

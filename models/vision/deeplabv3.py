@@ -33,8 +33,8 @@ from paddle.static import InputSpec
 import ops
 from engine.deploy.export import pipeline_runner
 from engine.model import DataAgreement, Weights, ZooModel
-from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
+from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from models.vision.resnet import build_backbone, resnet_key_map
 
 ASPP_RATIOS = {16: [1, 6, 12, 18], 8: [1, 12, 24, 36]}

@@ -20,8 +20,8 @@ import paddle.nn.functional as F
 import ops
 from ops.paddle_attrs import batch_norm_settings
 from engine.model import Weights, ZooModel
-from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
+from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 
 # depth -> (block type, blocks per stage)
 DEPTHS = {18: ("basic", [2, 2, 2, 2]), 34: ("basic", [3, 4, 6, 3]),

@@ -28,8 +28,8 @@ from paddle.static import InputSpec
 
 from engine.deploy.export import pipeline_runner
 from engine.model import DataAgreement, Weights, ZooModel
-from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from engine.registry import MODELS, ConfigError
+from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from models.vision.mask_rcnn import postprocess, roi_heads
 from models.vision.mask_rcnn.fpn import FPN
 from models.vision.mask_rcnn.rpn import RPN
