@@ -27,10 +27,7 @@ def _numel(shape):
 
 
 def build_dataset(cfg, split, seed=0, **overrides):
-    reader = (cfg.get("reader") or {}).get(split)
-    if reader is None:
-        raise ConfigError(f"the config has no reader.{split} section")
-    dataset_cfg, _ = split_reader(reader)
+    dataset_cfg, _ = split_reader(cfg, split)
     dataset_cfg.update(overrides)
     dataset_cfg.setdefault("seed", seed)
     return DATASETS.build(dataset_cfg)
@@ -41,10 +38,7 @@ def build_loader(cfg, split, seed=0, world_size=1, rank=0, dataset=None, batch_s
 
     Returns (loader, dataset, sampler); call `sampler.set_epoch` and `dataset.set_epoch` each epoch.
     """
-    reader = (cfg.get("reader") or {}).get(split)
-    if reader is None:
-        raise ConfigError(f"the config has no reader.{split} section")
-    _, loader_cfg = split_reader(reader)
+    _, loader_cfg = split_reader(cfg, split)
     dataset = dataset if dataset is not None else build_dataset(cfg, split, seed)
     if len(dataset) == 0:
         raise ConfigError(f"reader.{split}: the dataset is empty")

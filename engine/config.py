@@ -1,8 +1,8 @@
 """YAML recipes: `_base_` inheritance, dotted overrides, validation against the components' signatures.
 
 A config is plain data (a `Config`, a dict) plus its engine sections read once, typed, at load:
-`cfg.train` (with `cfg.train.amp`), `cfg.runtime` and `cfg.loader(split)` are frozen dataclasses
-generated from the key tables below, with the defaults filled in. Component sections (`model`, `optimizer`, `lr`, `metric`, readers,
+`cfg.train` (with `cfg.train.amp`) and `cfg.runtime` are frozen dataclasses generated from the key
+tables below, with the defaults filled in (a reader split's DataLoader keys: `split_reader`). Component sections (`model`, `optimizer`, `lr`, `metric`, readers,
 transforms, collates, backbones) select a class with `name:`; their other keys are the class's
 keyword arguments, so the class signature is the schema: an unknown key or a value of the wrong type
 is rejected with the file it came from, the dotted key and a did-you-mean.
@@ -230,17 +230,6 @@ class Config(dict):
         self.train = TrainSection.of(self.get("train"))
         self.runtime = RuntimeSection.of(self.get("runtime"))
 
-    @property
-    def amp(self):
-        return self.train.amp
-
-    def loader(self, split):
-        """(the dataset's keyword arguments, LoaderSection) of reader.<split>."""
-        reader = (self.get("reader") or {}).get(split)
-        if reader is None:
-            raise ConfigError(f"the config has no reader.{split} section")
-        return split_reader(reader)
-
     def eval_split(self):
         """The split evaluation, inference and export read: test if the recipe has one, else val."""
         return "test" if "test" in (self.get("reader") or {}) else "val"
@@ -253,8 +242,12 @@ class Config(dict):
         return out
 
 
-def split_reader(reader_cfg):
-    """Separate a reader split's DataLoader keys (a LoaderSection) from the dataset's own arguments."""
+def split_reader(cfg, split):
+    """reader.<split> of a config (a Config or its plain data) as (the dataset's own arguments, a new
+    dict; its DataLoader keys, a LoaderSection)."""
+    reader_cfg = (cfg.get("reader") or {}).get(split)
+    if reader_cfg is None:
+        raise ConfigError(f"the config has no reader.{split} section")
     dataset = {k: v for k, v in reader_cfg.items() if k not in LOADER_KEYS}
     return dataset, LoaderSection.of({k: v for k, v in reader_cfg.items() if k in LOADER_KEYS})
 

@@ -35,10 +35,6 @@ class Session:
         runtime.seed_all(self.cfg.runtime.seed)
         return self.rt
 
-    @property
-    def rank(self):
-        return self.rt["rank"] if self.rt else 0
-
     def model(self, weights=None, weights_format=None, strict=True, log=print):
         """The recipe's model, with `weights` (a .pdparams file, a checkpoint or final/ directory, an
         entry name or a URL) loaded when given."""
@@ -62,8 +58,7 @@ class Session:
 
     def input_dataset(self, inputs):
         """The eval split's reader over raw input files or folders (tools/infer.py)."""
-        kwargs, _ = config.split_reader(self.cfg["reader"][self.cfg.eval_split()])
-        kwargs = dict(kwargs)
+        kwargs, _ = config.split_reader(self.cfg, self.cfg.eval_split())
         return DATASETS.get(kwargs.pop("name")).for_inputs(inputs, **kwargs)
 
     def infer_writer(self):
