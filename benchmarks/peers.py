@@ -35,6 +35,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from benchmarks import report  # noqa: E402
 
+# the precisions a side can run: ours through the recipe's AMP keys, theirs with torch.autocast("cpu", bfloat16)
+AMP = {"fp32": [], "bf16": ["train.amp.enable=true", "train.amp.dtype=bfloat16"]}
+
 # name -> our recipe (+ overrides), batch size, the shapes in words
 PEERS = {
     "BERT-base": dict(key="bert", config="configs/nlp/bert/bert_base_1000k_pretrain.yaml", batch=8,
@@ -101,33 +104,32 @@ def make_batch(key, batch, seed=0):
 
 
 # ------------------------------------------------------------------------------- one process
-def _ours(spec, threads, fast_ops):
+def _ours(spec, threads, fast_ops, precision="fp32"):
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import _bootstrap  # noqa: F401  (the tools' environment, set before paddle is imported)
     import paddle
-    from engine import builder, config, runtime
-    from engine.components import load_all
+    from engine.session import Session
     from engine.training import trainer
-    load_all()
     overrides = list(spec.get("overrides", [])) + [f"runtime.num_threads={threads}",
-                                                   f"runtime.fast_ops={'true' if fast_ops else 'false'}"]
-    cfg = config.load(os.path.join(ROOT, spec["config"]), overrides)
-    runtime.setup(cfg.runtime)
-    runtime.seed_all(0)
-    model = builder.build_model(cfg["model"])
-    step = trainer.build_train_step(cfg, model, steps_per_epoch=100, total_steps=1000)
+                                                   f"runtime.fast_ops={'true' if fast_ops else 'false'}",
+                                                   "runtime.seed=0", *AMP[precision]]
+    s = Session.from_file(os.path.join(ROOT, spec["config"]), overrides)
+    s.setup()
+    if precision != "fp32" and not s.train_amp.enable:
+        raise SystemExit(f"error: {precision}: this CPU or build cannot run it (see the log line above)")
+    step = trainer.build_train_step(s.cfg, s.model(), steps_per_epoch=100, total_steps=1000, amp=s.train_amp)
     step.model.train()
     batch = {k: paddle.to_tensor(v) for k, v in make_batch(spec["key"], spec["batch"]).items()}
     batch["index"] = paddle.arange(spec["batch"], dtype="int64")
     return lambda: step(batch)["loss"].item(), {"paddle": paddle.__version__}
 
 
-def _theirs(spec, threads):
+def _theirs(spec, threads, precision="fp32"):
     import torch
     import torch_peers
     torch.manual_seed(0)
     torch.set_num_threads(threads)
-    _, _, step = torch_peers.BUILDERS[spec["key"]](spec)
+    _, _, step = torch_peers.BUILDERS[spec["key"]](spec, autocast=precision == "bf16")
     batch = make_batch(spec["key"], spec["batch"])
     return lambda: step(batch).item(), {"torch": torch.__version__}
 
@@ -148,10 +150,10 @@ def _profile(side, run):
         prof.summary(op_detail=True, thread_sep=False, time_unit="ms", views=pp.SummaryView.OperatorView)
 
 
-def run_one(name, side, steps, threads, fast_ops=True, profile=False):
+def run_one(name, side, steps, threads, fast_ops=True, profile=False, precision="fp32"):
     spec = PEERS[name]
     sys.path.insert(0, HERE)
-    run, versions = _ours(spec, threads, fast_ops) if side == "ours" else _theirs(spec, threads)
+    run, versions = _ours(spec, threads, fast_ops, precision) if side == "ours" else _theirs(spec, threads, precision)
     loss = run()                                   # warm-up: allocations, kernel choice, op compilation
     if profile:
         _profile(side, run)
@@ -161,6 +163,7 @@ def run_one(name, side, steps, threads, fast_ops=True, profile=False):
         loss = run()
         times.append(time.perf_counter() - tic)
     return {"name": name, "side": side, "fast_ops": fast_ops if side == "ours" else None, "threads": threads,
+            "precision": precision,
             "times": times, "s_per_step": statistics.median(times), "loss": loss,
             "samples_per_s": spec["batch"] / statistics.median(times), **versions}
 
@@ -309,6 +312,7 @@ def main():
     p.add_argument("--run", choices=list(PEERS), help="one side in this process; prints a JSON line")
     p.add_argument("--side", choices=["ours", "theirs"], default="ours")
     p.add_argument("--no-fast-ops", action="store_true")
+    p.add_argument("--precision", choices=list(AMP), default="fp32", help="with --run: the side's precision")
     p.add_argument("--profile", action="store_true", help="with --run: per-op table of one step")
     args = p.parse_args()
     if args.kind and not (args.show or args.readme):
@@ -316,7 +320,8 @@ def main():
     if not args.json:
         args.json = os.path.relpath(os.path.join(report.results_dir(args.kind), "peers.json"), ROOT)
     if args.run:
-        print(json.dumps(run_one(args.run, args.side, args.steps, args.threads, not args.no_fast_ops, args.profile)))
+        print(json.dumps(run_one(args.run, args.side, args.steps, args.threads, not args.no_fast_ops, args.profile,
+                                 args.precision)))
     elif args.show or args.readme:
         path = os.path.join(ROOT, args.json)
         if not os.path.isfile(path):

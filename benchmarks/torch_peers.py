@@ -2,7 +2,8 @@
 
 Plain torch (no torchvision: its PyPI wheels do not load against the CPU torch build here), NCHW,
 no torch.compile. Each builder returns (model, optimizer, step_fn(batch) -> loss tensor) for a batch
-of numpy arrays made by `benchmarks.peers.make_batch` (the same arrays our side gets). The
+of numpy arrays made by `benchmarks.peers.make_batch` (the same arrays our side gets); `autocast`
+runs the step under torch.autocast("cpu", bfloat16). The
 architectures and hyper-parameters are those of our recipes (see each builder), so a step does the
 same arithmetic in both frameworks.
 """
@@ -18,9 +19,12 @@ def _t(batch):
     return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
 
 
-def _step(model, optimizer, loss_fn, clip=None):
+def _step(model, optimizer, loss_fn, clip=None, autocast=False):
+    """`autocast`: the forward (and so its backward) under torch.autocast("cpu", bfloat16), as a new
+    user would write it: matmul, linear and convolution in bf16, norms and losses in fp32."""
     def step(batch):
-        loss = loss_fn(model, _t(batch))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = loss_fn(model, _t(batch))
         loss.backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -59,14 +63,14 @@ class BertPretrain(nn.Module):
         return mlm + F.cross_entropy(self.nsp(pooled), b["next_sentence_label"])
 
 
-def bert(spec):
+def bert(spec, autocast=False):
     cfg = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                intermediate_size=3072, hidden_act="gelu", hidden_dropout_prob=0.1,
                attention_probs_dropout_prob=0.1, max_position_embeddings=512, type_vocab_size=2,
                layer_norm_eps=1e-12)
     model = BertPretrain(cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
-    return model, opt, _step(model, opt, lambda m, b: m(b))
+    return model, opt, _step(model, opt, lambda m, b: m(b), autocast=autocast)
 
 
 # ------------------------------------------------------------------------------------ Transformer
@@ -101,10 +105,10 @@ class Seq2Seq(nn.Module):
                                ignore_index=self.pad, label_smoothing=0.1)
 
 
-def transformer(spec):
+def transformer(spec, autocast=False):
     model = Seq2Seq().train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.997), eps=1e-9)
-    return model, opt, _step(model, opt, lambda m, b: m(b))
+    return model, opt, _step(model, opt, lambda m, b: m(b), autocast=autocast)
 
 
 # ------------------------------------------------------------------------------------------ ResNet
@@ -176,10 +180,10 @@ class TSN(nn.Module):
         return F.cross_entropy(logits, b["label"])
 
 
-def tsn(spec):
+def tsn(spec, autocast=False):
     model = TSN().train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    return model, opt, _step(model, opt, lambda m, b: m(b), clip=40.0)
+    return model, opt, _step(model, opt, lambda m, b: m(b), clip=40.0, autocast=autocast)
 
 
 class DeepLabV3(nn.Module):
@@ -208,10 +212,10 @@ class DeepLabV3(nn.Module):
         return F.cross_entropy(logits, b["label"], ignore_index=255)
 
 
-def deeplabv3(spec):
+def deeplabv3(spec, autocast=False):
     model = DeepLabV3().train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
-    return model, opt, _step(model, opt, lambda m, b: m(b))
+    return model, opt, _step(model, opt, lambda m, b: m(b), autocast=autocast)
 
 
 # ---------------------------------------------------------------------------------- AttentionLSTM
@@ -242,10 +246,10 @@ class AttentionLSTM(nn.Module):
         return F.binary_cross_entropy_with_logits(logits, b["labels"], reduction="sum")
 
 
-def attention_lstm(spec):
+def attention_lstm(spec, autocast=False):
     model = AttentionLSTM().train()
     opt = torch.optim.RMSprop(model.parameters(), lr=2.5e-4, centered=True, weight_decay=4e-4)
-    return model, opt, _step(model, opt, lambda m, b: m(b))
+    return model, opt, _step(model, opt, lambda m, b: m(b), autocast=autocast)
 
 
 BUILDERS = {"bert": bert, "transformer": transformer, "tsn": tsn, "deeplabv3": deeplabv3,

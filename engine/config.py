@@ -1,8 +1,9 @@
 """YAML recipes: `_base_` inheritance, dotted overrides, validation against the components' signatures.
 
 A config is plain data (a `Config`, a dict) plus its engine sections read once, typed, at load:
-`cfg.train` (with `cfg.train.amp`) and `cfg.runtime` are frozen dataclasses generated from the key
-tables below, with the defaults filled in (a reader split's DataLoader keys: `split_reader`). Component sections (`model`, `optimizer`, `lr`, `metric`, readers,
+`cfg.train` (with `cfg.train.amp`), `cfg.eval_amp` (eval.amp over train.amp: evaluation and
+inference) and `cfg.runtime` are frozen dataclasses generated from the key tables below, with the
+defaults filled in (a reader split's DataLoader keys: `split_reader`). Component sections (`model`, `optimizer`, `lr`, `metric`, readers,
 transforms, collates, backbones) select a class with `name:`; their other keys are the class's
 keyword arguments, so the class signature is the schema: an unknown key or a value of the wrong type
 is rejected with the file it came from, the dotted key and a did-you-mean.
@@ -50,6 +51,9 @@ AMP_KEYS = {
     "level": (str, "O1", one_of("O1", "O2")),
     "init_loss_scaling": (float, 32768.0, lambda v: None if v > 0 else "must be > 0"),
 }
+EVAL_KEYS = {
+    "amp": (dict, None),                      # eval.amp: evaluation and inference; unset keys: train.amp's
+}
 RUNTIME_KEYS = {
     "seed": (int, 0, at_least(0)),
     "num_threads": (int, 0, at_least(0)),     # CPU math threads; 0 = the cores available
@@ -69,7 +73,7 @@ LOADER_KEYS = {
     "collate": (dict, None),                  # {name: Stack} by default
 }
 SPLITS = ("train", "val", "test")
-TOP_KEYS = ("model", "reader", "optimizer", "lr", "metric", "infer", "train", "runtime", "labels")
+TOP_KEYS = ("model", "reader", "optimizer", "lr", "metric", "infer", "train", "eval", "runtime", "labels")
 # component keys nested inside components, and the registry that validates them
 NESTED = {"transforms": TRANSFORMS, "backbone": MODELS, "collate": COLLATES, "sampler": SAMPLERS}
 
@@ -229,6 +233,9 @@ class Config(dict):
         super().__init__(data)
         self.train = TrainSection.of(self.get("train"))
         self.runtime = RuntimeSection.of(self.get("runtime"))
+        # evaluation (in training too) and inference compute as training does unless eval.amp says otherwise
+        self.eval_amp = AmpSection.of({**((self.get("train") or {}).get("amp") or {}),
+                                       **((self.get("eval") or {}).get("amp") or {})})
 
     def eval_split(self):
         """The split evaluation, inference and export read: test if the recipe has one, else val."""
@@ -370,6 +377,8 @@ def validate(cfg, origins=None, root_file="<config>"):
             check.component(cfg[key], reg, key)
     check.section(cfg.get("train"), TRAIN_KEYS, "train")
     check.section((cfg.get("train") or {}).get("amp"), AMP_KEYS, "train.amp")
+    check.section(cfg.get("eval"), EVAL_KEYS, "eval")
+    check.section((cfg.get("eval") or {}).get("amp"), AMP_KEYS, "eval.amp")
     if "trust_weights" in (cfg.get("runtime") or {}):
         check.fail("runtime.trust_weights", "not a config key: trusting a weight file to run code is the choice "
                    "of whoever runs the command, never of a recipe; pass --trust-weights")

@@ -1,4 +1,6 @@
-"""Process set-up: threads, device, seeds, the data-parallel environment, logging."""
+"""Process set-up: threads, device, seeds, the data-parallel environment, mixed precision, logging."""
+import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -48,9 +50,52 @@ def setup(runtime_cfg):
     return {"device": device, "threads": threads, "world_size": world_size, "rank": rank}
 
 
+_said = set()
+
+
+def _once(message, *args):
+    if message not in _said:
+        _said.add(message)
+        log.info(message, *args)
+
+
+def _on_cpu():
+    return paddle.get_device().startswith("cpu")
+
+
+def resolve_amp(amp, where="train.amp"):
+    """The AmpSection this process can run, after runtime.setup. On a GPU: `amp` (paddle.amp).
+    On a CPU, where paddle's AMP does nothing: bf16 runs on the fused oneDNN operators (ops.autocast),
+    so float16 is an error; without native bf16 (AVX512_BF16 or AMX) or with runtime.fast_ops off,
+    one log line and fp32; level O2 keeps fp32 master weights (one log line: it runs as O1)."""
+    if not amp.enable or not _on_cpu():
+        return amp
+    if amp.dtype == "float16":
+        raise ConfigError(f"{where}.dtype: float16 needs a GPU (paddle has no CPU float16 kernels); "
+                          f"on a CPU use {where}.dtype=bfloat16")
+    if not ops.is_enabled():
+        _once("%s: bfloat16 on a CPU runs on the fused operators, and runtime.fast_ops is false: computing in fp32",
+              where)
+        return dataclasses.replace(amp, enable=False)
+    if not ops.bf16_supported():
+        _once("%s: this CPU has no native bf16 for oneDNN (AVX512_BF16 or AMX; ONEDNN_MAX_CPU_ISA=%s): "
+              "computing in fp32", where, os.environ.get("ONEDNN_MAX_CPU_ISA", "unset"))
+        return dataclasses.replace(amp, enable=False)
+    if amp.level == "O2":
+        _once("%s.level O2 on a CPU: the weights stay fp32 and matmul / convolution compute in bf16 (as O1)", where)
+        return dataclasses.replace(amp, level="O1")
+    _once("%s: bfloat16 matmul and convolution on oneDNN (norms, softmax, losses and weights in fp32)", where)
+    return amp
+
+
 def autocast(amp):
-    """paddle's autocast for an AmpSection (train.amp); on a CPU paddle 3.3 computes in fp32 regardless."""
-    return paddle.amp.auto_cast(enable=amp.enable, dtype=amp.dtype, level=amp.level)
+    """Mixed precision for a resolved AmpSection (`resolve_amp`): paddle.amp on a GPU, the fused
+    operators' bf16 (ops.autocast) on a CPU."""
+    if not amp.enable:
+        return contextlib.nullcontext()
+    if _on_cpu():
+        return ops.autocast(ops.bf16_supported())
+    return paddle.amp.auto_cast(enable=True, dtype=amp.dtype, level=amp.level)
 
 
 def convert_sync_bn(layer):

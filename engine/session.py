@@ -16,6 +16,7 @@ class Session:
     def __init__(self, cfg, trust_weights=False, path="<config>"):
         self.cfg, self.trust_weights, self.path = cfg, trust_weights, path
         self.rt = None
+        self.train_amp = self.eval_amp = None   # the AMP settings this process runs (after setup)
 
     @classmethod
     def from_file(cls, path, overrides=(), trust_weights=False):
@@ -29,10 +30,13 @@ class Session:
         return cls.from_file(args.config, args.override, args.trust_weights)
 
     def setup(self, device=None):
-        """runtime.setup and the seeds; `device` overrides runtime.device (export traces on the CPU)."""
+        """runtime.setup, the seeds and the AMP settings (runtime.resolve_amp); `device` overrides
+        runtime.device (export traces on the CPU)."""
         rt_cfg = self.cfg.runtime if device is None else dataclasses.replace(self.cfg.runtime, device=device)
         self.rt = runtime.setup(rt_cfg)
         runtime.seed_all(self.cfg.runtime.seed)
+        self.train_amp = runtime.resolve_amp(self.cfg.train.amp, "train.amp")
+        self.eval_amp = runtime.resolve_amp(self.cfg.eval_amp, "eval.amp" if "eval" in self.cfg else "train.amp")
         return self.rt
 
     def model(self, weights=None, weights_format=None, strict=True, log=print):

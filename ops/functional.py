@@ -10,6 +10,14 @@ GEMMs and im2col convolutions: 1.6-2.0x faster GEMMs and ~2x faster 3x3 convolut
 backward) on our AMD EPYC (benchmarks/kernel_shapes.py). The rest (csrc/ops.cc) are fused
 element-wise and row kernels with their own backward.
 
+bf16 (`autocast`, engine/runtime.py from `amp: {enable: true, dtype: bfloat16}` on a CPU): inside the
+block, matmul (so linear and attention's two products) and conv2d compute in bf16 with fp32
+accumulation on oneDNN's native kernels, forward and both gradients; their results, the weights,
+gradients and everything else (norms, softmax, losses, the optimizer) stay fp32, as PyTorch's CPU
+autocast lists do. Route "operands" (default) rounds the operands to bf16 at the operator (matmul keeps
+the rounded copies for its backward); route "fpmath" asks oneDNN to compute fp32 operands in bf16
+(kept for measuring: benchmarks/kernel_shapes.py). A CPU without native bf16 (`bf16_supported`) stays fp32.
+
 No operator writes a subnormal float where the exact result is below float32's normal range
 (csrc/ops.cc says why); `library.set_flush_denormals` (runtime.flush_denormals) adds FTZ/DAZ for
 the threads that run the operators (tests/test_denormals.py).
@@ -21,7 +29,8 @@ import paddle
 from ops import library, reference
 from ops.paddle_attrs import batch_norm_settings, conv2d_settings
 
-_state = {"enabled": False}
+_state = {"enabled": False, "bf16": False, "route": "operands"}
+BF16_ROUTES = ("operands", "fpmath")
 _ACTS = {None: 0, "none": 0, "relu": 1, "gelu": 2}   # the activation codes the kernels know
 
 
@@ -52,6 +61,32 @@ class enabled_as:
 
     def __exit__(self, *exc):
         _state["enabled"] = self.before
+
+
+def bf16_supported():
+    """Whether this CPU computes bf16 natively in oneDNN (AVX512_BF16 or AMX, within
+    ONEDNN_MAX_CPU_ISA) and the oneDNN operators are built."""
+    return bool(library.load() and library.state["dnnl"] and library.bf16_supported())
+
+
+class autocast:
+    """Context manager: matmul and conv2d in bf16 inside the block (see the module docstring); the
+    caller checks `bf16_supported()` first. `route`: one of BF16_ROUTES (None: the one set)."""
+
+    def __init__(self, on=True, route=None):
+        if route is not None and route not in BF16_ROUTES:
+            raise ValueError(f"bf16 route {route!r}: one of {', '.join(BF16_ROUTES)}")
+        self.on, self.route = bool(on), route
+
+    def __enter__(self):
+        self.before = dict(_state)
+        _state["bf16"] = self.on
+        if self.route:
+            _state["route"] = self.route
+        return self
+
+    def __exit__(self, *exc):
+        _state.update(bf16=self.before["bf16"], route=self.before["route"])
 
 
 def active(*tensors):
@@ -97,7 +132,9 @@ def matmul(x, y, transpose_x=False, transpose_y=False):
     batch axes, 1-D operands) take paddle.matmul."""
     if active(x, y) and library.state["dnnl"] and x.ndim >= 2 and (
             (y.ndim == 2 and not transpose_x) or (y.ndim == x.ndim and x.shape[:-2] == y.shape[:-2])):
-        return _run("zoo_matmul", x, y, bool(transpose_x), bool(transpose_y))[0]
+        if _state["bf16"] and _state["route"] == "operands":
+            return _run("zoo_matmul_bf16", x, y, bool(transpose_x), bool(transpose_y))[0]
+        return _run("zoo_matmul", x, y, bool(transpose_x), bool(transpose_y), _state["bf16"])[0]
     return paddle.matmul(x, y, transpose_x, transpose_y)
 
 
@@ -165,8 +202,9 @@ def conv2d(x, conv):
     fast = (s.data_format == "NCHW" and s.groups == 1 and s.padding_mode == "zeros" and s.padding is not None
             and x.ndim == 4)
     if fast and active(x, conv.weight) and library.state["dnnl"]:
+        math = (2 if _state["route"] == "operands" else 1) if _state["bf16"] else 0
         y = _run("zoo_conv2d", x, conv.weight, list(s.stride), list(s.padding), list(s.dilation),
-                 not x.stop_gradient)[0]
+                 not x.stop_gradient, math)[0]
         return y if conv.bias is None else y + conv.bias.reshape([1, -1, 1, 1])
     return conv(x)
 

@@ -196,6 +196,15 @@ def set_flush_denormals(on):
         _cdll().zoo_set_fp_mode(int(bool(on)))
 
 
+def bf16_supported():
+    """oneDNN's answer for this CPU (csrc/dnnl.cc, zoo_bf16_supported); False without the library."""
+    if not (load() and state["dnnl"]):
+        return False
+    if "bf16" not in state:
+        state["bf16"] = bool(_cdll().zoo_bf16_supported())
+    return state["bf16"]
+
+
 def threads_mxcsr(n):
     """The MXCSR of the calling thread as our operators set it, and of `n` OpenMP threads in one of
     their parallel regions (what the guard's tests check); None without the library."""

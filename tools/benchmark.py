@@ -27,6 +27,7 @@ extra arguments.
 import _bootstrap  # noqa: F401  (environment before paddle)
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -142,15 +143,17 @@ def _count(batch, tokens):
     return int(batch[tokens + "_len"].sum().item()) if tokens else len(batch["index"])
 
 
-def _time_model(cfg, batches, steps, train, tokens=None):
-    """Train steps through the trainer's own TrainStep (what training runs), or eval forwards.
+def _time_model(cfg, batches, steps, train, amp, tokens=None):
+    """Train steps through the trainer's own TrainStep (what training runs), or eval forwards, with
+    the resolved AMP settings `amp` (Session.train_amp / eval_amp).
     Returns (samples/s, s/step, parameters, tokens/s or None)."""
     import paddle
-    from engine import builder
+    from engine import builder, runtime
     from engine.training import trainer
     model = builder.build_model(cfg["model"])
     if train:
-        train_step = trainer.build_train_step(cfg, model, steps_per_epoch=max(steps, 1), total_steps=steps + 1)
+        train_step = trainer.build_train_step(cfg, model, steps_per_epoch=max(steps, 1), total_steps=steps + 1,
+                                              amp=amp)
         model = train_step.model
         model.train()
 
@@ -160,7 +163,7 @@ def _time_model(cfg, batches, steps, train, tokens=None):
         model.eval()
 
         def step(batch):
-            with paddle.no_grad():
+            with paddle.no_grad(), runtime.autocast(amp):
                 return next(iter(model(batch).values()))
 
     step(batches[0]).numpy()  # warm-up: first-call allocations and kernel selection
@@ -189,6 +192,7 @@ def bench(config_path, overrides, steps, batch_size, workers, synthetic, tokens=
         "threads": rt["threads"],
         "env": {k: os.environ.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "FLAGS_use_stride_kernel")},
         "synthetic_inputs": synthetic, "reader": {},
+        "amp": {"train": dataclasses.asdict(s.train_amp), "eval": dataclasses.asdict(s.eval_amp)},
     }
     for w in workers:
         sps, per_batch = _time_reader(cfg, bs, w, steps, seed)
@@ -199,10 +203,10 @@ def bench(config_path, overrides, steps, batch_size, workers, synthetic, tokens=
     if tokens and tokens + "_len" not in batches[0]:
         from engine.registry import ConfigError
         raise ConfigError(f"--tokens {tokens}: the batch has no '{tokens}_len' (a PadSequences key)")
-    train_sps, train_step, params, train_tps = _time_model(cfg, batches, steps, train=True, tokens=tokens)
+    train_sps, train_step, params, train_tps = _time_model(cfg, batches, steps, True, s.train_amp, tokens)
     eval_batches = [{k: v for k, v in b.items() if k not in drop_keys} for b in batches]
-    eval_sps, eval_step, _, eval_tps = _time_model(cfg, eval_batches, steps, train=False,
-                                                   tokens=tokens if tokens not in drop_keys else None)
+    eval_sps, eval_step, _, eval_tps = _time_model(cfg, eval_batches, steps, False, s.eval_amp,
+                                                   tokens if tokens not in drop_keys else None)
     result.update(params=params, train_samples_per_s=train_sps, train_s_per_step=train_step,
                   eval_samples_per_s=eval_sps, eval_s_per_step=eval_step,
                   peak_memory_mb=runtime.peak_memory_mb(), drop_keys_in_eval=list(drop_keys))

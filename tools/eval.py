@@ -23,7 +23,7 @@ def main():
     runtime.setup_logging(output if rt["rank"] == 0 else None, rt["rank"])
     model = s.model(args.weights, args.weights_format)
     loader, dataset, _ = s.loader(args.split or s.cfg.eval_split())
-    metrics = evaluate(model, loader, s.metric(dataset), s.cfg.train.amp)
+    metrics = evaluate(model, loader, s.metric(dataset), s.eval_amp)
     if rt["rank"] == 0:
         trainer.write_metrics(metrics, output)
         print(cli.format_metrics(metrics))

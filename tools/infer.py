@@ -28,6 +28,8 @@ def _parser():
 def main():
     args = _parser().parse_args()
 
+    import dataclasses
+
     import paddle
     from engine import runtime
     from engine.data import empty
@@ -47,7 +49,8 @@ def main():
     loader, _, _ = s.loader(s.cfg.eval_split(), dataset=dataset, batch_size=args.batch_size, sharded=False)
     writer.open(args.output or os.path.join(cli.default_output(args.config), "infer"), dataset,
                 s.label_names(required=True))
-    with paddle.no_grad():
+    amp = s.eval_amp if args.backend == "dynamic" else dataclasses.replace(s.eval_amp, enable=False)
+    with paddle.no_grad(), runtime.autocast(amp):
         for batch in loader:
             if empty(batch):
                 continue

@@ -7,9 +7,18 @@
 // oneDNN is built with the OpenMP runtime and its GOMP/omp calls resolve to paddle's libiomp5 (loaded before libgomp): one thread pool with
 // MKL and the kernels of ops.cc, sized by ZOO_FAST_OPS_THREADS.
 //
+// bf16 (ops.autocast, train.amp.dtype bfloat16): the same operators with bf16 operands and fp32
+// results and gradients, accumulated in fp32 (oneDNN's avx512_core_bf16 / AMX kernels). The fp32
+// tensors are rounded to bf16 at the operator (round to nearest even); matmul keeps its rounded
+// operands for the backward GEMMs (zoo_matmul_bf16's second and third outputs: half the bytes of the
+// fp32 ones, and no second rounding), convolution rounds inside the reorders to oneDNN's blocked
+// layouts it does anyway. The other route, oneDNN's fpmath_mode = bf16 on the fp32 primitives (the
+// `fpmath` attribute), is kept for measuring: on our AMD EPYC oneDNN 3.6 ignores it.
+//
 // Layout: a shared section (engine, stream, lock, thread count and one bounded cache of prepared
 // problems), then one section per operator: matmul (C API), convolution (C++ API, its reorders at the
 // NCHW boundary). Each operator caches what it prepares by problem (shape, strides, thread count).
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -129,12 +138,55 @@ class Context {
   std::unordered_map<std::string, std::list<std::pair<std::string, std::shared_ptr<void>>>::iterator> index_;
 };
 
-dnnl_memory_desc_t f32_desc(int ndims, const int64_t* dims, const int64_t* strides) {
+dnnl_memory_desc_t strided_desc(int ndims, const int64_t* dims, const int64_t* strides, dnnl_data_type_t type) {
   dnnl_dims_t d = {0}, s = {0};
   for (int i = 0; i < ndims; ++i) d[i] = dims[i], s[i] = strides[i];
   dnnl_memory_desc_t md;
-  ok(dnnl_memory_desc_create_with_strides(&md, ndims, d, dnnl_f32, s), "memory_desc_create");
+  ok(dnnl_memory_desc_create_with_strides(&md, ndims, d, type, s), "memory_desc_create");
   return md;
+}
+
+// ------------------------------------------------------------------------------------- bf16
+// Whether oneDNN runs bf16 natively here (avx512_core_bf16 or AMX, within ONEDNN_MAX_CPU_ISA); below
+// that it would emulate or refuse, and ops.autocast stays in fp32.
+bool bf16_native() {
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const unsigned want = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+  return (isa & want) == want;
+}
+
+inline uint16_t bf16_round(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if ((u & 0x7f800000u) == 0) return static_cast<uint16_t>((u >> 16) & 0x8000u);  // subnormal: signed zero
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// dst[i] = bf16(src[i]), round to nearest even; subnormals become zero as the hardware conversion
+// (vcvtneps2bf16, used where the CPU has it) does.
+void to_bf16(const float* src, uint16_t* dst, int64_t n, int nthreads) {
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+    int64_t i = lo;
+#ifdef __AVX512BF16__
+    for (; i + 16 <= hi; i += 16) {
+      __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<__m256i&>(h));
+    }
+#endif
+    for (; i < hi; ++i) dst[i] = bf16_round(src[i]);
+  }
+}
+
+paddle::Tensor bf16_copy(const paddle::Tensor& t, int nthreads) {
+  auto out = paddle::empty(t.shape(), paddle::DataType::BFLOAT16, t.place());
+  to_bf16(t.data<float>(), reinterpret_cast<uint16_t*>(out.data<paddle::bfloat16>()), t.numel(), nthreads);
+  return out;
 }
 
 void check_f32_cpu(const paddle::Tensor& t, const char* what) {
@@ -143,38 +195,50 @@ void check_f32_cpu(const paddle::Tensor& t, const char* what) {
 }
 
 // ================================================================================ matmul
-// C[b] (M x N, contiguous) = A[b] (M x K) @ B[b] (K x N), A and B given by element strides
-// (batch, row, column): a transposed operand is the same memory with row and column strides swapped.
+// C[b] (M x N, contiguous, fp32) = A[b] (M x K) @ B[b] (K x N), A and B given by element strides
+// (batch, row, column) and their type (both fp32 or both bf16): a transposed operand is the same
+// memory with row and column strides swapped. `fpmath`: fp32 operands computed in bf16 by oneDNN.
 struct Operand {
-  const float* data;
+  const void* data;
   int64_t sb, sr, sc;  // strides of batch, row, column
-  Operand t() const { return {data, sb, sc, sr}; }
+  dnnl_data_type_t type;
+  Operand t() const { return {data, sb, sc, sr, type}; }
 };
 
-void gemm(int64_t batch, int64_t M, int64_t K, int64_t N, const Operand& a, const Operand& b, float* c) {
+void gemm(int64_t batch, int64_t M, int64_t K, int64_t N, const Operand& a, const Operand& b, float* c,
+          bool fpmath = false) {
   if (batch == 0 || M == 0 || N == 0) return;
   if (K == 0) {
     std::memset(c, 0, sizeof(float) * batch * M * N);
     return;
   }
   std::string key = "matmul";
-  for (int64_t v : {batch, M, K, N, a.sb, a.sr, a.sc, b.sb, b.sr, b.sc}) key += "," + std::to_string(v);
+  for (int64_t v : {batch, M, K, N, a.sb, a.sr, a.sc, b.sb, b.sr, b.sc, int64_t(a.type), int64_t(fpmath)})
+    key += "," + std::to_string(v);
   auto make = [&]() {
     const int64_t ad[3] = {batch, M, K}, as[3] = {batch > 1 ? a.sb : M * K, a.sr, a.sc};
     const int64_t bd[3] = {batch, K, N}, bs[3] = {batch > 1 ? b.sb : K * N, b.sr, b.sc};
     const int64_t cd[3] = {batch, M, N}, cs[3] = {M * N, N, 1};
     auto p = std::make_shared<Primitive>();
-    p->args = {{DNNL_ARG_SRC, f32_desc(3, ad, as)}, {DNNL_ARG_WEIGHTS, f32_desc(3, bd, bs)}, {DNNL_ARG_DST, f32_desc(3, cd, cs)}};
+    p->args = {{DNNL_ARG_SRC, strided_desc(3, ad, as, a.type)},
+               {DNNL_ARG_WEIGHTS, strided_desc(3, bd, bs, b.type)},
+               {DNNL_ARG_DST, strided_desc(3, cd, cs, dnnl_f32)}};
+    dnnl_primitive_attr_t attr = nullptr;
+    if (fpmath) {
+      ok(dnnl_primitive_attr_create(&attr), "primitive_attr_create");
+      ok(dnnl_primitive_attr_set_fpmath_mode(attr, dnnl_fpmath_mode_bf16), "set_fpmath_mode");
+    }
     dnnl_primitive_desc_t pd;
-    ok(dnnl_matmul_primitive_desc_create(&pd, Context::get().engine().get(), p->args[0].second, p->args[1].second,
-                                         nullptr, p->args[2].second, nullptr),
-       "matmul_primitive_desc_create");
+    dnnl_status_t made = dnnl_matmul_primitive_desc_create(&pd, Context::get().engine().get(), p->args[0].second,
+                                                           p->args[1].second, nullptr, p->args[2].second, attr);
+    if (attr != nullptr) dnnl_primitive_attr_destroy(attr);
+    ok(made, "matmul_primitive_desc_create");
     dnnl_status_t s = dnnl_primitive_create(&p->prim, pd);
     dnnl_primitive_desc_destroy(pd);
     ok(s, "primitive_create");
     return p;
   };
-  Context::get().run(key, make, {const_cast<float*>(a.data), const_cast<float*>(b.data), c});
+  Context::get().run(key, make, {const_cast<void*>(a.data), const_cast<void*>(b.data), c});
 }
 
 // The problem of paddle.matmul(x, y, tx, ty) for the two shapes we take (ops.functional.matmul checks them):
@@ -214,59 +278,102 @@ MatmulShape matmul_shape(const std::vector<int64_t>& xs, const std::vector<int64
 }
 
 // op(X) and op(Y) as operands of the forward GEMM
-Operand x_operand(const MatmulShape& s, const float* x, bool tx) {
-  Operand a{x, s.xr * s.xc, s.xc, 1};
+Operand x_operand(const MatmulShape& s, const void* x, bool tx, dnnl_data_type_t type) {
+  Operand a{x, s.xr * s.xc, s.xc, 1, type};
   return tx ? a.t() : a;
 }
-Operand y_operand(const MatmulShape& s, const float* y, bool ty, bool batched) {
-  Operand b{y, batched ? s.yr * s.yc : 0, s.yc, 1};
+Operand y_operand(const MatmulShape& s, const void* y, bool ty, bool batched, dnnl_data_type_t type) {
+  Operand b{y, batched ? s.yr * s.yc : 0, s.yc, 1, type};
   return ty ? b.t() : b;
 }
 
-std::vector<paddle::Tensor> MatmulForward(const paddle::Tensor& x_in, const paddle::Tensor& y_in, bool tx, bool ty) {
-  check_f32_cpu(x_in, "X");
-  check_f32_cpu(y_in, "Y");
-  auto x = x_in.is_contiguous() ? x_in : x_in.contiguous();
-  auto y = y_in.is_contiguous() ? y_in : y_in.contiguous();
+paddle::Tensor dense(const paddle::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+const void* raw(const paddle::Tensor& t) {
+  return t.dtype() == paddle::DataType::BFLOAT16 ? static_cast<const void*>(t.data<paddle::bfloat16>())
+                                                 : static_cast<const void*>(t.data<float>());
+}
+
+dnnl_data_type_t dnnl_type(const paddle::Tensor& t) {
+  return t.dtype() == paddle::DataType::BFLOAT16 ? dnnl_bf16 : dnnl_f32;
+}
+
+paddle::Tensor matmul_forward(const paddle::Tensor& x, const paddle::Tensor& y, bool tx, bool ty, bool fpmath) {
   MatmulShape s = matmul_shape(x.shape(), y.shape(), tx, ty);
-  auto out = paddle::empty(s.out, x.dtype(), x.place());
+  auto out = paddle::empty(s.out, paddle::DataType::FLOAT32, x.place());
   bool batched = y.shape().size() > 2;
-  gemm(s.batch, s.M, s.K, s.N, x_operand(s, x.data<float>(), tx), y_operand(s, y.data<float>(), ty, batched),
-       out.data<float>());
-  return {out};
+  gemm(s.batch, s.M, s.K, s.N, x_operand(s, raw(x), tx, dnnl_type(x)), y_operand(s, raw(y), ty, batched, dnnl_type(y)),
+       out.data<float>(), fpmath);
+  return out;
 }
 
 // dX = dC op(Y)^T (stored transposed when tx); dY = op(X)^T dC (stored transposed when ty). With a
-// 2-D y and folded rows, dY's GEMM sums over all rows of x at once.
-std::vector<paddle::Tensor> MatmulBackward(const paddle::Tensor& x_in, const paddle::Tensor& y_in,
-                                           const paddle::Tensor& dout_in, bool tx, bool ty) {
-  auto x = x_in.is_contiguous() ? x_in : x_in.contiguous();
-  auto y = y_in.is_contiguous() ? y_in : y_in.contiguous();
-  auto dout = dout_in.is_contiguous() ? dout_in : dout_in.contiguous();
+// 2-D y and folded rows, dY's GEMM sums over all rows of x at once. x, y and dout are contiguous, all
+// fp32 or all bf16; the gradients are fp32.
+std::vector<paddle::Tensor> matmul_backward(const paddle::Tensor& x, const paddle::Tensor& y, const paddle::Tensor& dout,
+                                            bool tx, bool ty, bool fpmath) {
   MatmulShape s = matmul_shape(x.shape(), y.shape(), tx, ty);
   bool batched = y.shape().size() > 2;
-  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
-  auto dy = paddle::empty(y.shape(), y.dtype(), y.place());
-  Operand a = x_operand(s, x.data<float>(), tx), b = y_operand(s, y.data<float>(), ty, batched);
-  Operand dc{dout.data<float>(), s.M * s.N, s.N, 1};
+  auto dx = paddle::empty(x.shape(), paddle::DataType::FLOAT32, x.place());
+  auto dy = paddle::empty(y.shape(), paddle::DataType::FLOAT32, y.place());
+  const dnnl_data_type_t type = dnnl_type(x);
+  Operand a = x_operand(s, raw(x), tx, type), b = y_operand(s, raw(y), ty, batched, type);
+  Operand dc{raw(dout), s.M * s.N, s.N, 1, type};
   if (!tx)
-    gemm(s.batch, s.M, s.N, s.K, dc, b.t(), dx.data<float>());   // [M, N] @ [N, K]
+    gemm(s.batch, s.M, s.N, s.K, dc, b.t(), dx.data<float>(), fpmath);   // [M, N] @ [N, K]
   else
-    gemm(s.batch, s.K, s.N, s.M, b, dc.t(), dx.data<float>());   // [K, N] @ [N, M]
+    gemm(s.batch, s.K, s.N, s.M, b, dc.t(), dx.data<float>(), fpmath);   // [K, N] @ [N, M]
   int64_t yb = batched ? s.batch : 1;
   if (!ty)
-    gemm(yb, s.K, s.M, s.N, a.t(), dc, dy.data<float>());        // [K, M] @ [M, N]
+    gemm(yb, s.K, s.M, s.N, a.t(), dc, dy.data<float>(), fpmath);        // [K, M] @ [M, N]
   else
-    gemm(yb, s.N, s.M, s.K, dc.t(), a, dy.data<float>());        // [N, M] @ [M, K]
+    gemm(yb, s.N, s.M, s.K, dc.t(), a, dy.data<float>(), fpmath);        // [N, M] @ [M, K]
   return {dx, dy};
 }
 
+// zoo_matmul: fp32 operands (`fpmath`: oneDNN may compute in bf16).
+std::vector<paddle::Tensor> MatmulForward(const paddle::Tensor& x, const paddle::Tensor& y, bool tx, bool ty,
+                                          bool fpmath) {
+  check_f32_cpu(x, "X");
+  check_f32_cpu(y, "Y");
+  return {matmul_forward(dense(x), dense(y), tx, ty, fpmath)};
+}
+
+std::vector<paddle::Tensor> MatmulBackward(const paddle::Tensor& x, const paddle::Tensor& y,
+                                           const paddle::Tensor& dout, bool tx, bool ty, bool fpmath) {
+  return matmul_backward(dense(x), dense(y), dense(dout), tx, ty, fpmath);
+}
+
+// zoo_matmul_bf16: fp32 operands rounded to bf16 once; the rounded copies are outputs 2 and 3, which
+// the backward reads instead of the fp32 operands.
+std::vector<paddle::Tensor> MatmulBf16Forward(const paddle::Tensor& x, const paddle::Tensor& y, bool tx, bool ty) {
+  check_f32_cpu(x, "X");
+  check_f32_cpu(y, "Y");
+  const int nt = threads();
+  auto xb = bf16_copy(dense(x), nt), yb = bf16_copy(dense(y), nt);
+  return {matmul_forward(xb, yb, tx, ty, false), xb, yb};
+}
+
+std::vector<paddle::Tensor> MatmulBf16Backward(const paddle::Tensor& xb, const paddle::Tensor& yb,
+                                               const paddle::Tensor& dout, bool tx, bool ty) {
+  return matmul_backward(xb, yb, bf16_copy(dense(dout), threads()), tx, ty, false);
+}
+
 std::vector<std::vector<int64_t>> MatmulInferShape(const std::vector<int64_t>& xs, const std::vector<int64_t>& ys,
-                                                   bool tx, bool ty) {
+                                                   bool tx, bool ty, bool fpmath) {
   return {matmul_shape(xs, ys, tx, ty).out};
 }
 
 std::vector<paddle::DataType> MatmulInferDtype(const paddle::DataType& x, const paddle::DataType& y) { return {x}; }
+
+std::vector<std::vector<int64_t>> MatmulBf16InferShape(const std::vector<int64_t>& xs, const std::vector<int64_t>& ys,
+                                                       bool tx, bool ty) {
+  return {matmul_shape(xs, ys, tx, ty).out, xs, ys};
+}
+
+std::vector<paddle::DataType> MatmulBf16InferDtype(const paddle::DataType& x, const paddle::DataType& y) {
+  return {x, paddle::DataType::BFLOAT16, paddle::DataType::BFLOAT16};
+}
 
 // ============================================================================= convolution
 // 2-D convolution for training: forward, data and weight gradients. Paddle's CPU convolution in the
@@ -274,6 +381,8 @@ std::vector<paddle::DataType> MatmulInferDtype(const paddle::DataType& x, const 
 // backward in about half its time (README, "Against PyTorch"). Float32, NCHW activations and OIHW
 // weights in paddle's layout; oneDNN picks its own (blocked) layouts and we reorder at the boundary,
 // as PyTorch does for NCHW tensors. groups 1, symmetric zero padding, any stride and dilation.
+// `math`: 0 fp32; 1 fp32 with fpmath_mode = bf16; 2 bf16 operands (the reorders at the boundary round
+// x, w and dy to bf16 in oneDNN's layouts; y, dx and dw stay fp32).
 using dnnl::memory;
 
 struct ConvPlan {
@@ -289,8 +398,8 @@ struct ConvPlan {
 // Call inside Context::enter().
 const ConvPlan& conv_plan(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,
                           const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                          const std::vector<int64_t>& dilations, int nthreads) {
-  std::string key = "conv|t" + std::to_string(nthreads);
+                          const std::vector<int64_t>& dilations, int math, int nthreads) {
+  std::string key = "conv|t" + std::to_string(nthreads) + "|m" + std::to_string(math);
   for (const auto* v : {&xs, &ws, &strides, &pads, &dilations})
     for (int64_t d : *v) key += "," + std::to_string(d);
   return Context::get().cached<ConvPlan>(key, [&]() {
@@ -307,14 +416,19 @@ const ConvPlan& conv_plan(const std::vector<int64_t>& xs, const std::vector<int6
     p->x = memory::desc(memory::dims(xs.begin(), xs.end()), f32, Tag::nchw);
     p->w = memory::desc(memory::dims(ws.begin(), ws.end()), f32, Tag::oihw);
     p->y = memory::desc(ys, f32, Tag::nchw);
-    const memory::desc xa(p->x.get_dims(), f32, Tag::any), wa(p->w.get_dims(), f32, Tag::any), ya(ys, f32, Tag::any);
+    const auto in = math == 2 ? memory::data_type::bf16 : f32;   // x, w, and dy in the backward
+    const memory::desc xa(p->x.get_dims(), in, Tag::any), wa(p->w.get_dims(), in, Tag::any), ya(ys, f32, Tag::any);
+    const memory::desc dya(ys, in, Tag::any), dxa(p->x.get_dims(), f32, Tag::any), dwa(p->w.get_dims(), f32, Tag::any);
     const auto alg = dnnl::algorithm::convolution_direct;
     const dnnl::engine& eng = Context::get().engine();
+    dnnl::primitive_attr attr;
+    if (math == 1) attr.set_fpmath_mode(dnnl::fpmath_mode::bf16);
     p->fwd = dnnl::convolution_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, alg, xa, wa, ya,
-                                                       st, dl, pd, pd);
-    p->bwd_data = dnnl::convolution_backward_data::primitive_desc(eng, alg, xa, wa, ya, st, dl, pd, pd, p->fwd);
+                                                       st, dl, pd, pd, attr);
+    p->bwd_data =
+        dnnl::convolution_backward_data::primitive_desc(eng, alg, dxa, wa, dya, st, dl, pd, pd, p->fwd, attr);
     p->bwd_weights =
-        dnnl::convolution_backward_weights::primitive_desc(eng, alg, xa, wa, ya, st, dl, pd, pd, p->fwd);
+        dnnl::convolution_backward_weights::primitive_desc(eng, alg, xa, dwa, dya, st, dl, pd, pd, p->fwd, attr);
     p->fwd_prim = dnnl::convolution_forward(p->fwd);
     p->bwd_data_prim = dnnl::convolution_backward_data(p->bwd_data);
     p->bwd_weights_prim = dnnl::convolution_backward_weights(p->bwd_weights);
@@ -345,10 +459,10 @@ memory wrap(const memory::desc& d, const paddle::Tensor& t) {
 
 std::vector<paddle::Tensor> ConvForward(const paddle::Tensor& x, const paddle::Tensor& w,
                                         const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                                        const std::vector<int64_t>& dilations, bool need_dx) {
+                                        const std::vector<int64_t>& dilations, bool need_dx, int math) {
   int nt;
   auto lock = Context::get().enter(&nt);
-  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, nt);
+  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, math, nt);
   auto y = paddle::empty(p.y.get_dims(), x.dtype(), x.place());
   auto& s = Context::get().stream();
   memory xu = wrap(p.x, x), wu = wrap(p.w, w), yu = wrap(p.y, y);
@@ -361,10 +475,10 @@ std::vector<paddle::Tensor> ConvForward(const paddle::Tensor& x, const paddle::T
 
 std::vector<paddle::Tensor> ConvBackward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor& dy,
                                          const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                                         const std::vector<int64_t>& dilations, bool need_dx) {
+                                         const std::vector<int64_t>& dilations, bool need_dx, int math) {
   int nt;
   auto lock = Context::get().enter(&nt);
-  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, nt);
+  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, math, nt);
   auto dx = paddle::empty(x.shape(), x.dtype(), x.place());  // left unwritten when the input needs no grad
   auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
   auto& s = Context::get().stream();
@@ -385,28 +499,46 @@ std::vector<paddle::Tensor> ConvBackward(const paddle::Tensor& x, const paddle::
 
 }  // namespace zoo_dnnl
 
+extern "C" {
+// Called through ctypes by ops/library.py: 1 when oneDNN computes bf16 natively on this CPU.
+int zoo_bf16_supported() { return zoo_dnnl::bf16_native() ? 1 : 0; }
+}
+
 PD_BUILD_OP(zoo_matmul)
     .Inputs({"X", "Y"})
     .Outputs({"Out"})
-    .Attrs({"transpose_x: bool", "transpose_y: bool"})
+    .Attrs({"transpose_x: bool", "transpose_y: bool", "fpmath: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::MatmulForward))
     .SetInferShapeFn(PD_INFER_SHAPE(zoo_dnnl::MatmulInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(zoo_dnnl::MatmulInferDtype));
 PD_BUILD_GRAD_OP(zoo_matmul)
     .Inputs({"X", "Y", paddle::Grad("Out")})
     .Outputs({paddle::Grad("X"), paddle::Grad("Y")})
-    .Attrs({"transpose_x: bool", "transpose_y: bool"})
+    .Attrs({"transpose_x: bool", "transpose_y: bool", "fpmath: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::MatmulBackward));
+
+PD_BUILD_OP(zoo_matmul_bf16)
+    .Inputs({"X", "Y"})
+    .Outputs({"Out", "XBf16", "YBf16"})
+    .Attrs({"transpose_x: bool", "transpose_y: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::MatmulBf16Forward))
+    .SetInferShapeFn(PD_INFER_SHAPE(zoo_dnnl::MatmulBf16InferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(zoo_dnnl::MatmulBf16InferDtype));
+PD_BUILD_GRAD_OP(zoo_matmul_bf16)
+    .Inputs({"XBf16", "YBf16", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Y")})
+    .Attrs({"transpose_x: bool", "transpose_y: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::MatmulBf16Backward));
 
 PD_BUILD_OP(zoo_conv2d)
     .Inputs({"X", "W"})
     .Outputs({"Out"})
     .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
-            "need_dx: bool"})
+            "need_dx: bool", "math: int"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvForward));
 PD_BUILD_GRAD_OP(zoo_conv2d)
     .Inputs({"X", "W", paddle::Grad("Out")})
     .Outputs({paddle::Grad("X"), paddle::Grad("W")})
     .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
-            "need_dx: bool"})
+            "need_dx: bool", "math: int"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvBackward));
