@@ -1,7 +1,7 @@
 """The kernels our oneDNN operators replace, shape by shape: paddle's own kernel against our operator
 (ops/) in one process, and PyTorch's in another (same threads, same environment).
 
-python benchmarks/kernel_shapes.py [--threads 2] [--no-torch]
+python benchmarks/kernel_shapes.py [--threads 2] [--no-torch] [--json PATH]
 
 GEMMs of the Transformer-base step: batch 32 x 32 tokens (1024 rows), d_model 512, FFN 2048, 8 heads,
 vocabulary 33712; per layer shape the forward GEMM and both gradients (dX = dY W^T, dW = X^T dY), the
@@ -13,6 +13,11 @@ paddle's conv2d vs functional.conv2d.
 Prints milliseconds per call (the mean over >= 0.5 s; outputs allocated per call, as in training) and
 the paddle / oneDNN ratio: where it is above 1 the operator is worth using (on our AMD EPYC: every
 GEMM 1.6-2.0x, the small batched attention products 1.0-1.5x; re-run it on a new CPU).
+
+The bf16 columns (issue 22) time the same calls under ops.autocast, both routes: "bf16" rounds the fp32
+operands to bf16 at the operator (what train.amp.dtype bfloat16 runs), "fpmath" gives oneDNN the fp32
+operands with fpmath_mode = bf16; torch's under torch.autocast("cpu", bfloat16). fp32/bf16 is our
+fp32 operator's time over our bf16 one's.
 """
 import argparse
 import json
@@ -62,6 +67,7 @@ def run_paddle(threads):
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import _bootstrap  # noqa: F401  (engine/cpu.py's environment before paddle loads)
     import paddle
+    import ops
     from engine import cpu
     from ops import functional, library
     cpu.keep_freed_memory()   # as runtime.setup does for training
@@ -69,35 +75,50 @@ def run_paddle(threads):
     functional.set_enabled(True, threads)
     if not functional.active(paddle.ones([1])) or not library.state["dnnl"]:
         raise SystemExit(f"error: the oneDNN operators are not available ({library.state['error']})")
+    bf16 = ops.bf16_supported()
+
+    def timed(fn):
+        """paddle's kernel, ours in fp32, ours in bf16 (both routes; None without native bf16)."""
+        times = [_per_call(lambda: fn("paddle")), _per_call(lambda: fn("fp32"))]
+        for route in ops.functional.BF16_ROUTES:
+            with ops.autocast(route=route):
+                times.append(_per_call(lambda: fn("fp32")) if bf16 else None)
+        return times
+
     gemms, convs = {}, {}
     for name, batch, M, K, N, tx, ty in SHAPES:
         x, y = _operands(paddle.rand, batch, M, K, N, tx, ty)
-        gemms[name] = (_per_call(lambda: paddle.matmul(x, y, tx, ty)), _per_call(lambda: functional.matmul(x, y, tx, ty)))
+        gemms[name] = timed(lambda side: (paddle.matmul if side == "paddle" else functional.matmul)(x, y, tx, ty))
     for name, n, c, h, w, o, k, stride, dilation in CONVS:
         conv = paddle.nn.Conv2D(c, o, k, stride=stride, padding=dilation * (k - 1) // 2, dilation=dilation,
                                 bias_attr=False)
         x = paddle.rand([n, c, h, w])
         x.stop_gradient = False
 
-        def step(on):
-            with functional.enabled_as(on):
+        def step(side):
+            with functional.enabled_as(side != "paddle"):
                 functional.conv2d(x, conv).sum().backward()
-        convs[name] = (_per_call(lambda: step(False)), _per_call(lambda: step(True)))
-    return {"gemm": gemms, "conv": convs}
+        convs[name] = timed(step)
+    return {"gemm": gemms, "conv": convs, "bf16": bf16}
 
 
 def run_torch(threads):
     import torch
     torch.set_num_threads(threads)
     gemms, convs = {}, {}
+
+    def timed(fn):
+        fp32 = _per_call(fn)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fp32, _per_call(fn)
     for name, batch, M, K, N, tx, ty in SHAPES:
         x, y = _operands(lambda s: torch.rand(*s), batch, M, K, N, tx, ty)
         a, b = (x.transpose(-1, -2) if tx else x), (y.transpose(-1, -2) if ty else y)
-        gemms[name] = _per_call(lambda: torch.matmul(a, b))
+        gemms[name] = timed(lambda: torch.matmul(a, b))
     for name, n, c, h, w, o, k, stride, dilation in CONVS:
         x = torch.rand(n, c, h, w, requires_grad=True)
         weight = torch.rand(o, c, k, k, requires_grad=True)
-        convs[name] = _per_call(lambda: torch.nn.functional.conv2d(
+        convs[name] = timed(lambda: torch.nn.functional.conv2d(
             x, weight, stride=stride, padding=dilation * (k - 1) // 2, dilation=dilation).sum().backward())
     return {"gemm": gemms, "conv": convs}
 
@@ -106,12 +127,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--json", help="also write the times here (e.g. benchmarks/results/<kind>/kernel_shapes.json)")
     p.add_argument("--side", choices=["paddle", "torch"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.side:
         print(json.dumps(run_paddle(args.threads) if args.side == "paddle" else run_torch(args.threads)))
         return
     sys.path.insert(0, ROOT)
+    from benchmarks import report
     from engine.cpu import cpu_info, mkl_environment
     env = mkl_environment(dict(os.environ))
     env.setdefault("GLOG_minloglevel", "2")
@@ -128,13 +151,23 @@ def main():
                                              for r in SHAPES]),
               ("conv", "conv fwd+bwd", "N x C x H x W > O", [(r[0], f"{r[1]}x{r[2]}x{r[3]}x{r[4]}>{r[5]}")
                                                             for r in CONVS])]
+    ms = lambda v: f"{v * 1e3:.2f}" if v is not None else "-"   # noqa: E731
     for kind, title, size_title, rows in tables:
-        print(f"\n{title:<18} {size_title:>20} {'paddle ms':>10} {'oneDNN ms':>10} {'torch ms':>9} {'paddle/oneDNN':>14}")
+        print(f"\n{title:<18} {size_title:>20} {'paddle':>8} {'oneDNN':>8} {'bf16':>8} {'fpmath':>8} {'torch':>8} "
+              f"{'torch bf16':>10} {'paddle/oneDNN':>14} {'fp32/bf16':>10}   (ms per call)")
         for name, size in rows:
-            pd_t, dn_t = results["paddle"][kind][name]
-            th = f"{results['torch'][kind][name] * 1e3:9.2f}" if "torch" in results else f"{'-':>9}"
-            print(f"{name:<18} {size:>20} {pd_t * 1e3:10.2f} {dn_t * 1e3:10.2f} {th} {pd_t / dn_t:14.2f}")
-
+            pd_t, dn_t, b16, fpm = results["paddle"][kind][name]
+            th, th16 = results["torch"][kind][name] if "torch" in results else (None, None)
+            print(f"{name:<18} {size:>20} {ms(pd_t):>8} {ms(dn_t):>8} {ms(b16):>8} {ms(fpm):>8} {ms(th):>8} "
+                  f"{ms(th16):>10} {pd_t / dn_t:14.2f} {dn_t / b16 if b16 else float('nan'):10.2f}")
+    if args.json:
+        record = {"command": " ".join(["benchmarks/kernel_shapes.py"] + sys.argv[1:]), **report.cpu_record(),
+                  "threads": args.threads, "load_average_end": load, "git_commit": report.git_commit(),
+                  "columns": ["paddle_s", "ours_fp32_s", "ours_bf16_s", "ours_fpmath_bf16_s"],
+                  "torch_columns": ["torch_fp32_s", "torch_autocast_bf16_s"], **results}
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
 
 if __name__ == "__main__":
     main()

@@ -3,7 +3,9 @@
 python benchmarks/peers.py [--only BERT-base ...] [--rounds 2] [--steps 3] [--reference]
                            [--json PATH]                 # `make bench-peers`
 python benchmarks/peers.py --show [--readme] [--kind KIND]   # the table from the JSON (into README.md)
-python benchmarks/peers.py --run NAME --side ours|theirs [--steps N] [--profile]   # one process
+python benchmarks/peers.py --mixed [--only ...] [--rounds 2]   # bf16: ours vs torch.autocast, ours fp32 beside
+python benchmarks/peers.py --show --mixed [--readme]             # that table (peers_bf16.json)
+python benchmarks/peers.py --run NAME --side ours|theirs [--precision fp32|bf16] [--steps N] [--profile]
 
 Each (model, side) runs in its own process with the same environment (engine/cpu.py's settings for
 this CPU) and the same number of math threads; the sides alternate (ours, theirs, then theirs,
@@ -13,6 +15,9 @@ optimizer, LR schedule) on the model the recipe builds; theirs is benchmarks/tor
 get the same numpy batch (`make_batch`), a warm-up step, then `--steps` timed steps; a side's time is
 the median step. The ratio is our samples/s over theirs (> 1: we are faster). `--reference` adds
 our pure-Paddle path (`runtime.fast_ops: false`). `--profile` prints the per-op table of a side.
+`--mixed` times mixed precision instead: our bf16 step (train.amp.dtype bfloat16: oneDNN bf16 GEMMs and
+convolutions), PyTorch's step under torch.autocast("cpu", bfloat16), and our fp32 step, alternating
+in the same way; each side's peak memory (ru_maxrss of its process) beside. JSON: peers_bf16.json.
 Results are per CPU kind (benchmarks/report.py): the JSON defaults to
 benchmarks/results/<kind>/peers.json of the machine at hand, and `--readme` replaces only that
 kind's table in README.md (`--kind` shows or writes another kind's JSON).
@@ -37,6 +42,9 @@ from benchmarks import report  # noqa: E402
 
 # the precisions a side can run: ours through the recipe's AMP keys, theirs with torch.autocast("cpu", bfloat16)
 AMP = {"fp32": [], "bf16": ["train.amp.enable=true", "train.amp.dtype=bfloat16"]}
+
+# the models of the mixed-precision table (issue 22's four)
+MIXED = ("BERT-base", "Transformer-base", "TSN-R50", "DeepLabV3-R50")
 
 # name -> our recipe (+ overrides), batch size, the shapes in words
 PEERS = {
@@ -162,8 +170,9 @@ def run_one(name, side, steps, threads, fast_ops=True, profile=False, precision=
         tic = time.perf_counter()
         loss = run()
         times.append(time.perf_counter() - tic)
+    import resource
     return {"name": name, "side": side, "fast_ops": fast_ops if side == "ours" else None, "threads": threads,
-            "precision": precision,
+            "precision": precision, "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "times": times, "s_per_step": statistics.median(times), "loss": loss,
             "samples_per_s": spec["batch"] / statistics.median(times), **versions}
 
@@ -173,10 +182,11 @@ def _load():
     return os.getloadavg()[0]
 
 
-def _spawn(name, side, args, env, fast_ops=True, root=ROOT):
+def _spawn(name, side, args, env, fast_ops=True, root=ROOT, precision="fp32"):
     """One side in its own process; `root` another checkout for the baseline side (its own peers.py)."""
     cmd = [sys.executable, os.path.join(root, "benchmarks", "peers.py"), "--run", name, "--side", side,
            "--steps", str(args.steps), "--threads", str(args.threads)] + ([] if fast_ops else ["--no-fast-ops"])
+    cmd += ["--precision", precision] if precision != "fp32" else []
     load = _load()
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     if proc.returncode:
@@ -185,6 +195,7 @@ def _spawn(name, side, args, env, fast_ops=True, root=ROOT):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result.update(load_before=load, load_after=_load())
     label = side if side == "theirs" else ("baseline" if root != ROOT else "ours" if fast_ops else "ours-ref")
+    label += "-bf16" if precision == "bf16" else ""
     print(f"  {name:<17} {label:<8} {result['s_per_step']:8.3f} s/step  {result['samples_per_s']:7.2f} samples/s  "
           f"(load {load:.2f})", flush=True)
     return result
@@ -226,11 +237,39 @@ def table(args):
     show(result)
 
 
-def _save(args, env, rows):
+def mixed_table(args):
+    """bf16: ours and PyTorch's autocast, with our fp32 step beside; the sides alternate per round."""
+    from engine.cpu import mkl_environment
+    env = mkl_environment(dict(os.environ))
+    env.setdefault("GLOG_minloglevel", "2")
+    args.git_commit = report.git_commit()
+    sides = [("ours", "bf16"), ("theirs", "bf16"), ("ours", "fp32")]
+    rows = []
+    for name in args.only or [n for n in PEERS if n in MIXED]:
+        runs = {f"{side}-{prec}": [] for side, prec in sides}
+        for r in range(args.rounds):
+            for side, prec in (sides if r % 2 == 0 else sides[::-1]):
+                runs[f"{side}-{prec}"].append(_spawn(name, side, args, env, precision=prec))
+        med = {k: statistics.median([t for x in v for t in x["times"]]) for k, v in runs.items()}
+        peak = {k: max(x["peak_memory_mb"] for x in v) for k, v in runs.items()}
+        row = {"name": name, "batch": PEERS[name]["batch"], "input": PEERS[name]["input"],
+               "ours_bf16_s_per_step": med["ours-bf16"], "theirs_bf16_s_per_step": med["theirs-bf16"],
+               "ours_fp32_s_per_step": med["ours-fp32"], "bf16_over_fp32": med["ours-fp32"] / med["ours-bf16"],
+               "ours_over_theirs_bf16": med["theirs-bf16"] / med["ours-bf16"],
+               "peak_memory_mb": peak, "runs": runs}
+        rows.append(row)
+        print(f"  {name}: ours bf16 / fp32 {row['bf16_over_fp32']:.2f}, ours / PyTorch bf16 "
+              f"{row['ours_over_theirs_bf16']:.2f}", flush=True)
+        result = _save(args, env, rows, sides=("ours-bf16", "theirs-bf16"))
+    show(result)
+
+
+def _save(args, env, rows, sides=("ours", "theirs")):
     """The JSON of the rows measured so far (with --only, merged into the file's other rows)."""
     flags = open("/proc/cpuinfo").read().split("flags", 1)[-1].split("\n", 1)[0].split() if os.path.exists(
         "/proc/cpuinfo") else []
-    result = {"command": " ".join(["benchmarks/peers.py"] + sys.argv[1:]), **report.cpu_record(),
+    result = {"command": " ".join(["benchmarks/peers.py"] + sys.argv[1:]), "mixed": bool(args.mixed),
+              **report.cpu_record(),
               "cpu_count": os.cpu_count(),
               "cpu_flags": [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags],
               "threads": args.threads, "python": platform.python_version(),
@@ -239,7 +278,7 @@ def _save(args, env, rows):
               "load_average_start": rows[0]["runs"]["ours"][0]["load_before"] if rows else None,
               "uptime_end": _uptime(), "rows": rows}
     for row in rows:
-        for side in ("ours", "theirs"):
+        for side in sides:
             result.update({k: row["runs"][side][0][k] for k in ("paddle", "torch") if k in row["runs"][side][0]})
     if args.json:
         path = os.path.join(ROOT, args.json)
@@ -259,8 +298,29 @@ def _uptime():
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
+def mixed_lines(result):
+    """The markdown table of a peers_bf16.json (mixed_table)."""
+    lines = [f"{result['cpu']} ({kind_of(result)}, {result['cpu_vendor']}), {result['threads']} threads, paddle "
+             f"{result.get('paddle')} vs torch {result.get('torch')} (torch.autocast cpu bfloat16), {result['steps']} "
+             f"timed steps x {result['rounds']} rounds per side, commit {str(result.get('git_commit'))[:10]}; load "
+             f"average at the end: {result.get('uptime_end')}",
+             "",
+             "| model | batch | ours fp32 s/step | ours bf16 s/step | PyTorch bf16 s/step | ours bf16 / fp32 samples/s "
+             "| ours / PyTorch bf16 samples/s | peak MB: ours fp32 / bf16 / PyTorch bf16 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        pk = r["peak_memory_mb"]
+        lines.append(f"| {r['name']} | {r['batch']} | {r['ours_fp32_s_per_step']:.3f} | {r['ours_bf16_s_per_step']:.3f} | "
+                     f"{r['theirs_bf16_s_per_step']:.3f} | **{r['bf16_over_fp32']:.2f}** | "
+                     f"**{r['ours_over_theirs_bf16']:.2f}** | {pk['ours-fp32']:.0f} / {pk['ours-bf16']:.0f} / "
+                     f"{pk['theirs-bf16']:.0f} |")
+    return lines
+
+
 def table_lines(result):
     """The markdown table (and its heading line) of a peers JSON."""
+    if result.get("mixed"):
+        return mixed_lines(result)
     ref = any("reference_ratio" in r for r in result["rows"])
     base = any("over_baseline" in r for r in result["rows"])
     lines = [f"{result['cpu']} ({kind_of(result)}, {result['cpu_vendor']}), {result['threads']} threads, paddle {result.get('paddle')} "
@@ -288,8 +348,12 @@ def kind_of(result):
 
 
 def write_readme(result, path=None):
-    """Replace this JSON's CPU kind's bench-peers table in the README; other kinds' stay."""
-    report.write_readme("bench-peers", kind_of(result), table_lines(result), "benchmarks/peers.py --readme", path)
+    """Replace this JSON's CPU kind's bench-peers (or bench-peers-bf16) table in the README; other kinds' stay."""
+    if result.get("mixed"):
+        report.write_readme("bench-peers-bf16", kind_of(result), table_lines(result),
+                            "benchmarks/peers.py --mixed --readme", path)
+    else:
+        report.write_readme("bench-peers", kind_of(result), table_lines(result), "benchmarks/peers.py --readme", path)
 
 
 def show(result):
@@ -309,6 +373,7 @@ def main():
     p.add_argument("--kind", help="with --show/--readme: the results of this CPU kind (default: this machine's)")
     p.add_argument("--show", action="store_true")
     p.add_argument("--readme", action="store_true", help="write the table from the JSON into README.md")
+    p.add_argument("--mixed", action="store_true", help="bf16: ours and PyTorch's autocast, our fp32 beside")
     p.add_argument("--run", choices=list(PEERS), help="one side in this process; prints a JSON line")
     p.add_argument("--side", choices=["ours", "theirs"], default="ours")
     p.add_argument("--no-fast-ops", action="store_true")
@@ -318,7 +383,8 @@ def main():
     if args.kind and not (args.show or args.readme):
         p.error("--kind is for --show/--readme: a run measures this machine's kind")
     if not args.json:
-        args.json = os.path.relpath(os.path.join(report.results_dir(args.kind), "peers.json"), ROOT)
+        args.json = os.path.relpath(os.path.join(report.results_dir(args.kind),
+                                                 "peers_bf16.json" if args.mixed else "peers.json"), ROOT)
     if args.run:
         print(json.dumps(run_one(args.run, args.side, args.steps, args.threads, not args.no_fast_ops, args.profile,
                                  args.precision)))
@@ -331,6 +397,8 @@ def main():
         show(result)
         if args.readme:
             write_readme(result)
+    elif args.mixed:
+        mixed_table(args)
     else:
         table(args)
 

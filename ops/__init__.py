@@ -9,9 +9,9 @@
 
 docs/contributing.md says how a model uses it and how to add a kernel.
 """
-from ops.functional import autocast, bf16_supported, enabled_as, is_enabled, set_enabled
+from ops.functional import autocast, bf16_active, bf16_supported, enabled_as, is_enabled, set_enabled
 from ops.layers import (activation, add, add_norm, attention, conv_bn_act, layer_norm, linear, linear_add_norm,
                         matmul, set_attention, smooth_cross_entropy)
 
-__all__ = ["activation", "add", "add_norm", "attention", "autocast", "bf16_supported", "conv_bn_act", "enabled_as", "is_enabled", "layer_norm",
+__all__ = ["activation", "add", "add_norm", "attention", "autocast", "bf16_active", "bf16_supported", "conv_bn_act", "enabled_as", "is_enabled", "layer_norm",
            "linear", "linear_add_norm", "matmul", "set_attention", "set_enabled", "smooth_cross_entropy"]

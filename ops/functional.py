@@ -69,6 +69,11 @@ def bf16_supported():
     return bool(library.load() and library.state["dnnl"] and library.bf16_supported())
 
 
+def bf16_active():
+    """Whether matmul and conv2d compute in bf16 here (inside `autocast`)."""
+    return _state["bf16"]
+
+
 class autocast:
     """Context manager: matmul and conv2d in bf16 inside the block (see the module docstring); the
     caller checks `bf16_supported()` first. `route`: one of BF16_ROUTES (None: the one set)."""
@@ -202,9 +207,11 @@ def conv2d(x, conv):
     fast = (s.data_format == "NCHW" and s.groups == 1 and s.padding_mode == "zeros" and s.padding is not None
             and x.ndim == 4)
     if fast and active(x, conv.weight) and library.state["dnnl"]:
-        math = (2 if _state["route"] == "operands" else 1) if _state["bf16"] else 0
-        y = _run("zoo_conv2d", x, conv.weight, list(s.stride), list(s.padding), list(s.dilation),
-                 not x.stop_gradient, math)[0]
+        args = (x, conv.weight, list(s.stride), list(s.padding), list(s.dilation), not x.stop_gradient)
+        if _state["bf16"] and _state["route"] == "operands":
+            y = _run("zoo_conv2d_bf16", *args)[0]
+        else:
+            y = _run("zoo_conv2d", *args, _state["bf16"])[0]
         return y if conv.bias is None else y + conv.bias.reshape([1, -1, 1, 1])
     return conv(x)
 

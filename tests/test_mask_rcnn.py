@@ -16,7 +16,7 @@ from engine.weights.pretrained import WEIGHTS, load_entry_state, map_keys
 from models.vision.mask_rcnn import box_ops, postprocess, roi_heads
 from models.vision.mask_rcnn.model import MaskRCNN
 from models.vision.mask_rcnn.rpn import RPN, cell_anchors, grid_anchors
-from tests.helpers import ROOT, counting_fused_ops
+from tests.helpers import golden_close as close, golden_stats_close as stats_close, ROOT, counting_fused_ops
 
 load_all()
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -29,21 +29,6 @@ TABLE = "keys_ppdet_mask_rcnn_r50_fpn_1x_coco.json"
 def table(name=TABLE):
     with open(os.path.join(DATA, name)) as f:
         return json.load(f)
-
-
-def close(ours, ref):
-    """The golden README tolerance: atol 1e-4 * max(1, max|ref|) plus rtol 1e-4."""
-    ours, ref = np.asarray(ours, "float64"), np.asarray(ref, "float64")
-    tol = 1e-4 * max(1.0, float(np.abs(ref).max())) + 1e-4 * np.abs(ref)
-    assert ours.shape == ref.shape and np.all(np.abs(ours - ref) <= tol), f"max diff {np.abs(ours - ref).max()}"
-
-
-def stats_close(x, stats):
-    x = np.asarray(x, "float64")
-    mean, std, l2, lo, hi, mean_abs = stats
-    assert abs(x.mean() - mean) <= 1e-4 * std
-    np.testing.assert_allclose([x.std(), np.sqrt((x ** 2).sum()), x.min(), x.max(), np.abs(x).mean()],
-                               [std, l2, lo, hi, mean_abs], rtol=1e-4)
 
 
 # ------------------------------------------------------------------------------------- anchors
@@ -287,23 +272,23 @@ def golden_models():
 
 @pytest.fixture(scope="module")
 def golden_features(golden_models):
-    """run(fast) -> (backbone outputs, P2..P6, the fused operators the backbone and the FPN ran), once
-    per path (the op_path fixture sets the path and the operators' threads; `fast` says which one to
-    cache); both models hold the same weights and RoIAlign does not reach these layers."""
+    """run(fast, bf16) -> (backbone outputs, P2..P6, the fused operators the backbone and the FPN ran),
+    once per path (the op_path fixture sets the path and the operators' threads; `fast` and `bf16` say
+    which one to cache); both models hold the same weights and RoIAlign does not reach these layers."""
     from ops import functional, library
     image = paddle.to_tensor(np.load(os.path.join(DATA, GOLDEN[False]))["image"])
     model, cache = golden_models[True], {}
 
-    def run(fast):
-        if fast not in cache:
+    def run(fast, bf16=False):
+        if (fast, bf16) not in cache:
             with functional.enabled_as(fast), paddle.no_grad():
                 assert not fast or library.load(), library.state["error"]
                 with counting_fused_ops() as in_backbone:
                     body = model.backbone(image)
                 with counting_fused_ops() as in_fpn:
                     feats = model.fpn(body)
-            cache[fast] = body, feats, {"backbone": set(in_backbone), "fpn": set(in_fpn)}
-        return cache[fast]
+            cache[fast, bf16] = body, feats, {"backbone": set(in_backbone), "fpn": set(in_fpn)}
+        return cache[fast, bf16]
     return run
 
 
@@ -312,10 +297,12 @@ def test_golden_backbone_fpn_rpn(golden_models, golden_features, op_path):
     since RoIAlign does not reach them (the aligned=True run gave them bit for bit)."""
     fast = op_path.fused
     ref = np.load(os.path.join(DATA, GOLDEN[False]))
-    body, feats, ran = golden_features(fast)
+    body, feats, ran = golden_features(fast, op_path.bf16)
     # on the fused path the backbone's convolutions run through oneDNN (BN in eval mode takes paddle's
-    # kernel); the FPN calls paddle's layers directly, so the fused path changes nothing there
-    assert ran == ({"backbone": {"zoo_conv2d"}, "fpn": set()} if fast else {"backbone": set(), "fpn": set()})
+    # kernel), in bf16 on the bf16 path; the FPN calls paddle's layers directly, so the fused path
+    # changes nothing there
+    conv = "zoo_conv2d_bf16" if op_path.bf16 else "zoo_conv2d"
+    assert ran == ({"backbone": {conv}, "fpn": set()} if fast else {"backbone": set(), "fpn": set()})
     for i, f in enumerate(body):
         close(f.numpy()[:, :8, :8, :8], ref[f"backbone.res{i + 2}.slice"])
         stats_close(f.numpy(), ref[f"backbone.res{i + 2}.stats"])
@@ -343,7 +330,7 @@ def test_golden_roi_features_box_and_mask_heads(golden_models, golden_features, 
     model = golden_models[aligned]
     assert model.box_roi.aligned is aligned and model.mask_roi.aligned is aligned
     ref = np.load(os.path.join(DATA, GOLDEN[aligned]))
-    feats = golden_features(op_path.fused)[1][:4]
+    feats = golden_features(op_path.fused, op_path.bf16)[1][:4]
     rois = paddle.to_tensor(ref["box.rois"])
     assert box_ops.fpn_levels(rois).numpy().tolist() == ref["box.levels"].tolist()
     with paddle.no_grad(), counting_fused_ops() as ran:

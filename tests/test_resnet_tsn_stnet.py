@@ -13,6 +13,7 @@ from engine.weights.pretrained import WEIGHTS, PretrainedEntry, load_entry_state
 from models.video.stnet import StNet, inflate_conv1, stnet_fluid_key_map
 from models.video.tsn import TSN
 from models.vision.resnet import ResNet, build_backbone, kit_block_name, resnet_key_map
+from tests.helpers import golden_close as close, golden_stats_close as stats_close
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 sys.path.insert(0, DATA)
@@ -26,22 +27,6 @@ def table(name):
 
 def golden(name):
     return np.load(os.path.join(DATA, name))
-
-
-def close(ours, ref):
-    """The golden README tolerance: atol 1e-4 * max(1, max|ref|) plus rtol 1e-4."""
-    ref = np.asarray(ref, dtype="float64")
-    tol = 1e-4 * max(1.0, float(np.abs(ref).max())) + 1e-4 * np.abs(ref)
-    assert np.all(np.abs(np.asarray(ours, dtype="float64") - ref) <= tol), \
-        f"max diff {np.abs(ours - ref).max()}"
-
-
-def stats_close(x, stats):
-    x = np.asarray(x, dtype="float64")
-    mean, std, l2, lo, hi, mean_abs = stats
-    assert abs(x.mean() - mean) <= 1e-4 * std
-    np.testing.assert_allclose([x.std(), np.sqrt((x ** 2).sum()), x.min(), x.max(), np.abs(x).mean()],
-                               [std, l2, lo, hi, mean_abs], rtol=1e-4)
 
 
 def quiet(*_):

@@ -255,7 +255,7 @@ def v1_model():
     return m, src
 
 
-def test_v1_search_equals_paddle_beam_search_decoder(v1_model, op_path):
+def test_v1_search_equals_paddle_beam_search_decoder(v1_model, op_path_fp32):
     """Every beam's tokens and score, per sentence, against Paddle's own search on the same network.
     It fails on a length penalty in the ranking, on finished beams that leave the beam or continue
     with other tokens, and on one step fewer than dynamic_decode makes (each tried)."""
@@ -263,7 +263,7 @@ def test_v1_search_equals_paddle_beam_search_decoder(v1_model, op_path):
     k, eos = 4, m.eos_id
     ref_ids, ref_logp = _beam_search_decoder(m, src, k)
     ours = m.translate(src, beam_size=k, n_best=k)
-    op_path.check("zoo_matmul")
+    op_path_fp32.check("zoo_matmul")
     uncached = m.translate(src, beam_size=k, n_best=k, use_cache=False)
     out = m({"src_ids": paddle.to_tensor(src)})
     ends = []

@@ -381,8 +381,9 @@ std::vector<paddle::DataType> MatmulBf16InferDtype(const paddle::DataType& x, co
 // backward in about half its time (README, "Against PyTorch"). Float32, NCHW activations and OIHW
 // weights in paddle's layout; oneDNN picks its own (blocked) layouts and we reorder at the boundary,
 // as PyTorch does for NCHW tensors. groups 1, symmetric zero padding, any stride and dilation.
-// `math`: 0 fp32; 1 fp32 with fpmath_mode = bf16; 2 bf16 operands (the reorders at the boundary round
-// x, w and dy to bf16 in oneDNN's layouts; y, dx and dw stay fp32).
+// `math`: 0 fp32; 1 fp32 with fpmath_mode = bf16 (zoo_conv2d's `fpmath`); 2 bf16 operands
+// (zoo_conv2d_bf16: the reorders at the boundary round x, w and dy to bf16 in oneDNN's layouts; y, dx
+// and dw stay fp32).
 using dnnl::memory;
 
 struct ConvPlan {
@@ -497,6 +498,27 @@ std::vector<paddle::Tensor> ConvBackward(const paddle::Tensor& x, const paddle::
   return {dx, dw};
 }
 
+std::vector<paddle::Tensor> ConvF32Forward(const paddle::Tensor& x, const paddle::Tensor& w,
+                                           const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                                           const std::vector<int64_t>& dilations, bool need_dx, bool fpmath) {
+  return ConvForward(x, w, strides, pads, dilations, need_dx, fpmath ? 1 : 0);
+}
+std::vector<paddle::Tensor> ConvF32Backward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor& dy,
+                                            const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                                            const std::vector<int64_t>& dilations, bool need_dx, bool fpmath) {
+  return ConvBackward(x, w, dy, strides, pads, dilations, need_dx, fpmath ? 1 : 0);
+}
+std::vector<paddle::Tensor> ConvBf16Forward(const paddle::Tensor& x, const paddle::Tensor& w,
+                                            const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                                            const std::vector<int64_t>& dilations, bool need_dx) {
+  return ConvForward(x, w, strides, pads, dilations, need_dx, 2);
+}
+std::vector<paddle::Tensor> ConvBf16Backward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor& dy,
+                                             const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                                             const std::vector<int64_t>& dilations, bool need_dx) {
+  return ConvBackward(x, w, dy, strides, pads, dilations, need_dx, 2);
+}
+
 }  // namespace zoo_dnnl
 
 extern "C" {
@@ -534,11 +556,24 @@ PD_BUILD_OP(zoo_conv2d)
     .Inputs({"X", "W"})
     .Outputs({"Out"})
     .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
-            "need_dx: bool", "math: int"})
-    .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvForward));
+            "need_dx: bool", "fpmath: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvF32Forward));
 PD_BUILD_GRAD_OP(zoo_conv2d)
     .Inputs({"X", "W", paddle::Grad("Out")})
     .Outputs({paddle::Grad("X"), paddle::Grad("W")})
     .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
-            "need_dx: bool", "math: int"})
-    .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvBackward));
+            "need_dx: bool", "fpmath: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvF32Backward));
+
+PD_BUILD_OP(zoo_conv2d_bf16)
+    .Inputs({"X", "W"})
+    .Outputs({"Out"})
+    .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
+            "need_dx: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvBf16Forward));
+PD_BUILD_GRAD_OP(zoo_conv2d_bf16)
+    .Inputs({"X", "W", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("W")})
+    .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
+            "need_dx: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvBf16Backward));
