@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 DEMO ?= configs/video/attention_lstm/attention_lstm_demo.yaml
 export GLOG_minloglevel := 2
 
-.PHONY: demo test ops bench bench-peers venv clean
+.PHONY: demo test ops bench bench-peers bench-peers-bf16 venv clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -41,6 +41,12 @@ bench: $(VENV)/.installed
 $(VENV)/.installed-peers: $(VENV)/.installed benchmarks/requirements.txt
 	$(VPY) -m pip install -q -r benchmarks/requirements.txt
 	touch $@
+
+bench-peers-bf16: $(VENV)/.installed-peers
+	uptime
+	$(VPY) benchmarks/peers.py --mixed $(PEERS_ARGS)
+	$(VPY) benchmarks/peers.py --show --mixed --readme
+	uptime
 
 bench-peers: $(VENV)/.installed-peers
 	uptime

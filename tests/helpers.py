@@ -50,7 +50,7 @@ class counting_fused_ops:
 # Under bf16 (the op_path fixture's "bf16" path), matmul and convolution round their operands to 8
 # significant bits: a golden float array passes when ||ours - ref|| / ||ref|| <= 2e-2 (issue 22).
 BF16_RTOL = 2e-2
-BF16_OPS = {"zoo_matmul": "zoo_matmul_bf16", "zoo_conv2d": "zoo_conv2d_bf16"}
+BF16_OPS = {"zoo_matmul": "zoo_linear_bf16", "zoo_conv2d": "zoo_conv2d_bf16"}   # linear layers' GEMMs
 
 
 def _bf16():

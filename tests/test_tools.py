@@ -1,4 +1,4 @@
-"""The auxiliary tools run as documented: amp_check (CPU mode), benchmark, list_models."""
+"""The auxiliary tools run as documented: amp_check (CPU: fp32 against bf16), benchmark, list_models."""
 import json
 import os
 import sys
@@ -6,17 +6,23 @@ import sys
 import pytest
 
 from engine.cpu import cpu_info
-from tests.conftest import ATTENTION_LSTM_DEMO, USER_MKL_DEBUG_CPU_TYPE
+from tests.conftest import ATTENTION_LSTM_DEMO, TSN_DEMO, USER_MKL_DEBUG_CPU_TYPE
 from tests.helpers import ROOT, tool
 
 
-def test_amp_check_cpu_mode(yt8m_demo, tmp_path):
+def test_amp_check_cpu_mode(kinetics_demo, tmp_path):
+    """On a CPU: fp32 and bf16 (the TSN demo: its convolutions run in bf16), losses compared, speed-up
+    printed; float16 asked for on a CPU is one error line."""
     out = tmp_path / "amp.json"
-    proc = tool("amp_check", "-c", ATTENTION_LSTM_DEMO, "--steps", 4, "--json", out)
+    proc = tool("amp_check", "-c", TSN_DEMO, "--steps", 4, "--json", out, "-o", "reader.train.batch_size=4")
     rows = json.loads(out.read_text())
-    assert [r["mode"] for r in rows] == ["fp32", "fp16-O1", "fp16-O2", "bf16-O1", "bf16-O2"]
-    assert all(r["ok"] and r["finite"] for r in rows)
-    assert "AMP is a no-op" in proc.stdout
+    assert [r["mode"] for r in rows] == ["fp32", "bf16-O1"]
+    assert all(r["ok"] and r["finite"] and r["ran"] for r in rows)
+    assert rows[1]["losses"] != rows[0]["losses"]                  # bf16 really computed differently
+    assert abs(rows[1]["relative_to_fp32"]) < 0.05 and rows[1]["speedup_vs_fp32"] > 0
+    assert "modes fp32 bf16-O1" in proc.stdout and "vs fp32" in proc.stdout
+    proc = tool("amp_check", "-c", TSN_DEMO, "--steps", 2, "--modes", "fp16-O1", check=False)
+    assert proc.returncode == 2 and "error: mode fp16-O1.dtype: float16 needs a GPU" in proc.stderr
 
 
 def test_benchmark_writes_a_rerunnable_record(yt8m_demo, tmp_path):
@@ -103,9 +109,9 @@ def test_benchmark_and_amp_check_time_the_trainers_step(yt8m_demo, monkeypatch, 
     monkeypatch.setattr(trainer.TrainStep, "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
     cfg = config.load(ATTENTION_LSTM_DEMO, ["model.lstm_size=8", "model.embedding_size=8", "model.fc_sizes=[8, 8]"])
     batches = benchmark._batches(cfg, 4, 2, 0)
-    benchmark._time_model(cfg, batches, 2, train=True)
+    benchmark._time_model(cfg, batches, 2, True, cfg.train.amp)
     assert len(calls) == 3                    # a warm-up and two timed steps
-    amp_check.run_mode(cfg, batches, "fp16-O1", 0)
+    amp_check.run_mode(cfg, batches, "bf16-O1", 0)
     assert len(calls) == 3 + len(batches)
     cfg = config.load(ATTENTION_LSTM_DEMO, ["model.lstm_size=8", "model.embedding_size=8", "model.fc_sizes=[8, 8]",
                                             "train.epochs=null", "train.max_steps=3", "train.accum_steps=2"])

@@ -6,6 +6,7 @@ python tools/benchmark.py --table     # the README's table (BENCH_TABLE below), 
 python tools/benchmark.py --show [--readme] [--kind KIND]   # the same table from the committed JSON
 python tools/benchmark.py -c CONFIG --backend inference [--batch-sizes 1 8] [--weights W]
 python tools/benchmark.py --table --backend inference   # README latency table (INFER_TABLE)
+python tools/benchmark.py --amp-table [--only ...] [--readme]   # fp32 beside bf16 (AMP_TABLE), peak memory
 
 The JSON of the tables lives per CPU kind, benchmarks/results/<kind>/ (and .../<kind>/inference/),
 of the machine that ran them; `--show` reads this machine's kind unless `--kind` names another, and
@@ -18,6 +19,10 @@ reader_time / (reader_time + model_time) for a reader with the given workers fee
 `--backend inference` times prediction instead: the dynamic model in eval mode against the same
 model exported by tools/export.py and run by Paddle Inference, with oneDNN on and off, on a val batch
 of each size; it reports the latency per batch (p50, p90) and samples/s.
+
+`--amp-table` runs each AMP_TABLE row twice, fp32 and `train.amp` bf16 (each in its own process, so
+each peak memory is its own), and tabulates samples/s, their ratio and the peak memory side by side;
+`--show --amp-table` prints it from benchmarks/results/<kind>/amp/.
 
 `--tokens KEY` also reports tokens/s, counting the batch's `KEY_len` (e.g. the target tokens of a
 translation batch); `--drop-keys` removes batch keys before the eval forwards (e.g. the targets, so
@@ -98,6 +103,12 @@ BENCH_TABLE = [
     ("DeepLabV3-R50-OS8-recompute", "configs/vision/deeplabv3/deeplabv3_r50vd_os8_40k_voc12aug.yaml",
      VOC_DEMO + ["model.backbone.recompute=true"], 2, "the same with backbone.recompute: true"),
 ]
+
+
+# issue 22's four models, fp32 and bf16 (BENCH_TABLE's rows by name); `--workers 0` only: the reader
+# does not change with the precision
+AMP_TABLE = ("BERT-base", "Transformer-base", "TSN-R50", "DeepLabV3-R50-OS8")
+BF16 = ["train.amp.enable=true", "train.amp.dtype=bfloat16"]
 
 
 def _time_reader(cfg, batch_size, workers, steps, seed):
@@ -331,12 +342,13 @@ def _emit(args, name, lines, rows):
     if rows:
         lines = [_heading(rows), ""] + lines
     else:
+        flags = {"bench-inference": "--table --backend inference", "bench-amp": "--amp-table"}.get(name, "--table")
         lines = [f"Not measured on this CPU kind ({args.kind or report.cpu_kind()}) yet: run `tools/benchmark.py "
-                 f"--table{' --backend inference' if name == 'bench-inference' else ''}` on such a machine."]
+                 f"{flags}` on such a machine."]
     print("\n" + "\n".join(lines))
     if args.readme:
         report.write_readme(name, args.kind or report.cpu_kind(), lines, "tools/benchmark.py --show --readme"
-                            + (" --backend inference" if name == "bench-inference" else ""))
+                            + {"bench-inference": " --backend inference", "bench-amp": " --amp-table"}.get(name, ""))
 
 
 def _table_rows(args, entries):
@@ -344,7 +356,7 @@ def _table_rows(args, entries):
     a process of its own (clean peak memory), then read from its JSON."""
     rows = []
     for name, note, out, flags in entries:
-        if args.table and (not args.only or name in args.only):
+        if args.table and (not args.only or name in args.only or name.split(" ")[0] in args.only):
             cmd = [sys.executable, os.path.abspath(__file__), *flags, "--steps", str(args.steps),
                    "--json", os.path.relpath(out, _bootstrap.ROOT)]
             subprocess.run(cmd, check=True, cwd=_bootstrap.ROOT)
@@ -352,6 +364,27 @@ def _table_rows(args, entries):
             with open(out) as f:
                 rows.append((name, note, json.load(f)))
     return rows
+
+
+def _amp_table(args):
+    """AMP_TABLE in fp32 and bf16: samples/s (train, eval), bf16 / fp32, peak memory."""
+    rows = _table_rows(args, [
+        (f"{name} {prec}", note, os.path.join(report.results_dir(args.kind), "amp", f"{name.lower()}.{prec}.json"),
+         ["-c", cfg_path, "--batch-size", str(bs), "--workers", "0",
+          *[x for o in overrides + (BF16 if prec == "bf16" else []) for x in ("-o", o)],
+          *[a for args_ in extra for a in args_]])
+        for name, cfg_path, overrides, bs, note, *extra in BENCH_TABLE if name in AMP_TABLE
+        for prec in ("fp32", "bf16")])
+    by = {name: r for name, _, r in rows}
+    lines = ["| model | batch | train samples/s fp32 / bf16 | bf16 / fp32 | eval samples/s fp32 / bf16 | "
+             "peak MB fp32 / bf16 |", "|---|---|---|---|---|---|"]
+    for name in AMP_TABLE:
+        f, b = by.get(f"{name} fp32"), by.get(f"{name} bf16")
+        if f and b:
+            lines.append(f"| {name} | {f['batch_size']} | {f['train_samples_per_s']:.2f} / {b['train_samples_per_s']:.2f} | "
+                         f"**{b['train_samples_per_s'] / f['train_samples_per_s']:.2f}** | {f['eval_samples_per_s']:.2f} / "
+                         f"{b['eval_samples_per_s']:.2f} | {f['peak_memory_mb']:.0f} / {b['peak_memory_mb']:.0f} |")
+    _emit(args, "bench-amp", lines, rows)
 
 
 def _inference_table(args):
@@ -399,6 +432,7 @@ def _parser():
     p.add_argument("--json", help="write the result here")
     p.add_argument("--table", action="store_true", help="run BENCH_TABLE, write benchmarks/results/<kind>/*.json")
     p.add_argument("--show", action="store_true", help="print the table from benchmarks/results/<kind>/*.json")
+    p.add_argument("--amp-table", action="store_true", help="fp32 and bf16 rows of AMP_TABLE (--show: print them)")
     p.add_argument("--only", nargs="+", help="with --table: rerun only these rows (names as in BENCH_TABLE)")
     p.add_argument("--kind", help="with --show: the results of this CPU kind (e.g. amd-zen4; default: this machine's)")
     p.add_argument("--readme", action="store_true", help="with --show/--table: write the table into README.md")
@@ -414,6 +448,9 @@ def main():
     args = p.parse_args()
     if args.kind and args.table:
         p.error("--kind is for --show: --table measures this machine's kind")
+    if args.amp_table:
+        args.table = not args.show
+        return _amp_table(args)
     if args.table or args.show:
         return _inference_table(args) if args.backend == "inference" else _train_table(args)
     if not args.config:

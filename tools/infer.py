@@ -28,8 +28,6 @@ def _parser():
 def main():
     args = _parser().parse_args()
 
-    import dataclasses
-
     import paddle
     from engine import runtime
     from engine.data import empty
@@ -49,8 +47,7 @@ def main():
     loader, _, _ = s.loader(s.cfg.eval_split(), dataset=dataset, batch_size=args.batch_size, sharded=False)
     writer.open(args.output or os.path.join(cli.default_output(args.config), "infer"), dataset,
                 s.label_names(required=True))
-    amp = s.eval_amp if args.backend == "dynamic" else dataclasses.replace(s.eval_amp, enable=False)
-    with paddle.no_grad(), runtime.autocast(amp):
+    with paddle.no_grad(), runtime.autocast(s.eval_amp):   # eval.amp; an exported program is fp32 (no effect)
         for batch in loader:
             if empty(batch):
                 continue

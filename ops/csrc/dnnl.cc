@@ -9,10 +9,10 @@
 //
 // bf16 (ops.autocast, train.amp.dtype bfloat16): the same operators with bf16 operands and fp32
 // results and gradients, accumulated in fp32 (oneDNN's avx512_core_bf16 / AMX kernels). The fp32
-// tensors are rounded to bf16 at the operator (round to nearest even); matmul keeps its rounded
-// operands for the backward GEMMs (zoo_matmul_bf16's second and third outputs: half the bytes of the
-// fp32 ones, and no second rounding), convolution rounds inside the reorders to oneDNN's blocked
-// layouts it does anyway. The other route, oneDNN's fpmath_mode = bf16 on the fp32 primitives (the
+// tensors are rounded to bf16 at the operator (round to nearest even). zoo_matmul_bf16 keeps both
+// rounded operands for the backward GEMMs (its second and third outputs: half the bytes of the fp32
+// ones, no second rounding); zoo_linear_bf16 (y a weight, a parameter alive anyway) keeps x's and
+// rounds y again; convolution rounds inside the reorders to oneDNN's blocked layouts it does anyway. The other route, oneDNN's fpmath_mode = bf16 on the fp32 primitives (the
 // `fpmath` attribute), is kept for measuring: on our AMD EPYC oneDNN 3.6 ignores it.
 //
 // Layout: a shared section (engine, stream, lock, thread count and one bounded cache of prepared
@@ -359,6 +359,22 @@ std::vector<paddle::Tensor> MatmulBf16Backward(const paddle::Tensor& xb, const p
   return matmul_backward(xb, yb, bf16_copy(dense(dout), threads()), tx, ty, false);
 }
 
+// zoo_linear_bf16: y a 2-D weight, alive anyway as a parameter: only x's rounded copy is kept (output
+// 2), y is rounded again in the backward (K x N elements, against the M x K x N products).
+std::vector<paddle::Tensor> LinearBf16Forward(const paddle::Tensor& x, const paddle::Tensor& y, bool tx, bool ty) {
+  check_f32_cpu(x, "X");
+  check_f32_cpu(y, "Y");
+  const int nt = threads();
+  auto xb = bf16_copy(dense(x), nt);
+  return {matmul_forward(xb, bf16_copy(dense(y), nt), tx, ty, false), xb};
+}
+
+std::vector<paddle::Tensor> LinearBf16Backward(const paddle::Tensor& xb, const paddle::Tensor& y,
+                                               const paddle::Tensor& dout, bool tx, bool ty) {
+  const int nt = threads();
+  return matmul_backward(xb, bf16_copy(dense(y), nt), bf16_copy(dense(dout), nt), tx, ty, false);
+}
+
 std::vector<std::vector<int64_t>> MatmulInferShape(const std::vector<int64_t>& xs, const std::vector<int64_t>& ys,
                                                    bool tx, bool ty, bool fpmath) {
   return {matmul_shape(xs, ys, tx, ty).out};
@@ -373,6 +389,15 @@ std::vector<std::vector<int64_t>> MatmulBf16InferShape(const std::vector<int64_t
 
 std::vector<paddle::DataType> MatmulBf16InferDtype(const paddle::DataType& x, const paddle::DataType& y) {
   return {x, paddle::DataType::BFLOAT16, paddle::DataType::BFLOAT16};
+}
+
+std::vector<std::vector<int64_t>> LinearBf16InferShape(const std::vector<int64_t>& xs, const std::vector<int64_t>& ys,
+                                                       bool tx, bool ty) {
+  return {matmul_shape(xs, ys, tx, ty).out, xs};
+}
+
+std::vector<paddle::DataType> LinearBf16InferDtype(const paddle::DataType& x, const paddle::DataType& y) {
+  return {x, paddle::DataType::BFLOAT16};
 }
 
 // ============================================================================= convolution
@@ -551,6 +576,19 @@ PD_BUILD_GRAD_OP(zoo_matmul_bf16)
     .Outputs({paddle::Grad("X"), paddle::Grad("Y")})
     .Attrs({"transpose_x: bool", "transpose_y: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::MatmulBf16Backward));
+
+PD_BUILD_OP(zoo_linear_bf16)
+    .Inputs({"X", "Y"})
+    .Outputs({"Out", "XBf16"})
+    .Attrs({"transpose_x: bool", "transpose_y: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::LinearBf16Forward))
+    .SetInferShapeFn(PD_INFER_SHAPE(zoo_dnnl::LinearBf16InferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(zoo_dnnl::LinearBf16InferDtype));
+PD_BUILD_GRAD_OP(zoo_linear_bf16)
+    .Inputs({"XBf16", "Y", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Y")})
+    .Attrs({"transpose_x: bool", "transpose_y: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::LinearBf16Backward));
 
 PD_BUILD_OP(zoo_conv2d)
     .Inputs({"X", "W"})
