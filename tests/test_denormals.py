@@ -258,3 +258,23 @@ def test_the_switch_is_a_runtime_key_on_by_default():
     assert cfg.runtime.flush_denormals is True
     with pytest.raises(Exception, match="flush_denormals"):
         config.load("configs/video/attention_lstm/attention_lstm_demo.yaml", ["runtime.flush_denormals=3"])
+
+
+def test_bf16_products_write_no_subnormals_even_with_the_guard_off():
+    """Under bf16 (ops.autocast) the matmul's operands are rounded with subnormals to zero and its
+    products of normal bf16 values below 2^-126 come out as zeros (the bf16 dot-product instructions
+    flush regardless of MXCSR); the fp32 operator on the same values, guard off, writes subnormals."""
+    import ops
+    _set_by_config(False)
+    try:
+        x = paddle.to_tensor(np.full((256, 256), 1e-20, np.float32))
+        y = paddle.to_tensor(np.full((256, 256), 1e-19 / 256, np.float32))   # x @ y = 1e-39 exactly-ish
+        with functional.enabled_as(True):
+            fp32 = functional.matmul(x, y).numpy()
+            with ops.autocast():
+                bf16 = functional.matmul(x, y).numpy()
+                rounded = functional.matmul(paddle.full([4, 4], SUB), paddle.ones([4, 4])).numpy()
+        assert subnormals(fp32) == fp32.size
+        assert subnormals(bf16) == 0 and subnormals(rounded) == 0 and not rounded.any()
+    finally:
+        _set_by_config(True)
