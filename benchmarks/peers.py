@@ -275,7 +275,7 @@ def _save(args, env, rows, sides=("ours", "theirs")):
               "threads": args.threads, "python": platform.python_version(),
               "env": {k: env.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "FLAGS_use_stride_kernel")},
               "git_commit": args.git_commit, "steps": args.steps, "rounds": args.rounds,
-              "load_average_start": rows[0]["runs"]["ours"][0]["load_before"] if rows else None,
+              "load_average_start": next(iter(rows[0]["runs"].values()))[0]["load_before"] if rows else None,
               "uptime_end": _uptime(), "rows": rows}
     for row in rows:
         for side in sides:
