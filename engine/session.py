@@ -16,7 +16,7 @@ class Session:
     def __init__(self, cfg, trust_weights=False, path="<config>"):
         self.cfg, self.trust_weights, self.path = cfg, trust_weights, path
         self.rt = None
-        self.train_amp = self.eval_amp = None   # the AMP settings this process runs (after setup)
+        self._amp = {}
 
     @classmethod
     def from_file(cls, path, overrides=(), trust_weights=False):
@@ -30,14 +30,26 @@ class Session:
         return cls.from_file(args.config, args.override, args.trust_weights)
 
     def setup(self, device=None):
-        """runtime.setup, the seeds and the AMP settings (runtime.resolve_amp); `device` overrides
-        runtime.device (export traces on the CPU)."""
+        """runtime.setup and the seeds; `device` overrides runtime.device (export traces on the CPU)."""
         rt_cfg = self.cfg.runtime if device is None else dataclasses.replace(self.cfg.runtime, device=device)
         self.rt = runtime.setup(rt_cfg)
         runtime.seed_all(self.cfg.runtime.seed)
-        self.train_amp = runtime.resolve_amp(self.cfg.train.amp, "train.amp")
-        self.eval_amp = runtime.resolve_amp(self.cfg.eval_amp, "eval.amp" if "eval" in self.cfg else "train.amp")
         return self.rt
+
+    @property
+    def train_amp(self):
+        """train.amp as this process runs it (runtime.resolve_amp, after setup)."""
+        if "train" not in self._amp:
+            self._amp["train"] = runtime.resolve_amp(self.cfg.train.amp, "train.amp")
+        return self._amp["train"]
+
+    @property
+    def eval_amp(self):
+        """eval.amp (over train.amp) as this process runs it: evaluation and inference. Read only by
+        the tools that compute, so an export of a GPU fp16 recipe on a CPU is not refused."""
+        if "eval" not in self._amp:
+            self._amp["eval"] = runtime.resolve_amp(self.cfg.eval_amp, "eval.amp")
+        return self._amp["eval"]
 
     def model(self, weights=None, weights_format=None, strict=True, log=print):
         """The recipe's model, with `weights` (a .pdparams file, a checkpoint or final/ directory, an

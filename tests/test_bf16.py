@@ -229,6 +229,21 @@ def test_eval_amp_follows_train_amp_unless_given():
         config.load(ATTENTION_LSTM_DEMO, ["eval.amp.dtype=bf16"])
 
 
+def test_an_export_of_a_gpu_fp16_recipe_is_not_refused_on_a_cpu():
+    """Only what computes reads the AMP settings: setting up (as tools/export.py does) passes, training
+    and evaluation stop with the error line's message; eval.amp names itself."""
+    from engine.components import load_all
+    from engine.registry import ConfigError
+    from engine.session import Session
+    load_all()
+    s = Session.from_file(ATTENTION_LSTM_DEMO, ["train.amp.enable=true", "train.amp.dtype=float16"])
+    s.setup(device="cpu")
+    with pytest.raises(ConfigError, match=r"^train\.amp\.dtype: float16 needs a GPU"):
+        s.train_amp
+    with pytest.raises(ConfigError, match=r"^eval\.amp\.dtype: float16 needs a GPU.*use eval\.amp\.dtype=bfloat16"):
+        s.eval_amp
+
+
 def test_level_o2_on_a_cpu_keeps_fp32_weights():
     """paddle.amp.decorate(O2) would cast the weights to bf16, which paddle's CPU kernels cannot run:
     on a CPU O2 resolves to O1 (fp32 master weights, bf16 GEMMs)."""

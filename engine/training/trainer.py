@@ -194,6 +194,7 @@ class _Training:
             model = runtime.convert_sync_bn(model)
         self.train_step = build_train_step(cfg, model, self.plan.steps_per_epoch, self.plan.total_steps,
                                            rt["world_size"], amp=session.train_amp)
+        self.eval_amp = session.eval_amp   # resolved before training: a bad eval.amp stops the run now
         self.model = self.train_step.model
         log.info("model %s: %s trainable parameters; %d steps/epoch, %d steps, world size %d, %d threads",
                  cfg["model"]["name"], f"{count_params(self.model):,}", self.plan.steps_per_epoch,
@@ -271,7 +272,7 @@ class EvaluateHook(Hook):
         if self.val is None or self.evaluated_at == at.step:
             return
         run = self.run
-        self.metrics, self.evaluated_at = evaluate(run.model, self.val, self.metric, run.session.eval_amp), at.step
+        self.metrics, self.evaluated_at = evaluate(run.model, self.val, self.metric, run.eval_amp), at.step
         log.info("eval at epoch %d, step %d: %s", at.epoch + 1, at.step, _fmt(self.metrics))
         if run.writer:
             for k, v in self.metrics.items():
