@@ -12,8 +12,9 @@
 // tensors are rounded to bf16 at the operator (round to nearest even). zoo_matmul_bf16 keeps both
 // rounded operands for the backward GEMMs (its second and third outputs: half the bytes of the fp32
 // ones, no second rounding); zoo_linear_bf16 (y a weight, a parameter alive anyway) keeps x's and
-// rounds y again; convolution rounds inside the reorders to oneDNN's blocked layouts it does anyway. The other route, oneDNN's fpmath_mode = bf16 on the fp32 primitives (the
-// `fpmath` attribute), is kept for measuring: on our AMD EPYC oneDNN 3.6 ignores it.
+// rounds y again; convolution rounds inside the reorders to oneDNN's blocked layouts it does anyway.
+// The other route, oneDNN's fpmath_mode = bf16 on the fp32 primitives (the `fpmath` attribute), is
+// kept for measuring: on our AMD EPYC oneDNN 3.6 ignores it.
 //
 // Layout: a shared section (engine, stream, lock, thread count and one bounded cache of prepared
 // problems), then one section per operator: matmul (C API), convolution (C++ API, its reorders at the
