@@ -1,4 +1,4 @@
-"""Export a recipe's model for Paddle Inference: python tools/export.py -c CONFIG --weights W --output DIR
+"""Export a recipe's model: python tools/export.py -c CONFIG --weights W --output DIR [--format onnx]
 
 Writes DIR/model.json + model.pdiparams (the eval forward as a static program, with dynamic batch
 and, where the model allows, dynamic length or image size), or one such pair per network of a model
@@ -6,6 +6,9 @@ that declares programs (the Transformer's encoder and decoder step, Mask R-CNN's
 heads), and DIR/infer_cfg.yml (the reader's pre-processing, the infer writer, class names and the
 settings of the model's Python between its networks). Run it with
 `python tools/infer.py -c CONFIG --backend inference --weights DIR --input ...`.
+
+`--format onnx` converts each program to DIR/<program>.onnx (paddle2onnx, opset 16; the packages of
+requirements-onnx.txt) beside the same infer_cfg.yml; run it with `--backend onnxruntime`.
 """
 import _bootstrap  # noqa: F401  (environment before paddle)
 
@@ -17,17 +20,23 @@ def main():
     cli.weights_args(p, help="a .pdparams file, checkpoint dir, entry name or URL "
                              "(omitted: the model's initial weights, for testing the export)")
     p.add_argument("--output", required=True, help="the export directory")
+    p.add_argument("--format", choices=["paddle", "onnx"], default="paddle",
+                   help="paddle: Paddle Inference programs (.json + .pdiparams); onnx: .onnx files for ONNX Runtime")
     args = p.parse_args()
 
     from engine import runtime
     from engine.deploy import export
     from engine.session import Session
     s = Session.from_args(args)
+    if args.format == "onnx":   # before the model is built: a missing package is one line at once
+        from engine.deploy import onnx
+        onnx.require("--format onnx")
     s.setup(device="cpu")
     runtime.setup_logging(None)
     model = s.model(args.weights, args.weights_format)
-    spec = export.export(model, s.cfg, args.output, label_names=s.label_names(), example=_example(s))
-    print(f"exported {s.cfg['model']['name']} to {args.output}: inputs "
+    spec = export.export(model, s.cfg, args.output, label_names=s.label_names(), example=_example(s),
+                         fmt=args.format)
+    print(f"exported {s.cfg['model']['name']} ({args.format}) to {args.output}: inputs "
           + ", ".join(f"{n} {list(sp.shape)}" for n, sp in spec["inputs"].items())
           + f"; outputs {', '.join(spec['outputs'])}")
 

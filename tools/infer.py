@@ -15,11 +15,12 @@ from engine import cli
 def _parser():
     p = cli.parser(__doc__)
     cli.weights_args(p, required=True, help="a .pdparams file, checkpoint dir, entry name or URL; "
-                                            "an export directory with --backend inference")
+                                            "an export directory with --backend inference or onnxruntime")
     p.add_argument("--input", required=True, nargs="+", help="input files or folders")
     p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--backend", choices=["dynamic", "inference"], default="dynamic",
-                   help="inference: --weights is a directory written by tools/export.py, run by Paddle Inference")
+    p.add_argument("--backend", choices=["dynamic", "inference", "onnxruntime"], default="dynamic",
+                   help="inference: --weights is a directory written by tools/export.py, run by Paddle Inference; "
+                        "onnxruntime: one written with --format onnx, run by ONNX Runtime on the CPU")
     p.add_argument("--no-mkldnn", action="store_true", help="inference backend on CPU without oneDNN")
     p.add_argument("--output", help="output directory (default output/<config name>/infer)")
     return p
@@ -37,10 +38,10 @@ def main():
     rt = s.setup()
     runtime.setup_logging(None)
     dataset = s.input_dataset(args.input)
-    if args.backend == "inference":
+    if args.backend != "dynamic":
         from engine.deploy.predictor import Predictor
         model = Predictor(args.weights, mkldnn=not args.no_mkldnn, threads=rt["threads"], device=rt["device"],
-                          model_name=s.cfg["model"]["name"])
+                          model_name=s.cfg["model"]["name"], backend=args.backend)
     else:
         model = s.model(args.weights, args.weights_format)
     model.eval()

@@ -28,6 +28,8 @@ Optional keys of the spec:
 """
 import inspect
 import os
+import shutil
+import tempfile
 
 import numpy as np
 import paddle
@@ -39,6 +41,9 @@ from engine.registry import ConfigError
 EXPORT_VERSION = 1
 PROGRAM = "model"              # model.json + model.pdiparams
 INFER_CFG = "infer_cfg.yml"
+# the files of one program, by export format; `format` in infer_cfg.yml (absent: paddle)
+FORMATS = {"paddle": (".json", ".pdiparams"), "onnx": (".onnx",)}
+BACKEND_OF = {"paddle": "inference", "onnx": "onnxruntime"}
 
 
 class _Exported(paddle.nn.Layer):
@@ -81,26 +86,40 @@ def _named(inputs):
     return {name: paddle.static.InputSpec(s.shape, s.dtype, name) for name, s in inputs.items()}
 
 
-def export(model, cfg, output_dir, label_names=None, example=None):
-    """Write `output_dir/model.json`, `model.pdiparams` (or one pair per program) and `infer_cfg.yml`;
-    returns the spec."""
+def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle"):
+    """Write `output_dir/model.json`, `model.pdiparams` (or one pair per program; with fmt "onnx"
+    `model.onnx`, converted from them by paddle2onnx) and `infer_cfg.yml`; returns the spec."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"export format '{fmt}': one of {', '.join(FORMATS)}")
+    if fmt == "onnx":
+        from engine.deploy import onnx
+        onnx.require("--format onnx")
     spec = spec_of(model, example)
     model.eval()
     inner = unwrap(model)
     programs = spec.get("programs") or {PROGRAM: {"method": None, "inputs": spec["inputs"],
                                                   "outputs": spec["outputs"]}}
     os.makedirs(output_dir, exist_ok=True)
+    saved = output_dir if fmt == "paddle" else tempfile.mkdtemp(prefix=".programs-", dir=output_dir)
     recorded = {}
-    for name, prog in programs.items():
-        inputs = _named(prog["inputs"])
-        static = paddle.jit.to_static(_Exported(inner, prog["outputs"], prog.get("method")),
-                                      input_spec=[inputs], full_graph=True)
-        paddle.jit.save(static, os.path.join(output_dir, name))
-        method = prog.get("method") and prog["method"].__name__
-        recorded[name] = {"method": method, "inputs": _describe(inputs), "outputs": list(prog["outputs"])}
+    try:
+        for name, prog in programs.items():
+            inputs = _named(prog["inputs"])
+            static = paddle.jit.to_static(_Exported(inner, prog["outputs"], prog.get("method")),
+                                          input_spec=[inputs], full_graph=True)
+            paddle.jit.save(static, os.path.join(saved, name))
+            if fmt == "onnx":
+                onnx.convert(os.path.join(saved, name), os.path.join(output_dir, name + ".onnx"))
+            method = prog.get("method") and prog["method"].__name__
+            recorded[name] = {"method": method, "inputs": _describe(inputs), "outputs": list(prog["outputs"])}
+    finally:
+        if saved != output_dir:
+            shutil.rmtree(saved, ignore_errors=True)
     reader = cfg.get("reader", {})
     record = {
         "zoo_export_version": EXPORT_VERSION,
+        "format": fmt,
+        **({"onnx": {"opset": onnx.OPSET, **onnx.versions()}} if fmt == "onnx" else {}),
         "paddle": paddle.__version__,
         "model": cfg["model"]["name"],
         "inputs": _describe(_named(spec["inputs"]), spec.get("max_shape")),
@@ -159,8 +178,17 @@ def read_infer_cfg(export_dir):
     if version != EXPORT_VERSION:
         raise ConfigError(f"{path}: export format version {version!r}, this code reads version "
                           f"{EXPORT_VERSION}; export the model again with tools/export.py")
+    fmt = record.get("format", "paddle")
+    if fmt not in FORMATS:
+        raise ConfigError(f"{path}: export format {fmt!r}, this code reads {', '.join(FORMATS)}")
+    if fmt == "onnx":
+        from engine.deploy import onnx
+        opset = (record.get("onnx") or {}).get("opset")
+        if opset != onnx.OPSET:
+            raise ConfigError(f"{path}: ONNX opset {opset!r}, this code reads opset {onnx.OPSET}; export the "
+                              f"model again with tools/export.py --format onnx")
     for program in programs_of(record):
-        for name in (program + ".json", program + ".pdiparams"):
+        for name in (program + ext for ext in FORMATS[fmt]):
             if not os.path.isfile(os.path.join(export_dir, name)):
                 raise ConfigError(f"{export_dir}: {name} is missing (an incomplete export)")
     return record

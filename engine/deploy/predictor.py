@@ -1,4 +1,5 @@
-"""Run a model exported by tools/export.py with Paddle Inference, called like an eval-mode model.
+"""Run a model exported by tools/export.py with Paddle Inference (or ONNX Runtime), called like an
+eval-mode model.
 
 `Predictor(export_dir)(batch)` takes the batch the recipe's reader and collate make (tensors or numpy)
 and returns the predictions as numpy arrays under the model's own output names, so the task's
@@ -8,13 +9,14 @@ oneDNN is on by default on CPU; `device="gpu"` uses the GPU where one exists.
 An export of programs declared by the model (engine/deploy/export.py `programs`) is driven by the model
 class's `exported_runner(programs, settings)`: the Python part of the prediction (a beam search,
 sliding windows, NMS) is the model's own code, the networks are the exported programs. Predictions
-are numpy arrays, or lists of them where the model gives one per image.
+are numpy arrays, or lists of them where the model gives one per image. `backend="onnxruntime"`
+runs an export of `--format onnx` (engine/deploy/onnx.py) the same way, on the CPU.
 """
 import os
 
 import numpy as np
 
-from engine.deploy.export import programs_of, read_infer_cfg, uses_runner
+from engine.deploy.export import BACKEND_OF, programs_of, read_infer_cfg, uses_runner
 from engine.registry import ConfigError
 
 
@@ -93,15 +95,31 @@ class Program:
 
 
 class Predictor:
-    def __init__(self, export_dir, mkldnn=True, threads=None, device="cpu", model_name=None):
+    BACKENDS = ("inference", "onnxruntime")
+
+    def __init__(self, export_dir, mkldnn=True, threads=None, device="cpu", model_name=None, backend="inference"):
         self.export_dir = export_dir
+        if backend not in self.BACKENDS:
+            raise ConfigError(f"backend '{backend}': one of {', '.join(self.BACKENDS)}")
+        if backend == "onnxruntime":
+            from engine.deploy import onnx
+            onnx.require("--backend onnxruntime")
         self.record = read_infer_cfg(export_dir)
+        fmt = self.record.get("format", "paddle")
+        if BACKEND_OF[fmt] != backend:
+            other = next(f for f, b in BACKEND_OF.items() if b == backend)
+            raise ConfigError(f"{export_dir} holds an export of --format {fmt}, which --backend {BACKEND_OF[fmt]} "
+                              f"runs; for --backend {backend} export with tools/export.py --format {other}")
         if model_name is not None and self.record["model"] != model_name:
             raise ConfigError(f"{export_dir} holds an exported {self.record['model']}, but the config "
                               f"builds {model_name}")
         self.inputs = self.record["inputs"]
-        self.programs = {name: Program(export_dir, name, spec, mkldnn, threads, device)
-                         for name, spec in programs_of(self.record).items()}
+        if backend == "onnxruntime":
+            self.programs = {name: onnx.Program(export_dir, name, spec, threads)
+                             for name, spec in programs_of(self.record).items()}
+        else:
+            self.programs = {name: Program(export_dir, name, spec, mkldnn, threads, device)
+                             for name, spec in programs_of(self.record).items()}
         if uses_runner(self.record):
             from engine.components import load_all
             from engine.registry import MODELS

@@ -379,9 +379,11 @@ class BertForPretraining(_BertTask):
         if self.training:
             return out
         hit = (mlm_logits.argmax(axis=-1) == target).astype("float32")
-        owner = paddle.masked_select(paddle.arange(B, dtype="int64").unsqueeze(1).expand_as(positions), valid)
-        zeros = paddle.zeros([B], dtype=hit.dtype)
-        out.update(mlm_correct=paddle.scatter(zeros, owner, hit, overwrite=False),   # summed per sample
+        owner = paddle.floor_divide(sel, paddle.full_like(sel, S))      # the sample of each masked token
+        # hits summed per sample as a product with the owner's one-hot rows (exact: sums of 0/1), not a
+        # scatter-add, which paddle2onnx 2.1.0 converts to a ScatterND of the wrong shape
+        owns = (paddle.arange(B, dtype="int64").unsqueeze(1) == owner.unsqueeze(0)).astype("float32")
+        out.update(mlm_correct=paddle.matmul(owns, hit.unsqueeze(1)).squeeze(1),
                    mlm_total=valid.astype("float32").sum(axis=1), nsp_logits=nsp_logits)
         return out
 

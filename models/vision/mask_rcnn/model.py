@@ -30,7 +30,7 @@ from engine.deploy.export import pipeline_runner
 from engine.model import DataAgreement, Weights, ZooModel
 from engine.registry import MODELS, ConfigError
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
-from models.vision.mask_rcnn import postprocess, roi_heads
+from models.vision.mask_rcnn import postprocess, roi_heads, rpn
 from models.vision.mask_rcnn.fpn import FPN
 from models.vision.mask_rcnn.rpn import RPN
 from models.vision.resnet import build_backbone, resnet_key_map
@@ -129,25 +129,33 @@ class MaskRCNN(ZooModel):
         return losses
 
     # ------------------------------------------------------------------------------ inference
-    # Inference is two networks with Python between them: "detect" (backbone, FPN, proposals, box
-    # head: everything before the detection NMS) and "mask" (the mask head on the detected boxes),
-    # joined by `run_exported` (NMS, top-k, mask pasting). The eval forward runs exactly that code
-    # with the networks run here; tools/export.py exports the two networks as static programs and
-    # the predictor runs `run_exported` around them (`exported_runner`, engine/deploy/export.py).
-    PROGRAMS = {"detect": "detect_program", "mask": "mask_program"}
+    # Inference is three networks with Python between them: "features" (backbone, FPN, the RPN head),
+    # proposals (generate_proposals, which paddle2onnx cannot convert), "box" (RoIAlign and the box
+    # head on the proposals), the detection NMS and top-k, "mask" (the mask head on the detected
+    # boxes) and mask pasting. The eval forward runs exactly that code (`run_exported`) with the
+    # networks run here; tools/export.py exports the three networks as programs and the predictor
+    # runs `run_exported` around them (`exported_runner`, engine/deploy/export.py).
+    PROGRAMS = {"features": "features_program", "box": "box_program", "mask": "mask_program"}
+    RPN_LEVELS = ("p2", "p3", "p4", "p5", "p6")
 
     def run_program(self, name, inputs):
         return getattr(self, self.PROGRAMS[name])(inputs)
 
-    def detect_program(self, batch):
-        """image [B, 3, H, W], image_size [B, 2] -> the proposals (`rois` [N, 4] image by image,
-        `rois_num` [B]), their class logits [N, C+1] and class box deltas [N, 4C], and P2..P5."""
+    def features_program(self, batch):
+        """image [B, 3, H, W] -> P2..P5 and, per level P2..P6, the RPN's objectness logits
+        `rpn_logits_pL` [B, A, H, W] and deltas `rpn_deltas_pL` [B, 4A, H, W]."""
         feats = self.features(batch["image"])
-        rois, rois_num, _ = self.rpn(feats, batch["image_size"])
-        logits, deltas = self.box_head(self.box_roi(feats[:4], rois, rois_num))
-        out = {"rois": rois, "rois_num": rois_num, "box_logits": logits, "box_deltas": deltas}
-        out.update(zip(FEATURE_KEYS, feats[:4]))
+        scores, deltas = self.rpn.head(feats)
+        out = dict(zip(FEATURE_KEYS, feats[:4]))
+        out.update({f"rpn_logits_{lv}": t for lv, t in zip(self.RPN_LEVELS, scores)})
+        out.update({f"rpn_deltas_{lv}": t for lv, t in zip(self.RPN_LEVELS, deltas)})
         return out
+
+    def box_program(self, inputs):
+        """P2..P5, rois [N, 4] image by image, rois_num [B] -> class logits [N, C+1], class box deltas [N, 4C]."""
+        logits, deltas = self.box_head(self.box_roi([inputs[k] for k in FEATURE_KEYS], inputs["rois"],
+                                                    inputs["rois_num"]))
+        return {"box_logits": logits, "box_deltas": deltas}
 
     def mask_program(self, inputs):
         """P2..P5, boxes [K, 4] image by image, boxes_num [B], labels [K] -> mask_probs [K, 2R, 2R]
@@ -158,7 +166,8 @@ class MaskRCNN(ZooModel):
 
     def pipeline_settings(self):
         t = self.test_cfg
-        return {"num_classes": self.num_classes, "box_weights": [float(w) for w in self.roi_cfg["box_weights"]],
+        return {"num_classes": self.num_classes, "proposals": self.rpn.test_settings(),
+                "box_weights": [float(w) for w in self.roi_cfg["box_weights"]],
                 "score_thresh": float(t["score_thresh"]), "nms_thresh": float(t["nms_thresh"]),
                 "max_per_image": int(t["max_per_image"]), "mask_thresh": float(t["mask_thresh"])}
 
@@ -166,16 +175,21 @@ class MaskRCNN(ZooModel):
         """Batch and image size may vary (images padded to a multiple of 32, as the recipes' PadImages).
         The predictor takes what `run_exported` reads and gives what the eval forward gives."""
         c, channels = self.fpn.out_channels, self.backbone.stem[0].conv._in_channels
-        size = {"image": InputSpec([None, channels, None, None], "float32"), "image_size": InputSpec([None, 2], "int64")}
-        return {"inputs": {**size, "scale_factor": InputSpec([None, 2], "float32"),
-                           "orig_size": InputSpec([None, 2], "int64")},
+        image = {"image": InputSpec([None, channels, None, None], "float32")}
+        feats = {k: InputSpec([None, c, None, None], "float32") for k in FEATURE_KEYS}
+        return {"inputs": {**image, "image_size": InputSpec([None, 2], "int64"),
+                           "scale_factor": InputSpec([None, 2], "float32"), "orig_size": InputSpec([None, 2], "int64")},
                 "outputs": ["bbox_num", "boxes", "scores", "labels", "masks"],
                 "programs": {
-                    "detect": {"method": self.detect_program, "inputs": size,
-                               "outputs": ["rois", "rois_num", "box_logits", "box_deltas", *FEATURE_KEYS]},
+                    "features": {"method": self.features_program, "inputs": image,
+                                 "outputs": [*FEATURE_KEYS, *(f"rpn_{t}_{lv}" for t in ("logits", "deltas")
+                                                              for lv in self.RPN_LEVELS)]},
+                    "box": {"method": self.box_program,
+                            "inputs": {**feats, "rois": InputSpec([None, 4], "float32"),
+                                       "rois_num": InputSpec([None], "int32")},
+                            "outputs": ["box_logits", "box_deltas"]},
                     "mask": {"method": self.mask_program,
-                             "inputs": {**{k: InputSpec([None, c, None, None], "float32") for k in FEATURE_KEYS},
-                                        "boxes": InputSpec([None, 4], "float32"),
+                             "inputs": {**feats, "boxes": InputSpec([None, 4], "float32"),
                                         "boxes_num": InputSpec([None], "int32"), "labels": InputSpec([None], "int64")},
                              "outputs": ["mask_probs"]}},
                 "settings": self.pipeline_settings()}
@@ -187,8 +201,9 @@ class MaskRCNN(ZooModel):
     @staticmethod
     @paddle.no_grad()
     def run_exported(run, batch, settings):
-        """The detections of a batch from its two networks: `run(name, inputs) -> {key: tensor}` runs
-        "detect" or "mask" (this model's layers, or the exported programs). Per image: class scores,
+        """The detections of a batch from its three networks: `run(name, inputs) -> {key: tensor}` runs
+        "features", "box" or "mask" (this model's layers, or the exported programs). The proposals
+        (rpn.test_proposals) between the first two; then per image: class scores,
         decoded boxes, per-class NMS and the best `max_per_image` (postprocess.detect), then the
         mask head on the kept boxes, boxes mapped to the original image and masks pasted there.
         Returns `bbox_num` [B] and per image `boxes`, `scores`, `labels`, `masks` (model docstring)."""
@@ -196,7 +211,12 @@ class MaskRCNN(ZooModel):
         image_size = _numpy(batch["image_size"]).reshape(-1, 2)
         if len(image_size) != batch["image"].shape[0]:
             raise ConfigError(f"MaskRCNN: image_size has {len(image_size)} rows for {batch['image'].shape[0]} images")
-        out = run("detect", {"image": batch["image"], "image_size": batch["image_size"]})
+        feats = run("features", {"image": batch["image"]})
+        levels = MaskRCNN.RPN_LEVELS
+        rois, rois_num = rpn.test_proposals(s["proposals"], [feats[f"rpn_logits_{lv}"] for lv in levels],
+                                            [feats[f"rpn_deltas_{lv}"] for lv in levels], image_size)
+        out = dict(run("box", {**{k: feats[k] for k in FEATURE_KEYS}, "rois": rois, "rois_num": rois_num}),
+                   rois=rois, rois_num=rois_num)
         starts = np.cumsum([0] + out["rois_num"].numpy().tolist())
         dets = []
         for i in range(len(image_size)):
@@ -206,7 +226,7 @@ class MaskRCNN(ZooModel):
                                            s["max_per_image"]))
         boxes_in = [d[0] for d in dets]
         if sum(b.shape[0] for b in boxes_in):
-            probs = run("mask", {**{k: out[k] for k in FEATURE_KEYS}, "boxes": paddle.concat(boxes_in),
+            probs = run("mask", {**{k: feats[k] for k in FEATURE_KEYS}, "boxes": paddle.concat(boxes_in),
                                  "boxes_num": paddle.to_tensor(np.array([b.shape[0] for b in boxes_in], np.int32)),
                                  "labels": paddle.concat([d[2] for d in dets])})["mask_probs"].numpy()
         else:

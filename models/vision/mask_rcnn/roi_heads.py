@@ -47,7 +47,11 @@ class MultiScaleRoIAlign(nn.Layer):
             rois = paddle.concat(rois) if len(rois) > 1 else rois[0]
         rois_num = rois_num.astype("int32")
         images = paddle.arange(rois_num.shape[0], dtype="int32")
-        image_of = paddle.repeat_interleave(images, rois_num)
+        # each RoI's image: the image ends it has passed (repeat_interleave with tensor repeats does not
+        # convert to ONNX: paddle2onnx 2.1.0 emits a Tile of the wrong rank)
+        ends = paddle.cumsum(rois_num.astype("int64"))
+        row = paddle.arange(paddle.shape(rois)[0], dtype="int64")
+        image_of = (row.unsqueeze(1) >= ends.unsqueeze(0)).astype("int32").sum(1).astype("int32")
         max_level = self.min_level + len(self.scales) - 1
         levels = box_ops.fpn_levels(rois, self.min_level, max_level, *self.canonical)
         parts, order = [], []

@@ -69,7 +69,7 @@ class AnchorGenerator:
 
     def __init__(self, sizes=(32, 64, 128, 256, 512), aspect_ratios=(0.5, 1.0, 2.0),
                  strides=(4, 8, 16, 32, 64)):
-        self.sizes, self.strides = list(sizes), list(strides)
+        self.sizes, self.strides, self.aspect_ratios = list(sizes), list(strides), list(aspect_ratios)
         self.cells = [cell_anchors(s, aspect_ratios) for s in sizes]
         self.num_anchors = len(aspect_ratios)
         self._cache = {}
@@ -94,6 +94,32 @@ class AnchorGenerator:
         xx, yy = xx.reshape([-1]), yy.reshape([-1])
         shifts = paddle.stack([xx, yy, xx, yy], axis=1)
         return (shifts.unsqueeze(1) + paddle.to_tensor(self.cells[level]).unsqueeze(0)).reshape([-1, 4])
+
+
+@paddle.no_grad()
+def generate(anchors, scores, deltas, image_size, pre, per_level, post, nms_thresh, min_size):
+    """generate_proposals per level over the whole batch (each level keeps `per_level`), then each
+    image's best `post` over the levels. Runs eagerly on the head's outputs, also behind an exported
+    program: paddle2onnx has no converter for generate_proposals."""
+    size = (image_size if isinstance(image_size, paddle.Tensor) else paddle.to_tensor(image_size)).astype("float32")
+    boxes, probs, nums = [], [], []
+    for level, (s, d) in enumerate(zip(scores, deltas)):
+        a = anchors.tensor(level, s.shape[2], s.shape[3])
+        rois, prob, num = paddle.vision.ops.generate_proposals(
+            s.detach(), d.detach(), size, a, paddle.ones_like(a), pre_nms_top_n=pre, post_nms_top_n=per_level,
+            nms_thresh=nms_thresh, min_size=min_size, eta=1.0, pixel_offset=False, return_rois_num=True)
+        boxes.append(rois)
+        probs.append(prob.reshape([-1]))
+        nums.append(num.astype("int32"))
+    return best_per_image(paddle.concat(boxes), paddle.concat(probs), nums, post)
+
+
+def test_proposals(settings, scores, deltas, image_size):
+    """`generate` with the test settings of RPN.test_settings (the exported pipeline's path)."""
+    s = settings
+    anchors = AnchorGenerator(s["anchor_sizes"], s["aspect_ratios"], s["strides"])
+    return generate(anchors, scores, deltas, image_size, s["pre_nms_top_n"], s["post_nms_top_n"],
+                    s["post_nms_top_n"], s["nms_thresh"], s["min_size"])
 
 
 class RPNHead(nn.Layer):
@@ -143,24 +169,17 @@ class RPN(nn.Layer):
         anchors = self.anchors([f.shape[-2:] for f in feats])
         return rois, rois_num, self.loss(scores, deltas, anchors, targets)
 
-    @paddle.no_grad()
     def proposals(self, scores, deltas, image_size):
-        """generate_proposals per level over the whole batch, then each image's best `post` over
-        the levels. Tensor operations only: the exported program runs this same code."""
         pre, post = self.train_top_n if self.training else self.test_top_n
         per_level = pre if self.training else post   # PaddleDetection's topk_after_collect (train)
-        size = image_size.astype("float32")
-        boxes, probs, nums = [], [], []
-        for level, (s, d) in enumerate(zip(scores, deltas)):
-            a = self.anchors.tensor(level, s.shape[2], s.shape[3])
-            rois, prob, num = paddle.vision.ops.generate_proposals(
-                s.detach(), d.detach(), size, a, paddle.ones_like(a),
-                pre_nms_top_n=pre, post_nms_top_n=per_level, nms_thresh=self.nms_thresh,
-                min_size=self.min_size, eta=1.0, pixel_offset=False, return_rois_num=True)
-            boxes.append(rois)
-            probs.append(prob.reshape([-1]))
-            nums.append(num.astype("int32"))
-        return best_per_image(paddle.concat(boxes), paddle.concat(probs), nums, post)
+        return generate(self.anchors, scores, deltas, image_size, pre, per_level, post, self.nms_thresh,
+                        self.min_size)
+
+    def test_settings(self):
+        """What `proposals` needs at test time, as plain data: the exported pipeline's settings."""
+        return {"anchor_sizes": self.anchors.sizes, "aspect_ratios": self.anchors.aspect_ratios,
+                "strides": self.anchors.strides, "pre_nms_top_n": self.test_top_n[0],
+                "post_nms_top_n": self.test_top_n[1], "nms_thresh": self.nms_thresh, "min_size": self.min_size}
 
     def match(self, anchors, gt_boxes, gt_crowd):
         """(best gt [N], labels [N] int8 in {1, 0, -1}) of one image's anchors, before sampling."""
