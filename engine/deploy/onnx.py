@@ -70,17 +70,17 @@ def convert(prefix, onnx_path, opset=OPSET):
     try:
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"paddle2onnx did not convert {prefix}.json within {_TIMEOUT_S} s") from None
+        raise ConfigError(f"paddle2onnx did not convert program '{os.path.basename(prefix)}' within {_TIMEOUT_S} s") from None
     if r.returncode == 0 and os.path.isfile(onnx_path):
         return
     found = re.findall(r"^zoo-onnx: (.*)$", r.stdout, re.M)
+    program = f"cannot export program '{os.path.basename(prefix)}' to ONNX"
     if found:
-        raise ConfigError(f"{os.path.basename(prefix)}: {found[-1]}")
+        raise ConfigError(f"{program}: {found[-1]}")
     how = f"signal {-r.returncode}" if r.returncode < 0 else f"exit code {r.returncode}"
     op, layer, error = _locate_abort(prefix, opset)
     where = f" converting {op} (in {layer})" if op else ""
-    raise ConfigError(f"{os.path.basename(prefix)}: paddle2onnx {_p2o_version()} aborted ({how}){where}: "
-                      f"{error or 'no message'}")
+    raise ConfigError(f"{program}: paddle2onnx {_p2o_version()} aborted ({how}){where}: {error or 'no message'}")
 
 
 class Program:
