@@ -17,8 +17,9 @@ The reader is timed alone (iterating the train DataLoader, for each worker count
 reader_time / (reader_time + model_time) for a reader with the given workers feeding the model.
 
 `--backend inference` times prediction instead: the dynamic model in eval mode against the same
-model exported by tools/export.py and run by Paddle Inference, with oneDNN on and off, on a val batch
-of each size; it reports the latency per batch (p50, p90) and samples/s.
+model exported by tools/export.py and run by Paddle Inference, with oneDNN on and off, and exported
+with --format onnx and run by ONNX Runtime (the same threads), on a val batch of each size; it
+reports the latency per batch (p50, p90) and samples/s.
 
 `--amp-table` runs each AMP_TABLE row twice, fp32 and `train.amp` bf16 (each in its own process, so
 each peak memory is its own), and tabulates samples/s, their ratio and the peak memory side by side;
@@ -251,9 +252,11 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
     example = next(iter(s.loader(split, batch_size=1, sharded=False)[0]))
     with tempfile.TemporaryDirectory() as tmp:
         export.export(model, cfg, tmp, example=example)
+        export.export(model, cfg, os.path.join(tmp, "onnx"), example=example, fmt="onnx")
         backends = {"dynamic": None,
                     "exported, oneDNN": Predictor(tmp, mkldnn=True, threads=rt["threads"]),
-                    "exported, no oneDNN": Predictor(tmp, mkldnn=False, threads=rt["threads"])}
+                    "exported, no oneDNN": Predictor(tmp, mkldnn=False, threads=rt["threads"]),
+                    ONNX_RUNTIME: Predictor(os.path.join(tmp, "onnx"), threads=rt["threads"], backend="onnxruntime")}
         for bs in batch_sizes:
             loader, _, _ = s.loader(split, batch_size=bs, sharded=False)
             batch = next(b for b in loader if len(b["index"]) == bs)
@@ -282,6 +285,7 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
             "load_avg_1m_before_after": [load_before, round(os.getloadavg()[0], 2)]}
 
 
+ONNX_RUNTIME = "exported, ONNX Runtime"   # tools/export.py --format onnx, the same threads
 # (name, config, overrides, batch sizes, note): the README's latency table
 INFER_TABLE = [
     ("TSN-R50", "configs/video/tsn/tsn_r50_100e_k400.yaml",
@@ -323,7 +327,7 @@ INFER_TABLE = [
 
 def _print_inference(name, r):
     for row in r["rows"]:
-        print(f"  {name} batch {row['batch']:>3} {row['backend']:<20} p50 {row['p50_ms']:9.1f} ms  "
+        print(f"  {name} batch {row['batch']:>3} {row['backend']:<22} p50 {row['p50_ms']:9.1f} ms  "
               f"p90 {row['p90_ms']:9.1f} ms  {row['samples_per_s']:8.2f} samples/s")
 
 
@@ -394,14 +398,15 @@ def _inference_table(args):
           *[x for o in overrides for x in ("-o", o)]])
         for name, cfg_path, overrides, sizes, note in INFER_TABLE])
     lines = ["| model | input | batch | dynamic p50 / p90 ms | exported + oneDNN p50 / p90 ms | exported, no oneDNN "
-             "p50 / p90 ms | samples/s (dynamic / oneDNN / no oneDNN) | load (1 min) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "p50 / p90 ms | ONNX Runtime p50 / p90 ms | samples/s (dynamic / oneDNN / no oneDNN / ONNX Runtime) "
+             "| load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    columns = ("dynamic", "exported, oneDNN", "exported, no oneDNN", ONNX_RUNTIME)
     for name, note, r in rows:
         for bs in sorted({row["batch"] for row in r["rows"]}):
-            by = {row["backend"]: row for row in r["rows"] if row["batch"] == bs}
-            cells = [f"{by[b]['p50_ms']:.1f} / {by[b]['p90_ms']:.1f}" for b in
-                     ("dynamic", "exported, oneDNN", "exported, no oneDNN")]
-            sps = " / ".join(f"{by[b]['samples_per_s']:.2f}" for b in ("dynamic", "exported, oneDNN", "exported, no oneDNN"))
+            by = {row["backend"]: row for row in r["rows"] if row["batch"] == bs}   # rows before ONNX lack it: -
+            cells = [f"{by[b]['p50_ms']:.1f} / {by[b]['p90_ms']:.1f}" if b in by else "-" for b in columns]
+            sps = " / ".join(f"{by[b]['samples_per_s']:.2f}" if b in by else "-" for b in columns)
             load = r.get("load_avg_1m_before_after")
             load = "-" if load is None else " / ".join(map(str, load))
             lines.append(f"| {name} | {note} | {bs} | {' | '.join(cells)} | {sps} | {load} |")
@@ -437,7 +442,8 @@ def _parser():
     p.add_argument("--kind", help="with --show: the results of this CPU kind (e.g. amd-zen4; default: this machine's)")
     p.add_argument("--readme", action="store_true", help="with --show/--table: write the table into README.md")
     p.add_argument("--backend", choices=["dynamic", "inference"], default="dynamic",
-                   help="inference: prediction latency, dynamic vs exported (oneDNN on/off)")
+                   help="inference: prediction latency, dynamic vs exported (Paddle Inference with oneDNN on/off, "
+                        "ONNX Runtime)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="with --backend inference")
     p.add_argument("--weights", help="with --backend inference: weights to load (default: initial weights)")
     return p

@@ -1,4 +1,5 @@
-"""Export a model's eval forward as a static program for Paddle Inference, beside an infer_cfg.yml.
+"""Export a model's eval forward as a static program for Paddle Inference (or, `fmt="onnx"`, converted
+to ONNX for ONNX Runtime: engine/deploy/onnx.py), beside an infer_cfg.yml.
 
 A model opts in by overriding `engine.model.ZooModel.export_spec(example=None)`: {"inputs": {batch
 key: paddle.static.InputSpec}, "outputs": [prediction keys]}. Dimensions that may vary (batch,
