@@ -367,9 +367,11 @@ def test_infer_with_exported_deeplab_and_mask_rcnn_writes_what_the_dynamic_path_
         assert len(dyn) == len(inf) > 0, backend
         for a, b in zip(dyn, inf):   # box to box
             assert (a["image_id"], a["category_id"]) == (b["image_id"], b["category_id"]), (backend, a, b)
-            assert np.allclose(a["bbox"], b["bbox"], atol=1e-2) and abs(a["score"] - b["score"]) <= 1e-4, (backend, a, b)
+            assert np.allclose(a["bbox"], b["bbox"], atol=1e-2), (backend, a, b)
+            assert abs(a["score"] - b["score"]) <= 1e-4, (backend, a, b)
             ma, mb = _rle_decode(a["segmentation"]), _rle_decode(b["segmentation"])
-            assert ma.shape == mb.shape and (ma != mb).sum() <= ma.size // 10000, (backend, a["bbox"], (ma != mb).sum())
+            assert ma.shape == mb.shape and (ma != mb).sum() <= ma.size // 10000, \
+                (backend, a["bbox"], (ma != mb).sum())
         assert sum(_rle_decode(a["segmentation"]).any() for a in dyn) > len(dyn) // 2     # masks were compared
     # inputs the exported programs cannot take: a shape refused ahead (channels), one the program fails on
     # (an empty image: Paddle's report reduced to its summary line), sizes that disagree (the shared Python)
@@ -447,7 +449,8 @@ def test_onnx_export_and_runtime_refuse_bad_input_with_one_line(tmp_path, yt8m_d
                               text=True, timeout=300)
         outs.append(one_error_line({"code": proc.returncode, "stderr": proc.stderr}) or (proc.returncode, proc.stderr))
     assert re.match(r"error: cannot export program 'model' to ONNX: paddle2onnx 2\.1\.0 aborted \(signal 6\) "
-                    r"converting pd_op\.mean \(in MeanOverAllAxes\): Can not get input 'axis\(dim\)' value", outs[0]), outs[0]
+                    r"converting pd_op\.mean \(in MeanOverAllAxes\): Can not get input 'axis\(dim\)' value",
+                    outs[0]), outs[0]
     assert re.match(r"error: cannot export program 'model' to ONNX: paddle2onnx 2\.1\.0 has no ONNX converter for "
                     r"pd_op\.nms \(in BoxNMS\)$", outs[1]), outs[1]
 
@@ -467,7 +470,8 @@ def test_onnx_export_and_runtime_refuse_bad_input_with_one_line(tmp_path, yt8m_d
         shutil.copytree(tmp_path / "al", broken[case])
     os.remove(broken["missing"] / "model.onnx")
     (broken["corrupt"] / "model.onnx").write_bytes((tmp_path / "al" / "model.onnx").read_bytes()[:5000])
-    for case, old, new in (("opset", "opset: 16", "opset: 13"), ("version", "zoo_export_version: 1", "zoo_export_version: 2")):
+    for case, old, new in (("opset", "opset: 16", "opset: 13"),
+                           ("version", "zoo_export_version: 1", "zoo_export_version: 2")):
         text = (broken[case] / "infer_cfg.yml").read_text()
         assert old in text
         (broken[case] / "infer_cfg.yml").write_text(text.replace(old, new))
@@ -477,7 +481,8 @@ def test_onnx_export_and_runtime_refuse_bad_input_with_one_line(tmp_path, yt8m_d
         (hidden / module).mkdir(parents=True)
         (hidden / module / "__init__.py").write_text(f"raise ImportError('no module named {module}')\n")
     infer = lambda w, backend="onnxruntime": ("infer", [  # noqa: E731
-        "-c", ATTENTION_LSTM_DEMO, "--backend", backend, "--weights", w, "--input", shard, "--output", tmp_path / "o"], None)
+        "-c", ATTENTION_LSTM_DEMO, "--backend", backend, "--weights", w, "--input", shard,
+        "--output", tmp_path / "o"], None)
     runs = [infer(broken["missing"]), infer(broken["corrupt"]), infer(broken["opset"]), infer(broken["version"]),
             infer(tmp_path / "al_paddle"), infer(tmp_path / "al", backend="inference")]
     results = tools_in_one_process(runs)

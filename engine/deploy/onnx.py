@@ -70,7 +70,8 @@ def convert(prefix, onnx_path, opset=OPSET):
     try:
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"paddle2onnx did not convert program '{os.path.basename(prefix)}' within {_TIMEOUT_S} s") from None
+        raise ConfigError(f"paddle2onnx did not convert program '{os.path.basename(prefix)}' within "
+                          f"{_TIMEOUT_S} s") from None
     if r.returncode == 0 and os.path.isfile(onnx_path):
         return
     found = re.findall(r"^zoo-onnx: (.*)$", r.stdout, re.M)
