@@ -17,8 +17,6 @@ import re
 import subprocess
 import sys
 
-import numpy as np
-
 from engine.registry import ConfigError
 
 OPSET = 16            # RoIAlign's half_pixel mode (Mask R-CNN's aligned RoIAlign) needs opset 16
@@ -106,23 +104,13 @@ class Program:
             raise ConfigError(f"{self.where}: inputs {names} and {len(self.session.get_outputs())} outputs, "
                               f"but infer_cfg.yml lists inputs {[s['name'] for s in self.inputs]} and outputs "
                               f"{self.outputs} (files from different exports?)")
-        self.feeds = [s for s in self.inputs if s["name"] in names]   # an input the program ignores is pruned
+        self.fed = set(names)            # an input the program ignores is pruned from the graph
 
     def __call__(self, feeds):
-        from engine.deploy.predictor import _check_shape
-        given, shapes = {}, []
-        for spec in self.inputs:
-            if spec["name"] not in feeds:
-                raise ConfigError(f"the exported program {self.where} needs input '{spec['name']}' "
-                                  f"(given: {', '.join(sorted(feeds))})")
-            value = np.asarray(feeds[spec["name"]].numpy() if hasattr(feeds[spec["name"]], "numpy")
-                               else feeds[spec["name"]])
-            _check_shape(spec, value, self.where)
-            shapes.append(f"{spec['name']} {list(value.shape)}")
-            if spec in self.feeds:
-                given[spec["name"]] = np.ascontiguousarray(value.astype(spec["dtype"], copy=False))
+        from engine.deploy.predictor import checked_feeds
+        values, shapes = checked_feeds(self.inputs, feeds, self.where)
         try:
-            outputs = self.session.run(None, given)
+            outputs = self.session.run(None, {spec["name"]: v for spec, v in values if spec["name"] in self.fed})
         except Exception as e:
             raise ConfigError(f"the exported program {self.where} cannot take inputs {', '.join(shapes)}: "
                               f"{_summary(e)}") from None

@@ -42,6 +42,21 @@ def _check_shape(spec, value, where):
                           f"{['?' if m == -1 else m for m in most]} ({spec.get('max_shape_why') or where})")
 
 
+def checked_feeds(inputs, feeds, where):
+    """[(spec, numpy value)] of a program's `inputs` specs from `feeds`, each checked against its
+    spec, and "name [shape]" of each for messages: what every backend's program does first."""
+    out, shapes = [], []
+    for spec in inputs:
+        if spec["name"] not in feeds:
+            raise ConfigError(f"the exported program {where} needs input '{spec['name']}' "
+                              f"(given: {', '.join(sorted(feeds))})")
+        value = _numpy(feeds[spec["name"]])
+        _check_shape(spec, value, where)
+        out.append((spec, np.ascontiguousarray(value.astype(spec["dtype"], copy=False))))
+        shapes.append(f"{spec['name']} {list(value.shape)}")
+    return out, shapes
+
+
 class Program:
     """One exported program: `program(feeds)` with numpy feeds by input name -> {output name: numpy}."""
 
@@ -72,17 +87,11 @@ class Program:
                               f"infer_cfg.yml lists (files from different exports?)")
 
     def __call__(self, feeds):
-        shapes = []
-        for spec in self.inputs:
-            if spec["name"] not in feeds:
-                raise ConfigError(f"the exported program {self.where} needs input '{spec['name']}' "
-                                  f"(given: {', '.join(sorted(feeds))})")
-            value = _numpy(feeds[spec["name"]])
-            _check_shape(spec, value, self.where)
+        values, shapes = checked_feeds(self.inputs, feeds, self.where)
+        for spec, value in values:
             handle = self.predictor.get_input_handle(spec["name"])
             handle.reshape(list(value.shape))
-            handle.copy_from_cpu(np.ascontiguousarray(value.astype(spec["dtype"], copy=False)))
-            shapes.append(f"{spec['name']} {list(value.shape)}")
+            handle.copy_from_cpu(value)
         try:
             self.predictor.run()
         except Exception as e:   # Paddle's multi-line C++ report: its summary line
@@ -115,11 +124,10 @@ class Predictor:
                               f"builds {model_name}")
         self.inputs = self.record["inputs"]
         if backend == "onnxruntime":
-            self.programs = {name: onnx.Program(export_dir, name, spec, threads)
-                             for name, spec in programs_of(self.record).items()}
+            make = lambda name, spec: onnx.Program(export_dir, name, spec, threads)  # noqa: E731
         else:
-            self.programs = {name: Program(export_dir, name, spec, mkldnn, threads, device)
-                             for name, spec in programs_of(self.record).items()}
+            make = lambda name, spec: Program(export_dir, name, spec, mkldnn, threads, device)  # noqa: E731
+        self.programs = {name: make(name, spec) for name, spec in programs_of(self.record).items()}
         if uses_runner(self.record):
             from engine.components import load_all
             from engine.registry import MODELS
