@@ -10,7 +10,9 @@ from paddle2onnx's verbose log of a second attempt.
 
 The packages are pinned in requirements-onnx.txt (which `make test` installs); nothing is installed
 at run time. paddle2onnx's own constant folding (polygraphy, which it lets pip-install
-onnx_graphsurgeon) is not used: ONNX Runtime folds constants when it loads the model.
+onnx_graphsurgeon) is not used: ONNX Runtime folds constants when it loads the model. Its graph
+optimization is off during the conversion (the repairs below need tensors it prunes) and done after
+them with onnxoptimizer's passes (`_tidy`): weights become initializers again.
 """
 import os
 import re
@@ -183,11 +185,13 @@ def _main(prefix, onnx_path, opset):
         return 3
     model = onnx.load_from_string(data)
     try:
-        if _restore_sequence_lengths(ops, model) | _restore_roi_batch_indices(ops, model):
-            data = model.SerializeToString()
+        _restore_sequence_lengths(ops, model)
+        _restore_roi_batch_indices(ops, model)
     except ValueError as e:
         print(f"zoo-onnx: {e}", flush=True)
         return 3
+    model = _tidy(model)
+    data = model.SerializeToString()
     onnx.checker.check_model(model)
     tmp = onnx_path + ".tmp"
     with open(tmp, "wb") as f:
@@ -291,6 +295,16 @@ def _restore_sequence_lengths(ops, model):
         node.input.extend(inputs)
         patched = True
     return patched
+
+
+def _tidy(model):
+    """After the repairs, what paddle2onnx's own optimization would have done: weights as initializers
+    (it writes them as Constant nodes behind Identity chains, which quantizers and viewers skip),
+    without the Identity nodes and the dead ends."""
+    import onnxoptimizer
+    return onnxoptimizer.optimize(model, ["extract_constant_to_initializer", "eliminate_identity",
+                                          "eliminate_deadend", "eliminate_unused_initializer",
+                                          "eliminate_duplicate_initializer"])
 
 
 def _p2o_version():
