@@ -34,6 +34,23 @@ def cpu_info():
     return info
 
 
+def cpu_flags():
+    """The instruction-set flags /proc/cpuinfo lists for the first CPU (empty where unknown)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def has_bf16():
+    """Native bf16 arithmetic (AVX512_BF16 or AMX-BF16), what oneDNN's bf16 kernels need to be fast."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
 def mkl_environment(env=None):
     """The MKL setting for this CPU added to `env` (default: os.environ); a value the user set wins.
 

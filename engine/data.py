@@ -48,6 +48,9 @@ class SampleDataset(paddle.io.Dataset):
     num_classes = None
     vocab_size = None
     max_seq_length = None
+    # the arguments that say which samples (files, folders, split), not how they are processed:
+    # INT8 calibration reads the train split's samples through the evaluation split's processing
+    SOURCE_KEYS = ()
 
     def __init__(self, transforms=(), seed=0, skip_bad=False):
         self.transforms = [t if callable(t) else TRANSFORMS.build(t) for t in transforms or ()]

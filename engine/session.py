@@ -72,6 +72,30 @@ class Session:
         return build_loader(self.cfg, split, self.cfg.runtime.seed, world_size, rank, dataset=dataset,
                             batch_size=batch_size)
 
+    def calibration_loader(self, split, batch_size=None):
+        """reader.<split>'s processing over reader.train's samples, in file order: what INT8
+        calibration reads (the dataset's SOURCE_KEYS say which arguments name the samples)."""
+        reader = self.cfg.get("reader") or {}
+        for need in ("train", split):
+            if need not in reader:
+                raise ConfigError(f"the config has no reader.{need} section (calibration reads reader.train's "
+                                  f"samples through reader.{split}'s processing)")
+        train, processing = reader["train"], reader[split]
+        if train.get("name") != processing.get("name"):
+            raise ConfigError(f"reader.train is a {train.get('name')}, reader.{split} a {processing.get('name')}: "
+                              f"calibration reads one dataset through the other's processing")
+        source = DATASETS.get(processing["name"]).SOURCE_KEYS
+        if not source:
+            raise ConfigError(f"{processing['name']} does not declare SOURCE_KEYS (which arguments name its samples)")
+        calib = {k: v for k, v in processing.items() if k not in source}
+        calib.update({k: train[k] for k in source if k in train})
+        cfg = {**self.cfg, "reader": {**reader, "calibration": calib}}
+        try:
+            return build_loader(cfg, "calibration", self.cfg.runtime.seed, batch_size=batch_size)
+        except ConfigError as e:   # name the sections the user wrote, not ours
+            raise ConfigError(str(e).replace("reader.calibration", f"calibration (reader.train's samples, "
+                                                                   f"reader.{split}'s processing)")) from None
+
     def input_dataset(self, inputs):
         """The eval split's reader over raw input files or folders (tools/infer.py)."""
         kwargs, _ = config.split_reader(self.cfg, self.cfg.eval_split())

@@ -182,6 +182,7 @@ class BertPretrainText(SampleDataset):
     (masked_lm_ids padded with -1).
     """
 
+    SOURCE_KEYS = ("files",)
     def __init__(self, files: list, vocab_file: str, lowercase: bool = True, max_seq_length: int = 128,
                  max_predictions_per_seq: int = 20, masked_lm_prob: float = 0.15, short_seq_prob: float = 0.1,
                  random_next_prob: float = 0.5, whole_word_mask: bool = False, transforms: list = (),
@@ -266,6 +267,7 @@ class BertPretrainHDF5(SampleDataset):
 
     KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
 
+    SOURCE_KEYS = ("files",)
     def __init__(self, files: list, transforms: list = (), seed: int = 0, skip_bad: bool = False):
         super().__init__(transforms, seed, skip_bad)
         import h5py

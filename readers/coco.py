@@ -112,6 +112,7 @@ class COCODataset(SampleDataset):
             lines 62 and 144: `getAnnIds(..., iscrowd=None if self.load_crowd else False)`).
     """
 
+    SOURCE_KEYS = ("ann_file", "image_dir")
     def __init__(self, ann_file: str = None, image_dir: str = None, skip_empty: bool = False,
                  with_gt: bool = True, transforms: list = None, seed: int = 0, skip_bad: bool = False,
                  load_crowd: bool = True):

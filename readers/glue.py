@@ -115,6 +115,7 @@ class GLUE(SampleDataset):
     data in the task's format). `split`: train, dev or test.
     """
 
+    SOURCE_KEYS = ("data_dir", "split", "files")
     def __init__(self, task: str, vocab_file: str, data_dir: str = "", split: str = "train", files: list = None,
                  lowercase: bool = True, max_seq_length: int = 128, transforms: list = (), seed: int = 0,
                  skip_bad: bool = False):

@@ -252,6 +252,7 @@ class KineticsDataset(SampleDataset):
     `_fields` declares `imgs` as video for the transforms.
     """
 
+    SOURCE_KEYS = ("list_file", "data_root")
     def __init__(self, list_file: str, data_root: str = None, label_names: str = None,
                  format: str = "video", frame_template: str = "img_{:05d}.jpg", num_seg: int = 3,
                  seglen: int = 1, mode: str = "train", num_clips: int = 1, backend: str = "decord",

@@ -204,6 +204,7 @@ class Cityscapes(SegmentationDataset):
     labels are paired by file name, so a missing label is that image's error, not a shifted pairing.
     """
 
+    SOURCE_KEYS = ("root", "mode")
     def __init__(self, root: str = "data/cityscapes", mode: str = "train", label_type: str = "auto",
                  ignore_index: int = 255, skip_bad: bool = False, transforms: list = None, seed: int = 0):
         if mode not in ("train", "val", "test"):
@@ -249,6 +250,7 @@ class PascalVOC(SegmentationDataset):
 
     MODES = ("train", "val", "trainval", "trainaug")
 
+    SOURCE_KEYS = ("root", "mode")
     def __init__(self, root: str = "data/VOCdevkit", mode: str = "train", label_names: list = None,
                  ignore_index: int = 255, skip_bad: bool = False, transforms: list = None, seed: int = 0):
         if mode not in self.MODES:
@@ -287,6 +289,7 @@ class SegList(SegmentationDataset):
     Classes: `label_names` (a list, or a file with one name per line), else `num_classes` numbered.
     """
 
+    SOURCE_KEYS = ("list_file", "data_root")
     def __init__(self, list_file: str, data_root: str = None, num_classes: int = None,
                  label_names: object = None, separator: str = None, ignore_index: int = 255,
                  skip_bad: bool = False, transforms: list = None, seed: int = 0):

@@ -150,6 +150,7 @@ class MosesBPETokenizer:
 class Translation(SampleDataset):
     """A parallel corpus (or a source file alone, for inference); see the module docstring."""
 
+    SOURCE_KEYS = ("src_file", "tgt_file")
     def __init__(self, src_file: str = None, tgt_file: str = None, spm_model: str = None, vocab: str = None,
                  bpe_codes: str = None, input_format: str = "raw", src_lang: str = "en", tgt_lang: str = "de",
                  bos_token: str = "<s>", eos_token: str = "<e>", unk_token: str = "<unk>", pad_token: str = None,

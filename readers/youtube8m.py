@@ -130,6 +130,7 @@ class YouTube8M(SampleDataset):
     while indexing (it reads whole files), so bad records are counted in `damage` up front.
     """
 
+    SOURCE_KEYS = ("files",)
     def __init__(self, files: list, format: str = "auto", feature_names: list = ["rgb", "audio"],
                  num_classes: int = 3862, max_frames: int = 300, skip_bad: bool = False,
                  check_crc: bool = False, transforms: list = [], seed: int = 0):

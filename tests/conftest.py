@@ -36,6 +36,26 @@ def attention_lstm_run(yt8m_demo, tmp_path_factory):
     return out
 
 
+NEXTVLAD_DEMO = "configs/video/nextvlad/nextvlad_demo.yaml"
+ATTENTION_CLUSTER_DEMO = "configs/video/attention_cluster/attention_cluster_demo.yaml"
+
+
+@pytest.fixture(scope="session")
+def nextvlad_demo_run(yt8m_demo, tmp_path_factory):
+    """The NeXtVLAD demo recipe trained once (its GAP test and INT8 quantization read it)."""
+    out = tmp_path_factory.mktemp("nextvlad_demo")
+    tool("train", "-c", NEXTVLAD_DEMO, "--output", out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def attention_cluster_demo_run(yt8m_demo, tmp_path_factory):
+    """The Attention Cluster demo recipe trained once (its GAP test and INT8 quantization read it)."""
+    out = tmp_path_factory.mktemp("attention_cluster_demo")
+    tool("train", "-c", ATTENTION_CLUSTER_DEMO, "--output", out)
+    return out
+
+
 TSN_DEMO = "configs/video/tsn/tsn_demo.yaml"
 STNET_DEMO = "configs/video/stnet/stnet_demo.yaml"
 
@@ -53,6 +73,14 @@ def tsn_demo_run(kinetics_demo, tmp_path_factory):
     """The TSN demo recipe trained once; the eval and infer tests reuse its weights."""
     out = tmp_path_factory.mktemp("tsn_demo")
     tool("train", "-c", TSN_DEMO, "--output", out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def stnet_demo_run(kinetics_demo, tmp_path_factory):
+    """The StNet demo recipe trained once on the motion demo (its test and INT8 quantization read it)."""
+    out = tmp_path_factory.mktemp("stnet_demo")
+    tool("train", "-c", STNET_DEMO, "--output", out)
     return out
 
 

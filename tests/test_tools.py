@@ -124,7 +124,7 @@ def test_the_tools_assemble_their_run_through_the_session():
     stays short (about 30 lines, counted from the source)."""
     import ast
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for tool in ("train", "eval", "infer", "export", "benchmark"):
+    for tool in ("train", "eval", "infer", "export", "benchmark", "quantize"):
         path = os.path.join(root, "tools", f"{tool}.py")
         with open(path, encoding="utf-8") as f:
             source = f.read()

@@ -1,14 +1,12 @@
 """The NeXtVLAD and Attention Cluster demo recipes really learn on the generated YouTube-8M data."""
 import pytest
 
-from tests.helpers import read_metrics, tool
+from tests.helpers import read_metrics
 
 
-@pytest.mark.parametrize("config", ["configs/video/nextvlad/nextvlad_demo.yaml",
-                                    "configs/video/attention_cluster/attention_cluster_demo.yaml"])
-def test_demo_reaches_gap(config, yt8m_demo, tmp_path):
-    tool("train", "-c", config, "--output", tmp_path)
-    m = read_metrics(tmp_path)
+@pytest.mark.parametrize("run", ["nextvlad_demo_run", "attention_cluster_demo_run"])
+def test_demo_reaches_gap(run, request):
+    m = read_metrics(request.getfixturevalue(run))
     assert m["gap"] >= 0.6 and m["hit_at_1"] >= 0.6, m
     assert m["num_samples"] == 200
 

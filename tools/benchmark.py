@@ -239,7 +239,7 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
 
     import paddle
     from engine import runtime
-    from engine.deploy import export
+    from engine.deploy import export, quantize
     from engine.deploy.predictor import Predictor
     from engine.session import Session
     s = Session.from_file(config_path, overrides)
@@ -251,15 +251,26 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
     load_before = round(os.getloadavg()[0], 2)   # other work on the machine skews latency: recorded
     example = next(iter(s.loader(split, batch_size=1, sharded=False)[0]))
     with tempfile.TemporaryDirectory() as tmp:
+        onnx_dir, int8_dir = os.path.join(tmp, "onnx"), os.path.join(tmp, "int8")
         export.export(model, cfg, tmp, example=example)
-        export.export(model, cfg, os.path.join(tmp, "onnx"), example=example, fmt="onnx")
+        export.export(model, cfg, onnx_dir, example=example, fmt="onnx")
+        batches = {}
+        for bs in batch_sizes:
+            loader, _, _ = s.loader(split, batch_size=bs, sharded=False)
+            batches[bs] = next(b for b in loader if len(b["index"]) == bs)
+        # INT8 calibrated on the timed batches themselves (random weights: ranges, not accuracy, matter)
+        quant = quantize.quantize(onnx_dir, int8_dir, quantize.record_feeds(onnx_dir, batches.values(), rt["threads"]),
+                                  threads=rt["threads"])
         backends = {"dynamic": None,
                     "exported, oneDNN": Predictor(tmp, mkldnn=True, threads=rt["threads"]),
                     "exported, no oneDNN": Predictor(tmp, mkldnn=False, threads=rt["threads"]),
-                    ONNX_RUNTIME: Predictor(os.path.join(tmp, "onnx"), threads=rt["threads"], backend="onnxruntime")}
-        for bs in batch_sizes:
-            loader, _, _ = s.loader(split, batch_size=bs, sharded=False)
-            batch = next(b for b in loader if len(b["index"]) == bs)
+                    ONNX_RUNTIME: Predictor(onnx_dir, threads=rt["threads"], backend="onnxruntime"),
+                    BF16_EXPORT: Predictor(tmp, threads=rt["threads"], precision="bf16"),
+                    INT8_EXPORT: Predictor(int8_dir, threads=rt["threads"], backend="onnxruntime")}
+        if backends[BF16_EXPORT].precision != "bf16":   # no native bf16 here: the column would time fp32
+            del backends[BF16_EXPORT]
+        sizes = {"paddle": quantize.size_on_disk(tmp), "onnx": quant["fp32_bytes"], "int8": quant["int8_bytes"]}
+        for bs, batch in batches.items():
             for name, predictor in backends.items():
                 def run():
                     if predictor is not None:
@@ -281,11 +292,15 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
             "weights": weights, "git_commit": report.git_commit(), "paddle": paddle.__version__,
             **report.cpu_record(), "threads": rt["threads"],
             "env": {k: os.environ.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS")},
-            "rows": rows, "peak_memory_mb": runtime.peak_memory_mb(),
+            "rows": rows, "size_on_disk_mb": {k: v / 2 ** 20 for k, v in sizes.items()},
+            "quantization": {k: quant[k] for k in ("route", "observer", "simulation_gap")},
+            "peak_memory_mb": runtime.peak_memory_mb(),
             "load_avg_1m_before_after": [load_before, round(os.getloadavg()[0], 2)]}
 
 
 ONNX_RUNTIME = "exported, ONNX Runtime"   # tools/export.py --format onnx, the same threads
+BF16_EXPORT = "exported, oneDNN bf16"            # tools/export.py --precision bf16 (CPUs with native bf16 only)
+INT8_EXPORT = "ONNX Runtime INT8"                # tools/quantize.py
 # (name, config, overrides, batch sizes, note): the README's latency table
 INFER_TABLE = [
     ("TSN-R50", "configs/video/tsn/tsn_r50_100e_k400.yaml",
@@ -398,18 +413,23 @@ def _inference_table(args):
           *[x for o in overrides for x in ("-o", o)]])
         for name, cfg_path, overrides, sizes, note in INFER_TABLE])
     lines = ["| model | input | batch | dynamic p50 / p90 ms | exported + oneDNN p50 / p90 ms | exported, no oneDNN "
-             "p50 / p90 ms | ONNX Runtime p50 / p90 ms | samples/s (dynamic / oneDNN / no oneDNN / ONNX Runtime) "
-             "| load (1 min) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    columns = ("dynamic", "exported, oneDNN", "exported, no oneDNN", ONNX_RUNTIME)
+             "p50 / p90 ms | ONNX Runtime p50 / p90 ms | oneDNN bf16 p50 / p90 ms | ORT INT8 p50 / p90 ms | "
+             "bf16, INT8 speed-up over oneDNN fp32 (p50) | size on disk fp32 / INT8 MB | samples/s (the six, in order) | "
+             "load (1 min) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    columns = ("dynamic", "exported, oneDNN", "exported, no oneDNN", ONNX_RUNTIME, BF16_EXPORT, INT8_EXPORT)
     for name, note, r in rows:
         for bs in sorted({row["batch"] for row in r["rows"]}):
-            by = {row["backend"]: row for row in r["rows"] if row["batch"] == bs}   # rows before ONNX lack it: -
+            by = {row["backend"]: row for row in r["rows"] if row["batch"] == bs}   # older rows lack some: -
             cells = [f"{by[b]['p50_ms']:.1f} / {by[b]['p90_ms']:.1f}" if b in by else "-" for b in columns]
-            sps = " / ".join(f"{by[b]['samples_per_s']:.2f}" if b in by else "-" for b in columns)
+            base = by.get("exported, oneDNN")
+            gain = " / ".join(f"**{base['p50_ms'] / by[b]['p50_ms']:.2f}x**" if b in by and base else "-"
+                              for b in (BF16_EXPORT, INT8_EXPORT))
+            size = r.get("size_on_disk_mb")
+            size = f"{size['paddle']:.1f} / {size['int8']:.1f}" if size else "-"
             load = r.get("load_avg_1m_before_after")
             load = "-" if load is None else " / ".join(map(str, load))
-            lines.append(f"| {name} | {note} | {bs} | {' | '.join(cells)} | {sps} | {load} |")
+            sps = " / ".join(f"{by[b]['samples_per_s']:.2f}" if b in by else "-" for b in columns)
+            lines.append(f"| {name} | {note} | {bs} | {' | '.join(cells)} | {gain} | {size} | {sps} | {load} |")
     _emit(args, "bench-inference", lines, rows)
 
 

@@ -7,6 +7,8 @@ heads), and DIR/infer_cfg.yml (the reader's pre-processing, the infer writer, cl
 settings of the model's Python between its networks). Run it with
 `python tools/infer.py -c CONFIG --backend inference --weights DIR --input ...`.
 
+`--precision bf16` records that Paddle Inference is to run the program with oneDNN's bf16 kernels
+(the files are the fp32 program's; where the CPU has no native bf16 it runs fp32 and says so).
 `--format onnx` converts each program to DIR/<program>.onnx (paddle2onnx, opset 16; the packages of
 requirements-onnx.txt) beside the same infer_cfg.yml; run it with `--backend onnxruntime`.
 """
@@ -22,6 +24,9 @@ def main():
     p.add_argument("--output", required=True, help="the export directory")
     p.add_argument("--format", choices=["paddle", "onnx"], default="paddle",
                    help="paddle: Paddle Inference programs (.json + .pdiparams); onnx: .onnx files for ONNX Runtime")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16 (--format paddle): Paddle Inference runs oneDNN's bf16 kernels where the CPU has "
+                        "native bf16 (AVX512_BF16, AMX), else fp32 with a note; INT8 is tools/quantize.py")
     args = p.parse_args()
 
     from engine import runtime
@@ -35,8 +40,8 @@ def main():
     runtime.setup_logging(None)
     model = s.model(args.weights, args.weights_format)
     spec = export.export(model, s.cfg, args.output, label_names=s.label_names(), example=_example(s),
-                         fmt=args.format)
-    print(f"exported {s.cfg['model']['name']} ({args.format}) to {args.output}: inputs "
+                         fmt=args.format, precision=args.precision)
+    print(f"exported {s.cfg['model']['name']} ({args.format}, {args.precision}) to {args.output}: inputs "
           + ", ".join(f"{n} {list(sp.shape)}" for n, sp in spec["inputs"].items())
           + f"; outputs {', '.join(spec['outputs'])}")
 

@@ -45,6 +45,9 @@ INFER_CFG = "infer_cfg.yml"
 # the files of one program, by export format; `format` in infer_cfg.yml (absent: paddle)
 FORMATS = {"paddle": (".json", ".pdiparams"), "onnx": (".onnx",)}
 BACKEND_OF = {"paddle": "inference", "onnx": "onnxruntime"}
+# `precision` in infer_cfg.yml (absent: fp32). bf16: the fp32 program, which Paddle Inference runs with
+# oneDNN's bf16 kernels (its bf16 placement pass) where the CPU has them; int8: tools/quantize.py
+PRECISIONS = {"paddle": ("fp32", "bf16"), "onnx": ("fp32", "int8")}
 
 
 class _Exported(paddle.nn.Layer):
@@ -87,11 +90,16 @@ def _named(inputs):
     return {name: paddle.static.InputSpec(s.shape, s.dtype, name) for name, s in inputs.items()}
 
 
-def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle"):
+def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle", precision="fp32"):
     """Write `output_dir/model.json`, `model.pdiparams` (or one pair per program; with fmt "onnx"
     `model.onnx`, converted from them by paddle2onnx) and `infer_cfg.yml`; returns the spec."""
     if fmt not in FORMATS:
         raise ConfigError(f"export format '{fmt}': one of {', '.join(FORMATS)}")
+    if precision not in PRECISIONS[fmt] or precision == "int8":
+        raise ConfigError(f"--precision {precision} with --format {fmt}: "
+                          + ("INT8 is tools/quantize.py's" if precision == "int8" else
+                             "bf16 is Paddle Inference's (--format paddle); ONNX Runtime's CPU kernels have no bf16"
+                             if precision == "bf16" else f"one of {', '.join(PRECISIONS[fmt])}"))
     if fmt == "onnx":
         from engine.deploy import onnx
         onnx.require("--format onnx")
@@ -120,6 +128,7 @@ def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle")
     record = {
         "zoo_export_version": EXPORT_VERSION,
         "format": fmt,
+        "precision": precision,
         **({"onnx": {"opset": onnx.OPSET, **onnx.versions()}} if fmt == "onnx" else {}),
         "paddle": paddle.__version__,
         "model": cfg["model"]["name"],
@@ -188,6 +197,10 @@ def read_infer_cfg(export_dir):
         if opset != onnx.OPSET:
             raise ConfigError(f"{path}: ONNX opset {opset!r}, this code reads opset {onnx.OPSET}; export the "
                               f"model again with tools/export.py --format onnx")
+    precision = record.get("precision", "fp32")
+    if precision not in PRECISIONS[fmt]:
+        raise ConfigError(f"{path}: precision {precision!r}, a --format {fmt} export is one of "
+                          f"{', '.join(PRECISIONS[fmt])}")
     for program in programs_of(record):
         for name in (program + ext for ext in FORMATS[fmt]):
             if not os.path.isfile(os.path.join(export_dir, name)):

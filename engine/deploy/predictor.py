@@ -58,55 +58,78 @@ def checked_feeds(inputs, feeds, where):
 
 
 class Program:
-    """One exported program: `program(feeds)` with numpy feeds by input name -> {output name: numpy}."""
+    """One exported program: `program(feeds)` with numpy feeds by input name -> {output name: numpy}.
 
-    def __init__(self, export_dir, name, spec, mkldnn=True, threads=None, device="cpu"):
-        import paddle.inference as pi
+    bf16: Paddle 3.3.1's bf16 passes break two things we work around. Its fusion of an unsqueeze into
+    the preceding operator loses the unsqueeze once the bf16 pass inserts its conversions (a 1x1 conv
+    over [N, F, L, 1] gets a 3-D input), so that fusion is off; and its conversion of an empty input
+    to bf16 throws (std::exception), so a call with an empty input (a decoder's first step, with no
+    cache yet) runs on an fp32 predictor of the same program."""
+
+    def __init__(self, export_dir, name, spec, mkldnn=True, threads=None, device="cpu", bf16=False):
         self.name, self.where = name, os.path.join(export_dir, name)
         self.inputs, self.outputs = spec["inputs"], list(spec["outputs"])
-        config = pi.Config(self.where + ".json", self.where + ".pdiparams")
-        config.disable_glog_info()
-        if device == "gpu":
-            config.enable_use_gpu(256, 0)
-        else:
-            config.disable_gpu()
-            if threads:
-                config.set_cpu_math_library_num_threads(int(threads))
-            if mkldnn:
-                config.enable_mkldnn()
-                with open(self.where + ".json", encoding="utf-8") as f:
-                    text = f.read()
-                if any(f'.{op}"' in text for op in _ONEDNN_BROKEN_OPS):
-                    config.delete_pass("onednn_placement_pass")
-            else:
-                config.disable_mkldnn()      # Paddle 3.x enables it by default
-        self.predictor = pi.create_predictor(config)
+        self.settings, self.bf16, self._fp32 = (mkldnn, threads, device), bf16, None
+        self.predictor = self._create(bf16)
         missing = set(s["name"] for s in self.inputs) - set(self.predictor.get_input_names())
         if missing:
             raise ConfigError(f"{export_dir}: the program {name} lacks inputs {sorted(missing)} that "
                               f"infer_cfg.yml lists (files from different exports?)")
 
+    def _create(self, bf16):
+        import paddle.inference as pi
+        mkldnn, threads, device = self.settings
+        config = pi.Config(self.where + ".json", self.where + ".pdiparams")
+        config.disable_glog_info()
+        if device == "gpu":
+            config.enable_use_gpu(256, 0)
+            return pi.create_predictor(config)
+        config.disable_gpu()
+        if threads:
+            config.set_cpu_math_library_num_threads(int(threads))
+        if not mkldnn:
+            config.disable_mkldnn()      # Paddle 3.x enables it by default
+            return pi.create_predictor(config)
+        config.enable_mkldnn()
+        if bf16:
+            config.enable_mkldnn_bfloat16()
+            config.delete_pass("operator_unsqueeze_onednn_fuse_pass")
+        with open(self.where + ".json", encoding="utf-8") as f:
+            text = f.read()
+        if any(f'.{op}"' in text for op in _ONEDNN_BROKEN_OPS):
+            config.delete_pass("onednn_placement_pass")
+        return pi.create_predictor(config)
+
     def __call__(self, feeds):
         values, shapes = checked_feeds(self.inputs, feeds, self.where)
+        predictor = self.predictor
+        if self.bf16 and any(v.size == 0 for _, v in values):
+            self._fp32 = self._fp32 or self._create(False)
+            predictor = self._fp32
         for spec, value in values:
-            handle = self.predictor.get_input_handle(spec["name"])
+            handle = predictor.get_input_handle(spec["name"])
             handle.reshape(list(value.shape))
             handle.copy_from_cpu(value)
         try:
-            self.predictor.run()
+            predictor.run()
         except Exception as e:   # Paddle's multi-line C++ report: its summary line
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
             summary = next((ln for ln in lines if "Error" in ln or "error" in ln), lines[0] if lines else "")
             raise ConfigError(f"the exported program {self.where} cannot take inputs {', '.join(shapes)}: "
                               f"{summary}") from None
-        outputs = [self.predictor.get_output_handle(n).copy_to_cpu() for n in self.predictor.get_output_names()]
+        outputs = [predictor.get_output_handle(n).copy_to_cpu() for n in predictor.get_output_names()]
         return dict(zip(self.outputs, outputs))
 
 
 class Predictor:
+    """`precision` (None: the export's, `precision` in infer_cfg.yml) "bf16" runs Paddle Inference's
+    oneDNN bf16 kernels where the CPU has native bf16, else fp32 with one log line. `wrap(program)`,
+    when given, stands in for each program (quantization records their feeds)."""
     BACKENDS = ("inference", "onnxruntime")
+    training = False
 
-    def __init__(self, export_dir, mkldnn=True, threads=None, device="cpu", model_name=None, backend="inference"):
+    def __init__(self, export_dir, mkldnn=True, threads=None, device="cpu", model_name=None, backend="inference",
+                 wrap=None, precision=None):
         self.export_dir = export_dir
         if backend not in self.BACKENDS:
             raise ConfigError(f"backend '{backend}': one of {', '.join(self.BACKENDS)}")
@@ -123,11 +146,14 @@ class Predictor:
             raise ConfigError(f"{export_dir} holds an exported {self.record['model']}, but the config "
                               f"builds {model_name}")
         self.inputs = self.record["inputs"]
+        self.precision = self._precision(precision or self.record.get("precision", "fp32"), backend, mkldnn, device)
+        bf16 = self.precision == "bf16"
         if backend == "onnxruntime":
             make = lambda name, spec: onnx.Program(export_dir, name, spec, threads)  # noqa: E731
         else:
-            make = lambda name, spec: Program(export_dir, name, spec, mkldnn, threads, device)  # noqa: E731
-        self.programs = {name: make(name, spec) for name, spec in programs_of(self.record).items()}
+            make = lambda name, spec: Program(export_dir, name, spec, mkldnn, threads, device, bf16)  # noqa: E731
+        self.programs = {name: (wrap or (lambda p: p))(make(name, spec))
+                         for name, spec in programs_of(self.record).items()}
         if uses_runner(self.record):
             from engine.components import load_all
             from engine.registry import MODELS
@@ -139,6 +165,25 @@ class Predictor:
                                   f"{self.record['model']} has no exported_runner to drive them")
         else:
             self.run = next(iter(self.programs.values()))
+
+    def _precision(self, want, backend, mkldnn, device):
+        """The precision this predictor runs: `want`, or fp32 where bf16 cannot run (with one line)."""
+        have = self.record.get("precision", "fp32")
+        if want == "int8" or have == "int8":
+            if want != have:
+                raise ConfigError(f"{self.export_dir} holds a {have} export; INT8 is a model tools/quantize.py wrote")
+            return want
+        if want not in ("fp32", "bf16"):
+            raise ConfigError(f"precision '{want}': one of fp32, bf16")
+        if want == "bf16":
+            from engine.cpu import has_bf16
+            why = ("ONNX Runtime has no bf16 CPU kernels" if backend != "inference" else
+                   "runs on the GPU" if device == "gpu" else "oneDNN is off" if not mkldnn else
+                   None if has_bf16() else "this CPU has no native bf16 (avx512_bf16, amx_bf16)")
+            if why:
+                print(f"note: {self.export_dir}: bf16 asked for, but {why}: running fp32", flush=True)
+                return "fp32"
+        return want
 
     def __call__(self, batch):
         feeds = {}

@@ -1,0 +1,269 @@
+"""INT8 post-training quantization of an ONNX export (tools/quantize.py), on ONNX Runtime.
+
+The route (README "INT8"): ONNX Runtime's static quantization in the QDQ format. Its fused kernels
+(VNNI, AMX) compute what its own fake-quant simulation computes, which the routes through Paddle
+Inference's oneDNN INT8 did not (issue 24), and it runs every program our ONNX exports hold.
+
+Calibration runs the fp32 export on the recipe's calibration batches and records the feeds each
+program receives (`record_feeds`), so a model whose prediction is Python around several programs
+(beam search, proposals) calibrates each program on what it really sees. What is quantized:
+convolutions and the matrix products with a weight (per output channel), except each program's first
+and last such layers; norms, softmax, activations, attention's products of two activations and
+recurrent layers stay in floating point. `check_simulation` runs the quantized program twice, with
+the INT8 kernels and with every QuantizeLinear/DequantizeLinear computed in float (no graph
+optimization: the simulation), and the two must agree.
+"""
+import os
+import tempfile
+
+import numpy as np
+import yaml
+
+from engine.deploy.export import FORMATS, INFER_CFG, programs_of, read_infer_cfg
+from engine.registry import ConfigError
+
+OBSERVERS = ("minmax", "percentile", "entropy")
+QUANTIZED_OPS = ("Conv", "MatMul", "Gemm")
+# The INT8 kernels may depart from the fake-quant simulation (relative L2 of an output) by this much, or
+# by up to SIMULATION_FACTOR times what the simulation departs from fp32 where that is more: they
+# round in other places (requantization in integers, fused layers), so that rounding propagates as
+# quantization's own does (a random BERT's near-zero logits: 0.13 against 0.10; a saturated softmax's
+# near-ties), but a kernel computing something else departs by far more than quantization itself
+# (issue 24: 2.1-2.8 against 0.015 for Paddle Inference's oneDNN INT8 of a paddle.quantization program)
+SIMULATION_TOLERANCE, SIMULATION_FACTOR = 0.05, 2.0
+
+
+class Recorder:
+    """A program that keeps (up to `limit`) copies of the feeds it runs on, for calibration."""
+
+    def __init__(self, program, limit):
+        self.program, self.limit, self.feeds = program, limit, []
+        self.name, self.inputs, self.outputs = program.name, program.inputs, program.outputs
+
+    def __call__(self, feeds):
+        if len(self.feeds) < self.limit:
+            self.feeds.append({s["name"]: np.array(feeds[s["name"]], dtype=s["dtype"]) for s in self.inputs})
+        return self.program(feeds)
+
+
+def record_feeds(export_dir, batches, threads=None, limit=64):
+    """{program: [feeds]} of the fp32 ONNX export in `export_dir` predicting `batches`."""
+    from engine.deploy.predictor import Predictor
+    predictor = Predictor(export_dir, threads=threads, backend="onnxruntime", wrap=lambda p: Recorder(p, limit))
+    seen = 0
+    for batch in batches:
+        predictor(batch)
+        seen += 1
+    if not seen:
+        raise ConfigError("the calibration reader yielded no batches (an empty or fully skipped split)")
+    return {name: p.feeds for name, p in predictor.programs.items()}
+
+
+def quantizable(model):
+    """Names of the nodes QUANTIZED_OPS quantizes: convolutions and products with a weight."""
+    weights = {t.name for t in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type in QUANTIZED_OPS
+            and (n.op_type == "Conv" or any(i in weights for i in n.input[:2]))]
+
+
+def ends(model, names, first=True):
+    """The nodes of `names` with no other of them downstream (the last layers) and, with `first`,
+    those with none upstream (the first)."""
+    names, nodes = set(names), list(model.graph.node)
+
+    def reach(order, src, dst):
+        marked, out = set(), []
+        for n in order:
+            hit = any(t in marked for t in src(n))
+            if n.name in names and not hit:
+                out.append(n.name)
+            if hit or n.name in names:
+                marked.update(dst(n))
+        return out
+    last = reach(reversed(nodes), lambda n: n.output, lambda n: n.input)
+    return sorted(set(last) | set(reach(nodes, lambda n: n.input, lambda n: n.output) if first else ()))
+
+
+class _Feeds:
+    """onnxruntime.quantization.CalibrationDataReader over recorded feeds."""
+
+    def __init__(self, feeds, names):
+        self.items = iter([{k: v for k, v in f.items() if k in names} for f in feeds])
+
+    def get_next(self):
+        return next(self.items, None)
+
+    def __len__(self):
+        return 0
+
+
+def quantize_program(src, dst, feeds, observer="minmax", per_channel=True, keep_first=True):
+    """`src` (fp32 .onnx) -> `dst` (QDQ INT8), calibrated on `feeds`; returns what was kept in float:
+    the last layers, and the first where the program reads the model's own inputs (`keep_first`; not a
+    box head behind RoIAlign, nor a decoder step behind the beam search)."""
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    if observer not in OBSERVERS:
+        raise ConfigError(f"observer '{observer}': one of {', '.join(OBSERVERS)}")
+    if not feeds:
+        raise ConfigError(f"{src}: no calibration feeds recorded for this program")
+    with tempfile.TemporaryDirectory() as tmp:
+        pre = os.path.join(tmp, "pre.onnx")
+        quant_pre_process(src, pre, skip_symbolic_shape=True)
+        model = onnx.load(pre)
+        candidates = quantizable(model)
+        keep = ends(model, candidates, keep_first)
+        chosen = [n for n in candidates if n not in keep]
+        if not chosen:
+            raise ConfigError(f"{src}: no layer ONNX Runtime quantizes (convolutions and products with weights: "
+                              f"{', '.join(candidates) or 'none'}) besides the first and last, which stay in float")
+        reader = type("CalibrationFeeds", (_Feeds, CalibrationDataReader), {})(
+            feeds, {i.name for i in model.graph.input})
+        method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
+                  "entropy": CalibrationMethod.Entropy}[observer]
+        try:
+            quantize_static(pre, dst + ".tmp", reader, quant_format=QuantFormat.QDQ,
+                            op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_quantize=chosen,
+                            per_channel=per_channel, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                            calibrate_method=method, extra_options={"MatMulConstBOnly": True})
+        except ValueError as e:
+            if observer != "minmax" and "inhomogeneous" in str(e):
+                raise ConfigError(f"{src}: the {observer} observer (ONNX Runtime's histograms of every tensor) needs "
+                                  f"calibration batches of one shape, and this program's vary; use minmax") from None
+            raise
+        os.replace(dst + ".tmp", dst)
+    return {"quantized": len(chosen), "kept_float": keep}
+
+
+def check_simulation(fp32_path, int8_path, feeds, threads=None):
+    """{output: (kernels vs simulation, simulation vs fp32)}, relative L2 differences on `feeds`, worst
+    over them: the INT8 kernels' outputs against the fake-quant simulation's (QuantizeLinear and
+    DequantizeLinear computed in float, no graph optimization), and that simulation against fp32."""
+    import onnxruntime as ort
+
+    def session(path, level):
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.graph_optimization_level = level
+        if threads:
+            options.intra_op_num_threads, options.inter_op_num_threads = int(threads), 1
+        return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    level = ort.GraphOptimizationLevel
+    fp32, fused = session(fp32_path, level.ORT_ENABLE_ALL), session(int8_path, level.ORT_ENABLE_ALL)
+    simulated = session(int8_path, level.ORT_DISABLE_ALL)
+    names = {i.name for i in fused.get_inputs()}
+    outputs = [o.name for o in fused.get_outputs()]
+    worst = {}
+    for f in feeds:
+        f = {k: v for k, v in f.items() if k in names}
+        for name, ref, k, q in zip(outputs, fp32.run(None, f), fused.run(None, f), simulated.run(None, f)):
+            if np.issubdtype(ref.dtype, np.floating) and ref.size:
+                gaps = (_relative(k, q), _relative(q, ref))
+                worst[name] = tuple(max(a, b) for a, b in zip(worst.get(name, (0.0, 0.0)), gaps))
+    return worst
+
+
+def simulation_agrees(kernels, simulation):
+    """Whether kernels this far from the simulation (relative L2) compute what it computes, given how
+    far the simulation is from fp32 (SIMULATION_TOLERANCE)."""
+    return kernels <= max(SIMULATION_TOLERANCE, SIMULATION_FACTOR * simulation)
+
+
+def _relative(a, b):
+    return float(np.linalg.norm(a.astype(np.float64) - b) / max(np.linalg.norm(b.astype(np.float64)), 1e-12))
+
+
+def size_on_disk(export_dir):
+    record = read_infer_cfg(export_dir)
+    ext = FORMATS[record.get("format", "paddle")]
+    return sum(os.path.getsize(os.path.join(export_dir, p + e)) for p in programs_of(record) for e in ext)
+
+
+def quantize(src_dir, dst_dir, feeds, observer="minmax", per_channel=True, threads=None, check_feeds=2):
+    """The fp32 ONNX export in `src_dir` quantized into `dst_dir` (the same infer_cfg.yml, with
+    `precision: int8` and a `quantization` record); returns that record."""
+    record = read_infer_cfg(src_dir)
+    if record.get("format") != "onnx":
+        raise ConfigError(f"{src_dir}: INT8 quantization takes an export of --format onnx")
+    os.makedirs(dst_dir, exist_ok=True)
+    programs, gaps = {}, {}
+    top = {s["name"] for s in record["inputs"]}
+    for name, spec in programs_of(record).items():
+        src, dst = os.path.join(src_dir, name + ".onnx"), os.path.join(dst_dir, name + ".onnx")
+        keep_first = any(s["name"] in top for s in spec["inputs"])
+        programs[name] = quantize_program(src, dst, feeds.get(name), observer, per_channel, keep_first)
+        gaps[name] = check_simulation(src, dst, feeds[name][:check_feeds], threads)
+        for out, (kernels, simulation) in gaps[name].items():
+            if not simulation_agrees(kernels, simulation):
+                raise ConfigError(f"{dst}: ONNX Runtime's INT8 kernels give {out} {kernels:.3g} away from its own "
+                                  f"fake-quant simulation (relative L2), which is {simulation:.3g} away from fp32: "
+                                  f"the kernels on this CPU compute something else")
+        gaps[name] = {out: {"kernels_vs_simulation": round(k, 6), "simulation_vs_fp32": round(q, 6)}
+                      for out, (k, q) in gaps[name].items()}
+    quant = {"route": "onnxruntime-qdq", "observer": observer, "per_channel": per_channel,
+             "activations": "uint8", "weights": "int8", "simulation_gap": gaps, "programs": programs,
+             "fp32_bytes": size_on_disk(src_dir),
+             "int8_bytes": sum(os.path.getsize(os.path.join(dst_dir, p + ".onnx")) for p in programs)}
+    with open(os.path.join(dst_dir, INFER_CFG + ".tmp"), "w") as f:
+        yaml.safe_dump(dict(record, precision="int8", quantization=quant), f, sort_keys=False)
+    os.replace(os.path.join(dst_dir, INFER_CFG + ".tmp"), os.path.join(dst_dir, INFER_CFG))
+    return quant
+
+
+def check_options(observer, calib_batches):
+    if observer not in OBSERVERS:
+        raise ConfigError(f"--observer {observer}: one of {', '.join(OBSERVERS)}")
+    if calib_batches < 1:
+        raise ConfigError(f"--calib-batches must be >= 1, got {calib_batches}")
+
+
+def quantize_recipe(session, model, output, calib_batches=8, observer="minmax", split=None, metric=None,
+                    batch_size=None, threads=None):
+    """tools/quantize.py: `model` exported to ONNX, calibrated on `calib_batches` batches of
+    session.calibration_loader, quantized into `output`, and fp32 and INT8 evaluated on `split`;
+    returns what `output/metrics.json` holds ({split, metric, drop, fp32, int8})."""
+    import json
+
+    from engine.deploy import export
+    from engine.deploy.predictor import Predictor
+    from engine.training.evaluator import evaluate
+    split = split or session.cfg.eval_split()
+    names = session.metric(session.loader(split, batch_size=batch_size, sharded=False)[1]).names()
+    key = metric or session.cfg.train.best_metric or names[0]
+    if key not in names:
+        raise ConfigError(f"--metric {key}: not a metric of the recipe ({', '.join(names)})")
+    calib, _, _ = session.calibration_loader(split, batch_size=batch_size)
+    batches = _first(calib, calib_batches)
+    if not batches:
+        raise ConfigError(f"the calibration reader (reader.train's samples through reader.{split}'s processing) "
+                          f"yielded no batches")
+    os.makedirs(output, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".fp32-", dir=output) as fp32:
+        export.export(model, session.cfg, fp32, label_names=session.label_names(), example=batches[0], fmt="onnx")
+        record = quantize(fp32, output, record_feeds(fp32, batches, threads), observer, threads=threads)
+        print(f"quantized {session.cfg['model']['name']} to INT8 in {output} ({record['route']}, {observer} observer, "
+              f"{len(batches)} calibration batches): {record['fp32_bytes'] / 2 ** 20:.1f} -> "
+              f"{record['int8_bytes'] / 2 ** 20:.1f} MB ({100.0 * record['int8_bytes'] / record['fp32_bytes']:.0f}%)")
+        scores = {}
+        for name, where in (("fp32", fp32), ("int8", output)):
+            loader, dataset, _ = session.loader(split, batch_size=batch_size, sharded=False)
+            predictor = Predictor(where, threads=threads, backend="onnxruntime", model_name=session.cfg["model"]["name"])
+            scores[name] = {k: float(v) for k, v in evaluate(predictor, loader, session.metric(dataset)).items()}
+    out = {"split": split, "metric": key, "drop": scores["fp32"][key] - scores["int8"][key], **scores}
+    with open(os.path.join(output, "metrics.json.tmp"), "w") as f:
+        json.dump(out, f, indent=1)
+    os.replace(os.path.join(output, "metrics.json.tmp"), os.path.join(output, "metrics.json"))
+    return out
+
+
+def _first(loader, n):
+    """The first `n` non-empty batches of `loader`."""
+    from engine.data import empty
+    out = []
+    for batch in loader:
+        if not empty(batch):
+            out.append(batch)
+        if len(out) == n:
+            break
+    return out

@@ -1,0 +1,159 @@
+"""INT8 post-training quantization (tools/quantize.py, ONNX Runtime QDQ) of every scorable demo, as
+trained by the session fixtures: the quantized model scores within max(1 point, one validation
+sample) of fp32 on the validation split, stores int8 weights (<= 30% of the fp32 files), its kernels
+agree with its own fake-quant simulation, tools/infer.py runs it, and bad input gets one line.
+(bf16 exports are compared with fp32 in tests/test_export.py, on every demo model's programs.)"""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import (ATTENTION_CLUSTER_DEMO, ATTENTION_LSTM_DEMO, BERT_GLUE_DEMO, DEEPLAB_DEMO,
+                            MASK_RCNN_DEMO, NEXTVLAD_DEMO, STNET_DEMO, TRANSFORMER_DEMO, TSN_DEMO)
+from tests.helpers import ROOT, one_error_line, tool, tools_in_one_process
+
+# (id, config, the session fixture whose run it quantizes): every demo with a validation metric
+DEMOS = [("tsn", TSN_DEMO, "tsn_demo_run"), ("stnet", STNET_DEMO, "stnet_demo_run"),
+         ("attention_lstm", ATTENTION_LSTM_DEMO, "attention_lstm_run"),
+         ("nextvlad", NEXTVLAD_DEMO, "nextvlad_demo_run"),
+         ("attention_cluster", ATTENTION_CLUSTER_DEMO, "attention_cluster_demo_run"),
+         ("bert_glue", BERT_GLUE_DEMO, "bert_glue_run"), ("deeplabv3", DEEPLAB_DEMO, "deeplab_demo_run"),
+         ("mask_rcnn", MASK_RCNN_DEMO, "mask_rcnn_demo_run"), ("transformer", TRANSFORMER_DEMO, "transformer_demo_run")]
+CALIB_BATCHES = "2"
+
+
+@pytest.fixture(scope="module")
+def quantized(request, tmp_path_factory):
+    """Every demo quantized by tools/quantize.py --split val, all in one process: {id: (result, dir)}."""
+    out = tmp_path_factory.mktemp("int8")
+    runs = []
+    for name, cfg, fixture in DEMOS:
+        run = request.getfixturevalue(fixture)
+        runs.append(("quantize", ["-c", cfg, "--weights", os.path.join(run, "final"), "--output", out / name,
+                                  "--split", "val", "--calib-batches", CALIB_BATCHES], {}))
+    results = tools_in_one_process(runs, timeout=1800)
+    return {name: (r, out / name) for (name, _, _), r in zip(DEMOS, results)}
+
+
+@pytest.mark.parametrize("name", [d[0] for d in DEMOS])
+def test_int8_demo_scores_within_one_point_or_one_sample_of_fp32(quantized, name):
+    result, where = quantized[name]
+    assert result["code"] == 0, result["stdout"][-2000:] + result["stderr"][-2000:]
+    with open(where / "metrics.json") as f:
+        m = json.load(f)
+    key, fp32, int8 = m["metric"], m["fp32"], m["int8"]
+    # the issue's bound: 1 point (0.01 on our 0-1 metrics) or one validation sample of an accuracy
+    bound = max(0.01, 1.0 / fp32["num_samples"]) if "num_samples" in fp32 else 0.01
+    assert fp32[key] - int8[key] <= bound + 1e-9, (name, key, fp32, int8)
+    assert abs(m["drop"] - (fp32[key] - int8[key])) < 1e-9
+    assert f"{key}: fp32 {fp32[key]:.4f}, int8 {int8[key]:.4f}" in result["stdout"]
+    with open(where / "infer_cfg.yml") as f:
+        record = yaml.safe_load(f)
+    assert record["format"] == "onnx" and record["precision"] == "int8"
+    q = record["quantization"]
+    assert q["route"] == "onnxruntime-qdq" and q["observer"] == "minmax"
+    assert all(p["quantized"] > 0 for p in q["programs"].values()), q["programs"]
+    # int8 weights: the files shrink to about a quarter (scales, zero points and the float layers stay)
+    assert q["int8_bytes"] <= 0.30 * q["fp32_bytes"] or name in KEEPS_FLOAT_WEIGHTS, q
+    for program, outputs in q["simulation_gap"].items():
+        for out, gap in outputs.items():
+            assert gap["kernels_vs_simulation"] <= max(0.05, 2 * gap["simulation_vs_fp32"]), (program, out, gap)
+    assert not [f for f in os.listdir(where) if f.startswith(".fp32-")], "the fp32 staging directory is left"
+
+
+# demos whose weights are mostly in layers the route keeps in float (measured: the INT8 files' share):
+# AttentionLSTM's bidirectional LSTMs (ONNX Runtime quantizes an LSTM only dynamically), 88%;
+# NeXtVLAD's first layers (one expansion per modality), 78%; the demo BERT's embedding tables (a
+# lookup) and its first and last layers, 50% of its 0.5 MB; the Transformer's embedding table (a
+# lookup, shared with the output projection, the last layer), 47%
+KEEPS_FLOAT_WEIGHTS = {"attention_lstm", "transformer", "nextvlad", "bert_glue"}
+
+
+def test_infer_runs_the_int8_model_and_writes_what_fp32_writes(quantized, tsn_demo_run, kinetics_demo, tmp_path):
+    """tools/infer.py --backend onnxruntime on the INT8 directory: the same files as the dynamic path,
+    the same top-1 class for all but at most one video in the bound's measure."""
+    videos = os.path.join(kinetics_demo["appearance"], "val")
+    out = {}
+    for name, args in (("dynamic", ["--weights", os.path.join(tsn_demo_run, "final")]),
+                       ("int8", ["--weights", quantized["tsn"][1], "--backend", "onnxruntime"])):
+        tool("infer", "-c", TSN_DEMO, *args, "--input", videos, "--output", tmp_path / name)
+        out[name] = sorted(os.listdir(tmp_path / name))
+        with open(tmp_path / name / "predictions.json") as f:
+            out[name + "_pred"] = json.load(f)
+    assert out["dynamic"] == out["int8"]
+    a, b = out["dynamic_pred"], out["int8_pred"]
+    assert len(a) == len(b) == 60
+    top1 = lambda p: [r["topk"][0]["class_id"] if "topk" in r else r["top"][0]["class_id"] for r in p]  # noqa: E731
+    assert sum(x != y for x, y in zip(top1(a), top1(b))) <= 1
+
+
+def test_quantize_refuses_bad_input_with_one_line(quantized, tsn_demo_run, tmp_path):
+    weights = os.path.join(tsn_demo_run, "final")
+    empty = tmp_path / "empty.list"
+    empty.write_text("")
+    good = quantized["tsn"][1]
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(good, corrupt)
+    with open(corrupt / "model.onnx", "r+b") as f:
+        f.truncate(1000)
+    int4 = tmp_path / "int4"
+    shutil.copytree(good, int4)
+    text = (int4 / "infer_cfg.yml").read_text().replace("precision: int8", "precision: int4")
+    (int4 / "infer_cfg.yml").write_text(text)
+    videos = os.path.join(ROOT, "data", "kinetics_demo", "kinetics_appearance", "val")
+    base = ["-c", TSN_DEMO, "--weights", weights, "--output", tmp_path / "q", "--split", "val"]
+    runs = [("quantize", base + ["-o", f"reader.train.list_file={empty}"], {}),
+            ("quantize", base + ["--observer", "kl"], {}),
+            ("quantize", base + ["--calib-batches", "0"], {}),
+            ("quantize", base + ["--metric", "bleu"], {}),
+            ("infer", ["-c", TSN_DEMO, "--weights", corrupt, "--backend", "onnxruntime", "--input", videos,
+                       "--output", tmp_path / "i1"], {}),
+            ("infer", ["-c", TSN_DEMO, "--weights", int4, "--backend", "onnxruntime", "--input", videos,
+                       "--output", tmp_path / "i2"], {}),
+            ("export", ["-c", TSN_DEMO, "--weights", weights, "--output", tmp_path / "e", "--format", "onnx",
+                        "--precision", "bf16"], {})]
+    want = [("calibration", "empty"), ("--observer kl", "minmax"), ("--calib-batches", "0"), ("--metric bleu",),
+            ("model.onnx", "not a model ONNX Runtime can load"), ("precision 'int4'",),
+            ("bf16", "ONNX Runtime")]
+    for r, fragments in zip(tools_in_one_process(runs), want):
+        line = one_error_line(r)
+        assert line and all(f in line for f in fragments), (fragments, r["stdout"][-800:], r["stderr"][-1500:])
+
+
+def test_a_model_with_nothing_to_quantize_and_kernels_that_compute_something_else_are_refused(tmp_path):
+    """One product layer (first and last at once, so kept in float) leaves nothing to quantize; of
+    three, the middle one is quantized, and its kernels agree with the simulation; kernels as far off
+    as the issue measured for Paddle's oneDNN INT8 route would be refused."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from engine.deploy import quantize
+    from engine.registry import ConfigError
+    rng = np.random.default_rng(0)
+
+    def model(path, layers):
+        nodes, inits, x = [], [], "x"
+        for i in range(layers):
+            inits.append(numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), f"w{i}"))
+            nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"MatMul.{i}"))
+            x = f"h{i}"
+        nodes.append(helper.make_node("Softmax", [x], ["y"], name="Softmax.0", axis=-1))
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 16])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 16])], inits)
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)]), path)
+    feeds = [{"x": rng.standard_normal((4, 16)).astype(np.float32)} for _ in range(2)]
+    model(str(tmp_path / "one.onnx"), 1)
+    with pytest.raises(ConfigError, match="no layer ONNX Runtime quantizes .* MatMul.0") as e:
+        quantize.quantize_program(str(tmp_path / "one.onnx"), str(tmp_path / "one_int8.onnx"), feeds)
+    assert "\n" not in str(e.value)
+    model(str(tmp_path / "three.onnx"), 3)
+    info = quantize.quantize_program(str(tmp_path / "three.onnx"), str(tmp_path / "three_int8.onnx"), feeds)
+    assert info == {"quantized": 1, "kept_float": ["MatMul.0", "MatMul.2"]}   # the middle layer only
+    gaps = quantize.check_simulation(str(tmp_path / "three.onnx"), str(tmp_path / "three_int8.onnx"), feeds)
+    assert quantize.simulation_agrees(*gaps["y"]), gaps
+    # the bound against the issue's measurements (not this code's): Paddle Inference's oneDNN INT8 of a
+    # paddle.quantization program, 2.1 from its own simulation, which was 0.015 from fp32: refused
+    assert not quantize.simulation_agrees(2.1, 0.015)

@@ -1,0 +1,55 @@
+"""INT8 post-training quantization: python tools/quantize.py -c CONFIG --weights W --output DIR
+    [--calib-batches N] [--max-drop X] [--observer minmax|percentile|entropy] [--metric KEY] [--split S]
+
+Exports the model to ONNX (as tools/export.py --format onnx does), records what each of its programs
+receives on N batches of the recipe's training samples read through the evaluation split's
+pre-processing (in file order, so the same N batches every time), quantizes each program with ONNX
+Runtime's static QDQ quantization calibrated on them (engine/deploy/quantize.py: what is kept in
+float, the check against its own fake-quant simulation), and writes DIR: run it with
+`tools/infer.py --backend onnxruntime --weights DIR`. Then fp32 and INT8 are evaluated on the
+evaluation split (test where the recipe has one, else val; or --split) and both metrics are printed
+with the drop of --metric (default train.best_metric, else the metric's first); with --max-drop X the
+tool exits with status 1 when that drop exceeds X (in the metric's units: 0.01 is one point of a
+0-1 accuracy).
+"""
+import _bootstrap  # noqa: F401  (environment before paddle)
+
+from engine import cli
+
+
+def main():
+    p = cli.parser(__doc__)
+    cli.weights_args(p, required=True, help="a .pdparams file, checkpoint dir, entry name or URL")
+    p.add_argument("--output", required=True, help="the quantized export directory")
+    p.add_argument("--calib-batches", type=int, default=8, help="calibration batches (of the split's batch size)")
+    p.add_argument("--batch-size", type=int, default=None, help="calibration and evaluation batch size")
+    p.add_argument("--observer", default="minmax", help="how activation ranges are found: minmax (default, "
+                   "chosen by measurement: README 'INT8'), percentile or entropy")
+    p.add_argument("--max-drop", type=float, default=None, help="exit 1 when fp32 - INT8 of --metric exceeds this")
+    p.add_argument("--metric", default=None, help="the metric the drop is of")
+    p.add_argument("--split", default=None, help="evaluation split (default: test if defined, else val)")
+    args = p.parse_args()
+
+    from engine import runtime
+    from engine.deploy import onnx, quantize
+    from engine.session import Session
+    s = Session.from_args(args)
+    onnx.require("tools/quantize.py")
+    quantize.check_options(args.observer, args.calib_batches)
+    rt = s.setup(device="cpu")
+    runtime.setup_logging(None)
+    model = s.model(args.weights, args.weights_format)
+    m = quantize.quantize_recipe(s, model, args.output, args.calib_batches, args.observer, args.split, args.metric,
+                                 args.batch_size, rt["threads"])
+    print(f"fp32: {cli.format_metrics(m['fp32'])}")
+    print(f"int8: {cli.format_metrics(m['int8'])}")
+    key = m["metric"]
+    print(f"{key}: fp32 {m['fp32'][key]:.4f}, int8 {m['int8'][key]:.4f}, drop {m['drop']:.4f}")
+    if args.max_drop is not None and m["drop"] > args.max_drop:
+        print(f"error: INT8 {key} is {m['drop']:.4f} below fp32 (more than --max-drop {args.max_drop}); "
+              f"the quantized model is in {args.output}")
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    cli.run(main)
