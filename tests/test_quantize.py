@@ -92,8 +92,9 @@ def test_infer_runs_the_int8_model_and_writes_what_fp32_writes(quantized, tsn_de
 
 def test_quantize_refuses_bad_input_with_one_line(quantized, tsn_demo_run, tmp_path):
     weights = os.path.join(tsn_demo_run, "final")
-    empty = tmp_path / "empty.list"
-    empty.write_text("")
+    (tmp_path / "bad.mp4").write_bytes(b"not a video")
+    bad = tmp_path / "bad.list"
+    bad.write_text(f"{tmp_path / 'bad.mp4'} 0\n{tmp_path / 'bad.mp4'} 1\n")
     good = quantized["tsn"][1]
     corrupt = tmp_path / "corrupt"
     shutil.copytree(good, corrupt)
@@ -105,8 +106,7 @@ def test_quantize_refuses_bad_input_with_one_line(quantized, tsn_demo_run, tmp_p
     (int4 / "infer_cfg.yml").write_text(text)
     videos = os.path.join(ROOT, "data", "kinetics_demo", "kinetics_appearance", "val")
     base = ["-c", TSN_DEMO, "--weights", weights, "--output", tmp_path / "q", "--split", "val"]
-    runs = [("quantize", base + ["-o", f"reader.train.list_file={empty}"], {}),
-            ("quantize", base + ["--observer", "kl"], {}),
+    runs = [("quantize", base + ["--observer", "kl"], {}),
             ("quantize", base + ["--calib-batches", "0"], {}),
             ("quantize", base + ["--metric", "bleu"], {}),
             ("infer", ["-c", TSN_DEMO, "--weights", corrupt, "--backend", "onnxruntime", "--input", videos,
@@ -115,12 +115,47 @@ def test_quantize_refuses_bad_input_with_one_line(quantized, tsn_demo_run, tmp_p
                        "--output", tmp_path / "i2"], {}),
             ("export", ["-c", TSN_DEMO, "--weights", weights, "--output", tmp_path / "e", "--format", "onnx",
                         "--precision", "bf16"], {})]
-    want = [("calibration", "empty"), ("--observer kl", "minmax"), ("--calib-batches", "0"), ("--metric bleu",),
+    want = [("--observer kl", "minmax"), ("--calib-batches", "0"), ("--metric bleu",),
             ("model.onnx", "not a model ONNX Runtime can load"), ("precision 'int4'",),
             ("bf16", "ONNX Runtime")]
-    for r, fragments in zip(tools_in_one_process(runs), want):
+    runs += [("export", ["-c", TSN_DEMO, "--weights", weights, "--output", tmp_path / "bf16", "--precision", "bf16"], {}),
+             ("infer", ["-c", TSN_DEMO, "--weights", tmp_path / "bf16", "--backend", "inference", "--input", videos,
+                        "--output", tmp_path / "i3"], {}),
+            # a calibration reader that yields nothing: every training video unreadable, skipped
+            ("quantize", base + ["-o", f"reader.train.list_file={bad}", "-o", "reader.val.skip_bad=true"], {})]
+    results = tools_in_one_process(runs)
+    nothing = results.pop()
+    lines = [ln for ln in nothing["stderr"].splitlines() if ln.strip()]
+    assert nothing["code"] == 2 and lines[-1] == ("error: the calibration reader (reader.train's samples through "
+                                                  "reader.val's processing) yielded no batches"), nothing
+    assert any("skipped sample" in ln and "bad.mp4" in ln for ln in lines), lines   # each one named
+    for r, fragments in zip(results, want):
         line = one_error_line(r)
         assert line and all(f in line for f in fragments), (fragments, r["stdout"][-800:], r["stderr"][-1500:])
+    # tools/export.py --precision bf16 records it, and tools/infer.py runs it (bf16: no note here)
+    assert [r["code"] for r in results[len(want):]] == [0, 0], results[len(want):]
+    assert yaml.safe_load((tmp_path / "bf16" / "infer_cfg.yml").read_text())["precision"] == "bf16"
+    assert "note:" not in results[-1]["stdout"] and os.path.isfile(tmp_path / "i3" / "predictions.json")
+
+
+def test_bf16_without_native_bf16_runs_fp32_and_says_so_in_one_line(tmp_path, yt8m_demo, monkeypatch, capsys):
+    """A CPU without AVX512_BF16/AMX-BF16 (simulated: the flag check answers no) runs the bf16 export
+    in fp32 and prints one note; with native bf16 the same export runs bf16 (tests/test_export.py)."""
+    import paddle
+
+    from engine import builder, config, cpu
+    from engine.components import load_all
+    from engine.deploy import export
+    from engine.deploy.predictor import Predictor
+    load_all()
+    cfg = config.load(ATTENTION_CLUSTER_DEMO)
+    paddle.seed(0)
+    export.export(builder.build_model(cfg["model"]), cfg, str(tmp_path), precision="bf16")
+    monkeypatch.setattr(cpu, "has_bf16", lambda: False)
+    capsys.readouterr()
+    assert Predictor(str(tmp_path)).precision == "fp32"
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("note:") and "no native bf16" in lines[0], lines
 
 
 def test_a_model_with_nothing_to_quantize_and_kernels_that_compute_something_else_are_refused(tmp_path):
