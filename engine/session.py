@@ -96,9 +96,9 @@ class Session:
             raise ConfigError(str(e).replace("reader.calibration", f"calibration (reader.train's samples, "
                                                                    f"reader.{split}'s processing)")) from None
 
-    def input_dataset(self, inputs):
-        """The eval split's reader over raw input files or folders (tools/infer.py)."""
-        kwargs, _ = config.split_reader(self.cfg, self.cfg.eval_split())
+    def input_dataset(self, inputs, split=None):
+        """The eval split's (or `split`'s) reader over raw input files or folders (tools/infer.py)."""
+        kwargs, _ = config.split_reader(self.cfg, split or self.cfg.eval_split())
         return DATASETS.get(kwargs.pop("name")).for_inputs(inputs, **kwargs)
 
     def infer_writer(self):

@@ -40,20 +40,22 @@ NEXTVLAD_DEMO = "configs/video/nextvlad/nextvlad_demo.yaml"
 ATTENTION_CLUSTER_DEMO = "configs/video/attention_cluster/attention_cluster_demo.yaml"
 
 
+def _trained(tmp_path_factory, name, config):
+    out = tmp_path_factory.mktemp(name)
+    tool("train", "-c", config, "--output", out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def nextvlad_demo_run(yt8m_demo, tmp_path_factory):
     """The NeXtVLAD demo recipe trained once (its GAP test and INT8 quantization read it)."""
-    out = tmp_path_factory.mktemp("nextvlad_demo")
-    tool("train", "-c", NEXTVLAD_DEMO, "--output", out)
-    return out
+    return _trained(tmp_path_factory, "nextvlad_demo", NEXTVLAD_DEMO)
 
 
 @pytest.fixture(scope="session")
 def attention_cluster_demo_run(yt8m_demo, tmp_path_factory):
     """The Attention Cluster demo recipe trained once (its GAP test and INT8 quantization read it)."""
-    out = tmp_path_factory.mktemp("attention_cluster_demo")
-    tool("train", "-c", ATTENTION_CLUSTER_DEMO, "--output", out)
-    return out
+    return _trained(tmp_path_factory, "attention_cluster_demo", ATTENTION_CLUSTER_DEMO)
 
 
 TSN_DEMO = "configs/video/tsn/tsn_demo.yaml"
@@ -79,9 +81,7 @@ def tsn_demo_run(kinetics_demo, tmp_path_factory):
 @pytest.fixture(scope="session")
 def stnet_demo_run(kinetics_demo, tmp_path_factory):
     """The StNet demo recipe trained once on the motion demo (its test and INT8 quantization read it)."""
-    out = tmp_path_factory.mktemp("stnet_demo")
-    tool("train", "-c", STNET_DEMO, "--output", out)
-    return out
+    return _trained(tmp_path_factory, "stnet_demo", STNET_DEMO)
 
 
 TRANSFORMER_DEMO = "configs/nlp/transformer/transformer_demo.yaml"

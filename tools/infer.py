@@ -23,6 +23,8 @@ def _parser():
                         "onnxruntime: one written with --format onnx, run by ONNX Runtime on the CPU")
     p.add_argument("--no-mkldnn", action="store_true", help="inference backend on CPU without oneDNN")
     p.add_argument("--output", help="output directory (default output/<config name>/infer)")
+    p.add_argument("--split", default=None, help="whose pre-processing reads the inputs (default: test if "
+                                                 "defined, else val; a model quantized with --split S takes S's)")
     return p
 
 
@@ -37,7 +39,8 @@ def main():
     writer = s.infer_writer()
     rt = s.setup()
     runtime.setup_logging(None)
-    dataset = s.input_dataset(args.input)
+    split = args.split or s.cfg.eval_split()
+    dataset = s.input_dataset(args.input, split)
     if args.backend != "dynamic":
         from engine.deploy.predictor import Predictor
         model = Predictor(args.weights, mkldnn=not args.no_mkldnn, threads=rt["threads"], device=rt["device"],
@@ -45,7 +48,7 @@ def main():
     else:
         model = s.model(args.weights, args.weights_format)
     model.eval()
-    loader, _, _ = s.loader(s.cfg.eval_split(), dataset=dataset, batch_size=args.batch_size, sharded=False)
+    loader, _, _ = s.loader(split, dataset=dataset, batch_size=args.batch_size, sharded=False)
     writer.open(args.output or os.path.join(cli.default_output(args.config), "infer"), dataset,
                 s.label_names(required=True))
     with paddle.no_grad(), runtime.autocast(s.eval_amp):   # eval.amp; an exported program is fp32 (no effect)

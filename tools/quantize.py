@@ -10,7 +10,8 @@ float, the check against its own fake-quant simulation), and writes DIR: run it 
 evaluation split (test where the recipe has one, else val; or --split) and both metrics are printed
 with the drop of --metric (default train.best_metric, else the metric's first); with --max-drop X the
 tool exits with status 1 when that drop exceeds X (in the metric's units: 0.01 is one point of a
-0-1 accuracy).
+0-1 accuracy). The model takes the input layout of that split's processing (TSN's test split: several
+views per video): run tools/infer.py with the same --split.
 """
 import _bootstrap  # noqa: F401  (environment before paddle)
 
