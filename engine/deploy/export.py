@@ -140,10 +140,16 @@ def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle",
                    "infer": cfg.get("infer"), "runtime": cfg.get("runtime", {})},
         "label_names": label_names,
     }
-    with open(os.path.join(output_dir, INFER_CFG + ".tmp"), "w") as f:
-        yaml.safe_dump(record, f, sort_keys=False)
-    os.replace(os.path.join(output_dir, INFER_CFG + ".tmp"), os.path.join(output_dir, INFER_CFG))
+    write_infer_cfg(output_dir, record)
     return spec
+
+
+def write_infer_cfg(output_dir, record):
+    """`output_dir/infer_cfg.yml`, written whole or not at all (a temporary file renamed)."""
+    path = os.path.join(output_dir, INFER_CFG)
+    with open(path + ".tmp", "w") as f:
+        yaml.safe_dump(record, f, sort_keys=False)
+    os.replace(path + ".tmp", path)
 
 
 def uses_runner(record):

@@ -17,9 +17,8 @@ import os
 import tempfile
 
 import numpy as np
-import yaml
 
-from engine.deploy.export import FORMATS, INFER_CFG, programs_of, read_infer_cfg
+from engine.deploy.export import FORMATS, programs_of, read_infer_cfg, write_infer_cfg
 from engine.registry import ConfigError
 
 OBSERVERS = ("minmax", "percentile", "entropy")
@@ -50,12 +49,8 @@ def record_feeds(export_dir, batches, threads=None, limit=64):
     """{program: [feeds]} of the fp32 ONNX export in `export_dir` predicting `batches`."""
     from engine.deploy.predictor import Predictor
     predictor = Predictor(export_dir, threads=threads, backend="onnxruntime", wrap=lambda p: Recorder(p, limit))
-    seen = 0
     for batch in batches:
         predictor(batch)
-        seen += 1
-    if not seen:
-        raise ConfigError("the calibration reader yielded no batches (an empty or fully skipped split)")
     return {name: p.feeds for name, p in predictor.programs.items()}
 
 
@@ -205,9 +200,7 @@ def quantize(src_dir, dst_dir, feeds, observer="minmax", per_channel=True, threa
              "activations": "uint8", "weights": "int8", "simulation_gap": gaps, "programs": programs,
              "fp32_bytes": size_on_disk(src_dir),
              "int8_bytes": sum(os.path.getsize(os.path.join(dst_dir, p + ".onnx")) for p in programs)}
-    with open(os.path.join(dst_dir, INFER_CFG + ".tmp"), "w") as f:
-        yaml.safe_dump(dict(record, precision="int8", quantization=quant), f, sort_keys=False)
-    os.replace(os.path.join(dst_dir, INFER_CFG + ".tmp"), os.path.join(dst_dir, INFER_CFG))
+    write_infer_cfg(dst_dir, dict(record, precision="int8", quantization=quant))
     return quant
 
 
@@ -229,7 +222,8 @@ def quantize_recipe(session, model, output, calib_batches=8, observer="minmax", 
     from engine.deploy.predictor import Predictor
     from engine.training.evaluator import evaluate
     split = split or session.cfg.eval_split()
-    names = session.metric(session.loader(split, batch_size=batch_size, sharded=False)[1]).names()
+    loader, dataset, _ = session.loader(split, batch_size=batch_size, sharded=False)
+    names = session.metric(dataset).names()
     key = metric or session.cfg.train.best_metric or names[0]
     if key not in names:
         raise ConfigError(f"--metric {key}: not a metric of the recipe ({', '.join(names)})")
@@ -247,7 +241,6 @@ def quantize_recipe(session, model, output, calib_batches=8, observer="minmax", 
               f"{record['int8_bytes'] / 2 ** 20:.1f} MB ({100.0 * record['int8_bytes'] / record['fp32_bytes']:.0f}%)")
         scores = {}
         for name, where in (("fp32", fp32), ("int8", output)):
-            loader, dataset, _ = session.loader(split, batch_size=batch_size, sharded=False)
             predictor = Predictor(where, threads=threads, backend="onnxruntime", model_name=session.cfg["model"]["name"])
             scores[name] = {k: float(v) for k, v in evaluate(predictor, loader, session.metric(dataset)).items()}
     out = {"split": split, "metric": key, "drop": scores["fp32"][key] - scores["int8"][key], **scores}
