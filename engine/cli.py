@@ -4,7 +4,7 @@ import os
 import sys
 import traceback
 
-from engine.registry import ConfigError
+from engine.registry import ConfigError, SampleError
 
 
 def parser(description):
@@ -37,7 +37,6 @@ def default_output(config_path):
 
 def run(main):
     """Call `main()`; a user error becomes one line on stderr and exit code 2 (no traceback)."""
-    from engine.data import SampleError
     try:
         main()
     except (ConfigError, SampleError) as e:

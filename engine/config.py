@@ -37,6 +37,7 @@ TRAIN_KEYS = {
     "save_interval": (int, 1, at_least(0)),   # epochs between checkpoints (0: off)
     "save_steps": (int, 0, at_least(0)),      # optimizer steps between checkpoints (0: off)
     "keep_last": (int, 3, at_least(0)),       # checkpoints kept besides best/ and final/ (0: all)
+    "save_on_each_node": (bool, False),       # every node writes checkpoints too (no shared disk)
     "accum_steps": (int, 1, at_least(1)),     # gradient accumulation
     "clip_grad_norm": (float, None, lambda v: None if v > 0 else "must be > 0"),  # global norm
     "best_metric": (str, None),               # metrics.json name used for best/ (None: no best/)

@@ -22,13 +22,9 @@ import pickle
 import numpy as np
 import paddle
 
-from engine.registry import COLLATES, ConfigError, TRANSFORMS
+from engine.registry import COLLATES, ConfigError, SampleError, TRANSFORMS  # noqa: F401  (SampleError: readers import it from here)
 
 log = logging.getLogger("zoo")
-
-
-class SampleError(Exception):
-    """One sample cannot be read; the message names the file (and offset where it helps)."""
 
 
 class SampleDataset(paddle.io.Dataset):

@@ -11,6 +11,10 @@ class ConfigError(Exception):
     """A bad config, file or value; tools print it as one line and exit non-zero."""
 
 
+class SampleError(Exception):
+    """One sample cannot be read; the message names the file (and offset where it helps)."""
+
+
 def did_you_mean(name, choices):
     close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.5)
     return f" (did you mean '{close[0]}'?)" if close else ""

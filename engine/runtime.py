@@ -12,7 +12,7 @@ import paddle
 import paddle.distributed as dist
 
 import ops
-from engine import cpu
+from engine import cpu, distributed
 from engine.registry import ConfigError
 
 log = logging.getLogger("zoo")
@@ -21,6 +21,11 @@ log = logging.getLogger("zoo")
 def world():
     """(world_size, rank) of this process; 1, 0 outside `paddle.distributed.launch`."""
     return int(os.environ.get("PADDLE_TRAINERS_NUM", "1")), int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+
+
+def local_rank():
+    """This process's rank among those of its node (the launcher's PADDLE_LOCAL_RANK); 0 outside it."""
+    return int(os.environ.get("PADDLE_LOCAL_RANK", "0"))
 
 
 def setup(runtime_cfg):
@@ -42,12 +47,15 @@ def setup(runtime_cfg):
     world_size, rank = world()
     if world_size > 1:
         paddle.set_device(f"gpu:{int(os.environ.get('FLAGS_selected_gpus', '0'))}" if device == "gpu" else "cpu")
+        bound = distributed.socket_interface(device)
+        log.info("data parallel: %d processes on %d hosts%s", world_size, len(set(distributed.endpoint_hosts())),
+                 "; %s=%s (%s)" % bound if bound else "")
         dist.init_parallel_env()
     else:
         paddle.set_device(device)
     if runtime_cfg.sync_bn and device != "gpu":
         raise ConfigError("runtime.sync_bn: SyncBatchNorm has no CPU kernel in Paddle; set it false on CPU")
-    return {"device": device, "threads": threads, "world_size": world_size, "rank": rank}
+    return {"device": device, "threads": threads, "world_size": world_size, "rank": rank, "local_rank": local_rank()}
 
 
 _said = set()

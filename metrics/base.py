@@ -8,7 +8,8 @@ sorts by index, so 1 process and N processes see exactly the same arrays and giv
 """
 import numpy as np
 import paddle
-import paddle.distributed as dist
+
+from engine import distributed
 
 
 def to_numpy(x):
@@ -107,10 +108,8 @@ class IndexedMetric:
         """(index [N], {field: array [N, ...] or list of N rows}): one row per dataset index, sorted."""
         index, fields = self._concat(self._parts)
         self._parts = [(index, fields)] if len(index) else []   # keep one block, not many small ones
-        if dist.get_world_size() > 1:
-            gathered = []
-            dist.all_gather_object(gathered, (index, fields))
-            index, fields = self._concat(gathered)
+        if paddle.distributed.get_world_size() > 1:
+            index, fields = self._concat(distributed.gather((index, fields)))
         index, first = np.unique(index, return_index=True)
         return index, {key: [value[i] for i in first] if isinstance(value, list) else value[first]
                        for key, value in fields.items()}

@@ -36,6 +36,46 @@ def attention_lstm_run(yt8m_demo, tmp_path_factory):
     return out
 
 
+# The data-parallel recipe the distributed tests share (test_distributed.py, test_multinode.py): the
+# AttentionLSTM demo without dropout, 2 epochs of 25 optimizer steps at the global batch 32, the loss
+# logged at every step, a checkpoint every 10 steps, written on every node.
+DP_RECIPE = ["-c", ATTENTION_LSTM_DEMO, "-o", "model.drop_rate=0", "-o", "train.epochs=2", "-o", "train.log_interval=1",
+             "-o", "runtime.num_threads=1", "-o", "train.save_steps=10", "-o", "train.save_on_each_node=true"]
+HALF_BATCH = ["-o", "reader.train.batch_size=16"]   # per card: 2 ranks x 16 = the demo's batch of 32
+
+
+@pytest.fixture(scope="session")
+def one_process_run(yt8m_demo, tmp_path_factory):
+    """DP_RECIPE on 1 process at batch 32."""
+    out = tmp_path_factory.mktemp("dp_one_process")
+    tool("train", *DP_RECIPE, "--output", out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def two_process_run(yt8m_demo, tmp_path_factory):
+    """DP_RECIPE on 2 processes of one host (loopback) at 16 per card."""
+    from tests.helpers import launch
+    root = tmp_path_factory.mktemp("dp_two_processes")
+    launch(2, "train", *DP_RECIPE, *HALF_BATCH, "--output", root / "out", log_dir=root / "log")
+    return root / "out"
+
+
+@pytest.fixture(scope="session")
+def odd_eval(attention_lstm_run, yt8m_demo, tmp_path_factory):
+    """(eval arguments over a 99-video val set, 1 process's metrics): an odd number of samples, so that
+    a distributed sampler repeats one to even out 2 ranks."""
+    from readers.tfrecord import iter_records, write_records
+    from tests.helpers import read_metrics
+    root = tmp_path_factory.mktemp("odd_eval")
+    records = [r for _, r in zip(range(99), iter_records(os.path.join(yt8m_demo, "tfrecord", "validate0000.tfrecord")))]
+    write_records(str(root / "odd.tfrecord"), records)
+    args = ["-c", ATTENTION_LSTM_DEMO, "-o", f"reader.val.files=[{root / 'odd.tfrecord'}]", "-o",
+            "reader.val.batch_size=16", "--weights", os.path.join(attention_lstm_run, "final")]
+    tool("eval", *args, "--output", root / "one")
+    return args, read_metrics(root / "one")
+
+
 NEXTVLAD_DEMO = "configs/video/nextvlad/nextvlad_demo.yaml"
 ATTENTION_CLUSTER_DEMO = "configs/video/attention_cluster/attention_cluster_demo.yaml"
 

@@ -33,6 +33,22 @@ def launch(nproc, name, *args, log_dir, timeout=600):
     return proc
 
 
+def logged_losses(output_dir):
+    """The train/loss scalars a run wrote to VisualDL (every train.log_interval micro-batches)."""
+    from visualdl import LogReader
+    vdl = os.path.join(output_dir, "vdl")
+    name = [f for f in os.listdir(vdl) if f.startswith("vdlrecords")][0]
+    return np.array([r.value for r in LogReader(file_path=os.path.join(vdl, name)).get_data("scalar", "train/loss")])
+
+
+def max_weight_difference(a, b):
+    """max |a - b| over the parameters of two .pdparams files (or run folders: their final/)."""
+    from engine.training.checkpoint import read_weights
+    wa, wb = (read_weights(os.path.join(p, "final") if os.path.isdir(os.path.join(p, "final")) else p) for p in (a, b))
+    assert wa.keys() == wb.keys()
+    return max(float(np.abs(np.asarray(wa[k], np.float64) - np.asarray(wb[k], np.float64)).max()) for k in wa)
+
+
 class counting_fused_ops:
     """Count the fused operators (ops/functional.py) run inside the block: a fast path that silently fell
     back to the reference would make a comparison of the two vacuous."""

@@ -18,6 +18,7 @@ import shutil
 import numpy as np
 import paddle
 
+from engine import distributed
 from engine.registry import ConfigError
 from engine.weights import weightfile
 
@@ -91,13 +92,27 @@ def prune(ckpt_root, keep_last):
 
 
 def find_resume(resume, output_dir):
-    """`auto` -> the newest complete checkpoint of this output dir (None if none); else a path."""
+    """The checkpoint to resume from, the same one on every rank. `auto`: the newest complete checkpoint
+    of this output dir that every rank holds (None when no rank holds one); a path must be a
+    checkpoint on every rank. Each rank looks on its own disk: nodes without a shared one hold their
+    own copies (train.save_on_each_node), and a node killed while it wrote one lacks the newest."""
     if resume == "auto":
-        found = list_checkpoints(os.path.join(output_dir, "checkpoints"))
-        return found[-1][1] if found else None
-    if not os.path.isfile(os.path.join(resume, "state.json")):
-        raise ConfigError(f"--resume {resume}: not a checkpoint directory (no state.json)")
-    return resume
+        mine = [os.path.basename(path) for _, path in list_checkpoints(os.path.join(output_dir, "checkpoints"))]
+    else:
+        mine = [resume] if os.path.isfile(os.path.join(resume, "state.json")) else []
+    everyone = distributed.gather(mine)
+    common = [name for name in everyone[0] if all(name in held for held in everyone)]
+    if common:
+        return os.path.join(output_dir, "checkpoints", common[-1]) if resume == "auto" else resume
+    if resume != "auto":
+        lacking = ", ".join(distributed.where(r) for r, held in enumerate(everyone) if not held)
+        raise ConfigError(f"--resume {resume}: not a checkpoint directory (no state.json)"
+                          + (f" on {lacking}" if len(everyone) > 1 else ""))
+    if not any(everyone):
+        return None
+    held = "; ".join(f"{distributed.where(r)} has {', '.join(names) or 'none'}" for r, names in enumerate(everyone))
+    raise ConfigError(f"--resume auto: no checkpoint under {os.path.join(output_dir, 'checkpoints')} is held by "
+                      f"every rank ({held}); nodes without a shared disk need train.save_on_each_node: true")
 
 
 def load(path, model, optimizer=None, scaler=None, trust=False):

@@ -4,6 +4,7 @@ import time
 
 import paddle
 
+from engine import distributed
 from engine.config import AmpSection
 from engine.data import empty
 from engine.runtime import autocast
@@ -61,8 +62,4 @@ def _mean_over_ranks(total, count):
 
 
 def _union_size(indices):
-    if paddle.distributed.get_world_size() > 1:
-        gathered = []
-        paddle.distributed.all_gather_object(gathered, sorted(indices))
-        indices = {i for part in gathered for i in part}
-    return len(indices)
+    return len({i for part in distributed.gather(sorted(indices)) for i in part})

@@ -173,7 +173,10 @@ class _Training:
     def __init__(self, session, output_dir):
         cfg, t = session.cfg, session.cfg.train
         rt = session.setup()
-        self.session, self.output_dir, self.rank0 = session, output_dir, rt["rank"] == 0
+        self.session, self.output_dir = session, output_dir
+        # who writes the run's files (config.yaml, checkpoints, best/, final/, metrics.json): rank 0, and
+        # with train.save_on_each_node the first process of every node (hosts without a shared disk)
+        self.saves = rt["rank"] == 0 or (t.save_on_each_node and rt["local_rank"] == 0)
         model = session.model()
         self.loader, self.dataset, self.sampler = session.loader("train")
         self.plan = Plan(t, len(self.loader))
@@ -185,7 +188,7 @@ class _Training:
             metric = session.metric(val_set)
         _check_best_metric(t, metric)
         self.resolved = cfg.resolved(world_size=rt["world_size"])   # config.yaml and every checkpoint's state
-        if self.rank0:
+        if self.saves:
             os.makedirs(output_dir, exist_ok=True)
             C.dump(self.resolved, os.path.join(output_dir, "config.yaml"))
         if t.pretrained:
@@ -202,7 +205,7 @@ class _Training:
         self.faults = self.dataset.data_faults()
         if self.faults["records_lost"]:
             log.warning("reader.train: %s", self.faults["summary"])
-        self.writer = _visualdl(output_dir) if self.rank0 else None
+        self.writer = _visualdl(output_dir) if rt["rank"] == 0 else None
         self.evaluation = EvaluateHook(self, val, metric)
         self.hooks = [ReportHook(self), self.evaluation, CheckpointHook(self)]
         self.rng = None
@@ -216,7 +219,7 @@ class _Training:
                                 self.session.trust_weights)
         at = Progress(state["epoch"], state.get("batch", 0), state["step"])
         self.evaluation.best, self.rng = state.get("best"), state["rng"]
-        log.info("resumed from %s (epoch %d, batch %d, step %d)", path, at.epoch, at.batch, at.step)
+        log.info("resumed from %s (epoch %d, batch %d, step %d)", path, at.epoch + 1, at.batch, at.step)
         return at
 
 
@@ -280,12 +283,12 @@ class EvaluateHook(Hook):
         key = self.t.best_metric
         if key and (self.best is None or _better(self.metrics[key], self.best, self.t.best_mode)):
             self.best = self.metrics[key]
-            if run.rank0:
+            if run.saves:
                 checkpoint.save(os.path.join(run.output_dir, "best"), run.model, state={
                     "epoch": at.epoch + 1, "step": at.step, "metrics": self.metrics, "config": run.resolved})
 
     def after_train(self):
-        if self.run.rank0 and self.metrics:
+        if self.run.saves and self.metrics:
             write_metrics(self.metrics, self.run.output_dir)
 
 
@@ -309,7 +312,7 @@ class CheckpointHook(Hook):
     def save(self, name, at, meter):
         meter.check_finite()   # never write a checkpoint of diverged weights
         run = self.run
-        if run.rank0:
+        if run.saves:
             root = os.path.join(run.output_dir, "checkpoints")
             state = dataclasses.asdict(at)
             state.update(best=run.evaluation.best, metrics=run.evaluation.metrics, config=run.resolved)
@@ -318,7 +321,7 @@ class CheckpointHook(Hook):
             checkpoint.prune(root, run.session.cfg.train.keep_last)
 
     def after_train(self):
-        if self.run.rank0:
+        if self.run.saves:
             checkpoint.save_weights(os.path.join(self.run.output_dir, "final", "model.pdparams"), self.run.model)
 
 
