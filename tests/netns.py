@@ -47,7 +47,7 @@ def remove_stale():
     """Namespaces of earlier runs whose process is gone (a run killed before its clean-up)."""
     for ns in namespaces():
         m = re.match(re.escape(PREFIX) + r"(\d+)-", ns)
-        if m and (int(m.group(1)) == os.getpid() or not _alive(int(m.group(1)))):
+        if m and not _alive(int(m.group(1))):
             _kill_inside(ns)
             _ip("netns", "del", ns, check=False)
 

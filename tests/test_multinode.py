@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -26,15 +27,18 @@ WAIT = 240                          # no job here runs longer (seconds)
 
 @pytest.fixture(scope="module")
 def hosts():
+    made, error = None, None
     try:
-        h = netns.Hosts()
+        made = netns.Hosts()
     except RuntimeError as e:
-        pytest.fail(f"the two test hosts could not be made: {e} (network namespaces need root, as CI has)",
+        error = str(e)
+    if error:   # a failure of its own, outside the except (no chained traceback)
+        pytest.fail(f"the two test hosts could not be made: {error} (network namespaces need root, as CI has)",
                     pytrace=False)
     try:
-        yield h
+        yield made
     finally:
-        h.close()
+        made.close()
 
 
 class Job:
@@ -108,6 +112,24 @@ def test_the_hosts_reach_each_other_and_nothing_else(hosts):
         assert host["links"] == ["lo", netns.IFACE], host
         assert host["routes"] and all(r.startswith(f"{netns.NET}.0/24 dev {netns.IFACE} ") for r in host["routes"]), host
         assert host["outside"] == str(errno.ENETUNREACH), host   # a send to 192.0.2.1: "Network is unreachable"
+
+
+def test_the_harness_removes_what_a_killed_run_left_and_says_why_it_cannot_make_hosts(hosts):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = f"{netns.PREFIX}{gone}-a"          # a namespace of a run whose process is gone
+    subprocess.run(["ip", "netns", "add", stale], check=True)
+    netns.remove_stale()
+    assert stale not in netns.namespaces()
+    assert set(hosts.names) <= set(netns.namespaces())   # this run's stay
+    # root without capabilities cannot make namespaces, as a user cannot: the fixture fails in one line
+    proc = subprocess.run(["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "pytest", "-q",
+                           "-p", "no:cacheprovider", f"{__file__}::test_the_hosts_reach_each_other_and_nothing_else"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "1 error" in proc.stdout and "skipped" not in proc.stdout, proc.stdout
+    failure = [ln for ln in proc.stdout.splitlines() if ln.startswith("the two test hosts could not be made")]
+    assert len(failure) == 1 and "ip netns add" in failure[0] and "not permitted" in failure[0], proc.stdout
+    assert "During handling" not in proc.stdout, proc.stdout
 
 
 def test_two_hosts_train_exactly_as_two_processes_on_one_host(two_host_run, two_process_run, one_process_run):
