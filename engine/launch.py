@@ -71,6 +71,20 @@ def plan(argv, ifaces=None, resolved=None):
     args, _ = p.parse_known_args(flags)
     if not script:
         p.error("the training script is missing (e.g. tools/train.py -c CONFIG)")
+    nnodes = _nodes(args)
+    ifaces = distributed.interfaces() if ifaces is None else ifaces
+    node = distributed.node_address(args.host, nnodes > 1, ifaces, resolved)
+    master = _master(args.master, nnodes, node, ifaces)
+    if nnodes > 1 and not args.host:
+        flags = flags + ["--host", node]
+    settings = argparse.Namespace(nnodes=nnodes, node=node, master=master, log_dir=args.log_dir,
+                                  job_id=args.job_id, join_timeout=args.join_timeout,
+                                  peer_timeout=args.peer_timeout)
+    return settings, LAUNCHER + _without(flags, {"--join_timeout", "--peer_timeout"}) + script
+
+
+def _nodes(args):
+    """--nnodes, after refusing what paddle's collective launcher would ignore or what we cannot watch."""
     if args.max_restart is not None:
         raise LaunchError("--max_restart: paddle's launcher restarts a failed trainer only in its elastic mode "
                           "(an etcd:// master), which this zoo does not run; a run that loses a process stops, "
@@ -78,49 +92,47 @@ def plan(argv, ifaces=None, resolved=None):
     if args.elastic_level is not None or ":" in args.nnodes or (args.master or "").startswith("etcd://"):
         raise LaunchError("elastic runs (--elastic_level, --nnodes MIN:MAX, an etcd:// master) are not supported: "
                           "give --nnodes N and --master IP:PORT")
-    try:
-        nnodes = int(args.nnodes)
-    except ValueError:
-        raise LaunchError(f"--nnodes {args.nnodes}: not a number of nodes") from None
+    if not args.nnodes.isdigit() or int(args.nnodes) < 1:
+        raise LaunchError(f"--nnodes {args.nnodes}: not a number of nodes")
     for name in ("join_timeout", "peer_timeout"):
         if getattr(args, name) <= 0:
             raise LaunchError(f"--{name} {getattr(args, name)}: must be > 0 seconds")
-    multi = nnodes > 1
-    if multi and args.ips:
+    nnodes = int(args.nnodes)
+    if nnodes > 1 and args.ips:
         raise LaunchError("--ips: give --master IP:PORT (the first node's address and a free port) and --nnodes "
                           "instead; --ips has no rendezvous to supervise (paddle marks it deprecated)")
-    if multi and not args.master:
+    if nnodes > 1 and not args.master:
         raise LaunchError(f"--nnodes {nnodes} needs --master IP:PORT: the first node's address and a free port, "
                           f"the same on every node")
-    ifaces = distributed.interfaces() if ifaces is None else ifaces
-    node = distributed.node_address(args.host, multi, ifaces, resolved)
-    master = None
-    if args.master:
-        host, _, port = args.master.rpartition(":")
-        if not host or not port.isdigit():
-            raise LaunchError(f"--master {args.master}: expected IP:PORT, e.g. 10.0.0.1:49178")
-        master = (host, int(port))
-        if multi and distributed.is_loopback(host):
-            raise LaunchError(f"--master {args.master}: loopback, which the other nodes cannot reach; give the "
-                              f"first node's address")
-        if host in ifaces.values() and host != node:
-            raise LaunchError(f"--master {args.master} is an address of this host, but this node's address is "
-                              f"{node}: paddle's launcher starts the rendezvous server only where the two are "
-                              f"equal; pass --host {host}")
-    if multi and not args.host:
-        flags = flags + ["--host", node]
-    ours = {"--join_timeout", "--peer_timeout"}
+    return nnodes
+
+
+def _master(master, nnodes, node, ifaces):
+    """(ip, port) of --master (None without one), checked against this node's address."""
+    if not master:
+        return None
+    host, _, port = master.rpartition(":")
+    if not host or not port.isdigit():
+        raise LaunchError(f"--master {master}: expected IP:PORT, e.g. 10.0.0.1:49178")
+    if nnodes > 1 and distributed.is_loopback(host):
+        raise LaunchError(f"--master {master}: loopback, which the other nodes cannot reach; give the first "
+                          f"node's address")
+    if host in ifaces.values() and host != node:
+        raise LaunchError(f"--master {master} is an address of this host, but this node's address is {node}: "
+                          f"paddle's launcher starts the rendezvous server only where the two are equal; pass "
+                          f"--host {host}")
+    return host, int(port)
+
+
+def _without(flags, names):
+    """`flags` (each `--f v` or `--f=v`) without those named."""
     kept, i = [], 0
     while i < len(flags):
-        name = flags[i].split("=", 1)[0]
         step = 1 if "=" in flags[i] else 2
-        if name not in ours:
+        if flags[i].split("=", 1)[0] not in names:
             kept += flags[i:i + step]
         i += step
-    settings = argparse.Namespace(nnodes=nnodes, node=node, master=master, log_dir=args.log_dir,
-                                  job_id=args.job_id, join_timeout=args.join_timeout,
-                                  peer_timeout=args.peer_timeout)
-    return settings, LAUNCHER + kept + script
+    return kept
 
 
 def run(argv):
@@ -245,7 +257,7 @@ class _Supervisor:
 
     def __init__(self, settings, child):
         self.s, self.child = settings, child
-        self.store = _Store(settings.master)
+        self.store = _Store(settings.master, timeout=min(2.0, settings.peer_timeout / 4))
         self.me = f"{settings.node}/{os.getpid()}"
         self.beats = 0
         self.seen = {}   # peer -> (its last count, when that changed)
@@ -258,14 +270,20 @@ class _Supervisor:
         answered = time.monotonic()
         while self.child.poll() is None:
             now = time.monotonic()
-            self.beat()
             beats = self.store.get(self.key("beat"))
             if beats is None:
-                if now - answered > self.s.peer_timeout:
+                # refused: the master's host answers and its launcher has ended (the job completed, or its
+                # trainers died and ours see their connections reset): our launcher ends by itself.
+                # Silence (a timeout, no route) is a host gone or cut off.
+                if isinstance(self.store.last_error, ConnectionRefusedError):
+                    answered = now
+                elif now - answered > self.s.peer_timeout:
                     self.lost(f"lost the master node {self.s.master[0]}: its rendezvous server stopped answering "
-                              f"for {self.s.peer_timeout:.0f} s ({self.store.last_error})")
+                              f"for {self.s.peer_timeout:.0f} s ({self.store.last_error}); continue with --resume "
+                              f"auto on every node")
             else:
                 answered = now
+                self.beat()
                 for key, count in beats.items():
                     peer = key.rsplit("/beat/", 1)[1]
                     if peer != self.me and self.seen.get(peer, (None,))[0] != count:

@@ -186,19 +186,21 @@ def test_a_killed_node_stops_the_other_with_one_line_and_both_resume_exactly(hos
         assert max_weight_difference(job.out(i), reference.out(0)) <= 1e-6   # measured: 0.0
 
 
-def test_a_node_that_stops_answering_is_lost_after_the_peer_timeout(hosts, yt8m_demo, tmp_path):
+@pytest.mark.parametrize("frozen", [1, 0], ids=["a node", "the master node"])
+def test_a_node_that_stops_answering_is_lost_after_the_peer_timeout(hosts, yt8m_demo, tmp_path, frozen):
     job = Job(hosts, tmp_path, "train", *DP_RECIPE, *HALF_BATCH)
     job.wait_for(0, r"step 10 ")
     stopped = time.monotonic()
-    hosts.kill(1, signal.SIGSTOP)                  # frozen: its connections stay open, nothing answers
+    hosts.kill(frozen, signal.SIGSTOP)             # frozen: its connections stay open, nothing answers
     try:
-        line = one_line(job.wait(0, timeout=PEER_TIMEOUT + 30))
+        line = one_line(job.wait(1 - frozen, timeout=PEER_TIMEOUT + 30))
         took = time.monotonic() - stopped
     finally:
-        hosts.kill(1)
-    assert line.startswith(f"error: lost node {hosts.ips[1]}: no heartbeat for "), line
-    # after --peer_timeout, before gloo's own 30 s (measured: ~11 s)
-    assert PEER_TIMEOUT <= took <= PEER_TIMEOUT + 5, took
+        hosts.kill(frozen)
+    assert line.startswith(f"error: lost node {hosts.ips[1]}: no heartbeat for " if frozen else
+                           f"error: lost the master node {hosts.ips[0]}: its rendezvous server stopped answering"), line
+    # after --peer_timeout, before gloo's own 30 s (measured: 11.5 s, and 12.9 s for the master: its store times out)
+    assert PEER_TIMEOUT <= took <= PEER_TIMEOUT + 8, took
 
 
 def test_two_host_evaluation_equals_one_process_on_an_odd_set(hosts, odd_eval, tmp_path):
@@ -212,29 +214,25 @@ def test_two_host_evaluation_equals_one_process_on_an_odd_set(hosts, odd_eval, t
 
 
 def test_launches_that_cannot_work_end_with_one_line_in_bounded_time(hosts, tmp_path):
-    train = ["-c", DP_RECIPE[1]]
+    def alone(host, name, **kwargs):
+        """(the one error line, seconds taken) of host `host` launched without the other."""
+        begun = time.monotonic()
+        job = Job(hosts, tmp_path / name, "train", "-c", DP_RECIPE[1], on=(host,), **kwargs)
+        return one_line(job.wait(host, timeout=60)), time.monotonic() - begun
+
     # no --host: in the test hosts the host name resolves to 127.0.0.1
-    begun = time.monotonic()
-    line = one_line(Job(hosts, tmp_path / "nohost", "train", *train, on=(1,), host=False).wait(1, timeout=60))
-    assert "--host" in line and hosts.ips[1] in line, line
-    assert time.monotonic() - begun < 30
+    line, took = alone(1, "nohost", host=False)
+    assert "--host" in line and hosts.ips[1] in line and took < 30, (line, took)
     # the master's host never starts: host 1 alone
-    begun = time.monotonic()
-    line = one_line(Job(hosts, tmp_path / "nomaster", "train", *train, on=(1,),
-                        launch=("--join_timeout", JOIN_TIMEOUT)).wait(1, timeout=60))
+    line, took = alone(1, "nomaster", launch=("--join_timeout", JOIN_TIMEOUT))
     assert line.startswith(f"error: no rendezvous server answered at {hosts.ips[0]}:"), line
-    assert f"within {JOIN_TIMEOUT} s" in line, line
-    assert JOIN_TIMEOUT <= time.monotonic() - begun <= JOIN_TIMEOUT + 15
+    assert f"within {JOIN_TIMEOUT} s" in line and JOIN_TIMEOUT <= took <= JOIN_TIMEOUT + 15, (line, took)
     # the other node never joins: host 0 alone
-    begun = time.monotonic()
-    line = one_line(Job(hosts, tmp_path / "alone", "train", *train, on=(0,),
-                        launch=("--join_timeout", JOIN_TIMEOUT)).wait(0, timeout=60))
+    line, took = alone(0, "alone", launch=("--join_timeout", JOIN_TIMEOUT))
     assert line.startswith(f"error: 1 of 2 nodes joined at {hosts.ips[0]}:"), line
-    assert f"({hosts.ips[0]})" in line, line
-    assert JOIN_TIMEOUT <= time.monotonic() - begun <= JOIN_TIMEOUT + 15
+    assert f"({hosts.ips[0]})" in line and JOIN_TIMEOUT <= took <= JOIN_TIMEOUT + 15, (line, took)
     # paddle's launcher restarts nothing without an etcd master: --max_restart is refused, not ignored
-    line = one_line(Job(hosts, tmp_path / "restart", "train", *train, on=(0,),
-                        launch=("--max_restart", "2")).wait(0, timeout=60))
+    line, _ = alone(0, "restart", launch=("--max_restart", "2"))
     assert "--max_restart" in line and "--resume auto" in line, line
 
 

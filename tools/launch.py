@@ -21,7 +21,7 @@ def main():
     if not argv or argv[0] in ("-h", "--help"):
         launch.parser().print_help()
         return
-    sys.exit(launch.run(argv))
+    launch.run(argv)
 
 
 if __name__ == "__main__":
