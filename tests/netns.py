@@ -88,9 +88,14 @@ class Hosts:
         self.procs.append(proc)
         return proc
 
-    def kill(self, host, signal=9):
-        """kill -<signal> of everything running in host `host` (its launcher and trainers); the pids."""
-        pids = _ip("netns", "pids", self.names[host], check=False).stdout.split()
+    def pids(self, host):
+        """What runs in host `host` now."""
+        return _ip("netns", "pids", self.names[host], check=False).stdout.split()
+
+    def kill(self, host, signal=9, pids=None):
+        """kill -<signal> of everything running in host `host` (its launcher and trainers), or of `pids`
+        listed before (no `ip` to wait for at the moment of the kill); returns the pids."""
+        pids = self.pids(host) if pids is None else pids
         for pid in pids:
             try:
                 os.kill(int(pid), signal)
