@@ -30,6 +30,7 @@ from engine.registry import ConfigError
 
 LAUNCHER = [sys.executable, "-m", "paddle.distributed.launch"]
 TICK = 0.5   # seconds between looks at the launcher and the store
+RESUME = "; continue with --resume auto on every node"
 
 
 class LaunchError(ConfigError):
@@ -70,7 +71,8 @@ def plan(argv, ifaces=None, resolved=None):
     p = parser()
     args, _ = p.parse_known_args(flags)
     if not script:
-        p.error("the training script is missing (e.g. tools/train.py -c CONFIG)")
+        raise LaunchError("no script to launch: give the launcher's flags, then the script and its arguments "
+                          "(e.g. --nnodes 2 --master 10.0.0.1:49178 --host 10.0.0.1 tools/train.py -c CONFIG)")
     nnodes = _nodes(args)
     ifaces = distributed.interfaces() if ifaces is None else ifaces
     node = distributed.node_address(args.host, nnodes > 1, ifaces, resolved)
@@ -262,16 +264,16 @@ class _Supervisor:
         self.beats = 0
         self.seen = {}   # peer -> (its last count, when that changed)
 
-    def key(self, kind, name=""):
-        return f"/zoo/{self.s.job_id}/{kind}/{name}"
+    def key(self, kind="", name=""):
+        return f"/zoo/{self.s.job_id}/{kind}/{name}" if kind else f"/zoo/{self.s.job_id}/"
 
     def watch(self):
         self.join()
         answered = time.monotonic()
         while self.child.poll() is None:
             now = time.monotonic()
-            beats = self.store.get(self.key("beat"))
-            if beats is None:
+            records = self.store.get(self.key())
+            if records is None:
                 # refused: the master's host answers and its launcher has ended (the job completed, or its
                 # trainers died and ours see their connections reset): our launcher ends by itself.
                 # Silence (a timeout, no route) is a host gone or cut off.
@@ -279,20 +281,30 @@ class _Supervisor:
                     answered = now
                 elif now - answered > self.s.peer_timeout:
                     self.lost(f"lost the master node {self.s.master[0]}: its rendezvous server stopped answering "
-                              f"for {self.s.peer_timeout:.0f} s ({self.store.last_error}); continue with --resume "
-                              f"auto on every node")
+                              f"for {self.s.peer_timeout:.0f} s ({self.store.last_error}){RESUME}")
             else:
                 answered = now
                 self.beat()
-                for key, count in beats.items():
-                    peer = key.rsplit("/beat/", 1)[1]
-                    if peer != self.me and self.seen.get(peer, (None,))[0] != count:
-                        self.seen[peer] = (count, now)
+                ended = self.note(records, now)
+                failed = [ip for ip, how in ended.items() if how == "failed"]
+                if failed:
+                    self.lost(f"node {failed[0]} failed (its own output says why), so this node stopped too{RESUME}")
                 for ip, silent in self.silence().items():
-                    if silent > self.s.peer_timeout and not self.exit_of(ip, wait=0):
+                    if silent > self.s.peer_timeout and ip not in ended:
                         self.lost(f"lost node {ip}: no heartbeat for {silent:.0f} s (the node stopped, or the network "
-                                  f"between the nodes is down); continue with --resume auto on every node")
+                                  f"between the nodes is down){RESUME}")
             time.sleep(TICK)
+
+    def note(self, records, now):
+        """Take the peers' heartbeats from the store's records; returns {node: how its launcher ended}."""
+        ended, prefix = {}, self.key()
+        for key, value in records.items():
+            kind, _, peer = key[len(prefix):].partition("/")
+            if kind == "beat" and peer != self.me and self.seen.get(peer, (None,))[0] != value:
+                self.seen[peer] = (value, now)
+            elif kind == "exit" and peer != self.s.node:
+                ended[peer] = value
+        return ended
 
     def silence(self):
         """{node address: seconds since its heartbeat last changed}."""
@@ -397,7 +409,6 @@ class _Logs:
         line, or the code."""
         hosts, ranks = self.ranks()
         texts = self.new_text()
-        resume = "; continue with --resume auto on every node"
         for local, text in sorted(texts.items()):
             who = distributed.where(ranks.get(local, local), hosts)
             peer = _GLOO_PEER.search(text)
@@ -411,13 +422,13 @@ class _Logs:
                 ended = supervisor.exit_of(ip) if supervisor else ""
                 return (f"lost node {ip}{f' (rank {on})' if on else ''}: {who} saw gloo: {what.strip()}"
                         f"{f'; that node reports its run {ended} (its own output says why)' if ended else ''}"
-                        f"{resume}")
+                        f"{RESUME}")
             if "gloo" in text and "TIMEOUT" in text:
                 silent = {ip: t for ip, t in (supervisor.silence() if supervisor else {}).items() if t > 10}
                 if silent:
                     ip, t = max(silent.items(), key=lambda kv: kv[1])
                     return (f"lost node {ip}: no heartbeat for {t:.0f} s, and {who} timed out waiting for it at a "
-                            f"collective (gloo waits 30 s){resume}")
+                            f"collective (gloo waits 30 s){RESUME}")
                 return (f"{who} timed out at a collective (gloo waits 30 s for the other ranks) while every node "
                         f"still answered: a rank was slower than that between two collectives; see "
                         f"{self.dir}/workerlog.{local}")

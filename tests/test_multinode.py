@@ -43,9 +43,10 @@ def hosts():
 
 class Job:
     """`tools/launch.py LAUNCH tools/<tool>.py ARGS --output OUT` on each host of `on`, with --host
-    unless `host=False`; OUT is `outputs[i]` (default <root>/out<i>; `outputs=False`: none)."""
+    unless `host=False`; OUT is `outputs[i]` (default <root>/out<i>; `outputs=False`: none); `env[i]`
+    adds to host i's environment."""
 
-    def __init__(self, hosts, root, tool, *args, on=(0, 1), launch=(), host=True, outputs=None):
+    def __init__(self, hosts, root, tool, *args, on=(0, 1), launch=(), host=True, outputs=None, env=None):
         self.hosts, self.root = hosts, root
         self.outputs = {i: root / f"out{i}" for i in on} if outputs is None else outputs
         self.master = f"{hosts.ips[0]}:{next(PORTS)}"
@@ -57,7 +58,8 @@ class Job:
                    *(["--host", hosts.ips[i]] if host else []), f"tools/{tool}.py", *args,
                    *(["--output", self.outputs[i]] if self.outputs else [])]
             self.files[i] = open(root / f"stdout{i}.txt", "w"), open(root / f"stderr{i}.txt", "w")
-            self.procs[i] = hosts.start(i, *cmd, stdout=self.files[i][0], stderr=self.files[i][1], env=ENV, cwd=ROOT)
+            self.procs[i] = hosts.start(i, *cmd, stdout=self.files[i][0], stderr=self.files[i][1],
+                                        env={**ENV, **(env or {}).get(i, {})}, cwd=ROOT)
 
     def out(self, i):
         return self.outputs[i]
@@ -204,6 +206,15 @@ def test_a_node_that_stops_answering_is_lost_after_the_peer_timeout(hosts, yt8m_
                            f"error: lost the master node {hosts.ips[0]}: its rendezvous server stopped answering"), line
     # after --peer_timeout, before gloo's own 30 s (measured: 11.5 s, and 12.9 s for the master: its store times out)
     assert PEER_TIMEOUT <= took <= PEER_TIMEOUT + 8, took
+
+
+def test_a_trainer_error_on_one_node_ends_both_in_one_line(hosts, tmp_path):
+    job = Job(hosts, tmp_path, "train", "-c", DP_RECIPE[1], env={1: {"GLOO_SOCKET_IFNAME": "eth7"}})
+    own = one_line(job.wait(1, timeout=60))
+    assert own == (f"error: rank 1 ({hosts.ips[1]}): GLOO_SOCKET_IFNAME=eth7: no such interface with an IPv4 "
+                   f"address on this host (its interfaces: lo 127.0.0.1, {netns.IFACE} {hosts.ips[1]})"), own
+    other = one_line(job.wait(0, timeout=PEER_TIMEOUT + 30))   # rank 0 waited for it in the set-up
+    assert other.startswith(f"error: node {hosts.ips[1]} failed (its own output says why)"), other
 
 
 def test_two_host_evaluation_equals_one_process_on_an_odd_set(hosts, odd_eval, tmp_path):
