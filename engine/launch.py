@@ -238,7 +238,10 @@ class _Store:
             with self.opener.open(self.url + prefix, timeout=self.timeout) as r:
                 return json.loads(r.read().decode())
         except urllib.error.HTTPError as e:
-            return {} if e.code == 404 else None
+            if e.code == 404:   # nothing under the prefix yet
+                return {}
+            self.last_error = e
+            return None
         except (OSError, ValueError) as e:
             self.last_error = getattr(e, "reason", e)
             return None
@@ -255,7 +258,7 @@ class _Store:
 class _Supervisor:
     """The rendezvous within --join_timeout, then heartbeats through the store until the launcher
     exits: `/zoo/<job>/beat/<address>/<pid>` counts up every TICK, `/zoo/<job>/exit/<address>` says how
-    a node's launcher ended (so that a node that finished is not taken for lost)."""
+    a node's launcher ended (a node that finished is not lost; one that failed stops the others)."""
 
     def __init__(self, settings, child):
         self.s, self.child = settings, child
