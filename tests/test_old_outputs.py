@@ -15,12 +15,10 @@ import json
 import os
 import shutil
 
-import numpy as np
-import paddle
 import pytest
 import yaml
 
-from tests.helpers import ROOT, read_metrics, tool
+from tests.helpers import ROOT, max_weight_difference, read_metrics, tool
 
 OLD_RUN = os.path.join(ROOT, "tests", "data", "old_run_attention_lstm_a5b4456")
 STEP = os.path.join("checkpoints", "step_20")
@@ -31,15 +29,6 @@ DATA_SHA256 = {
     "data/youtube8m_demo/tfrecord/validate0001.tfrecord": "659935e68cb63d0baab17fce5410a596f85d04c781cc0e99fd4161c6583040b5",
 }
 TOL = 1e-6   # the suite's resume tolerance (tests/test_step_schedule.py); 0.0 where the fixture was made
-
-
-def _weights(path):
-    return paddle.load(str(path), return_numpy=True)
-
-
-def _max_diff(a, b):
-    assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())
-    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
 
 
 @pytest.fixture()
@@ -61,11 +50,10 @@ def old_run(yt8m_demo, tmp_path):
 
 def _check_resumed_run(out, proc):
     assert proc.returncode == 0
-    diff = _max_diff(_weights(out / "final" / "model.pdparams"),
-                     _weights(os.path.join(OLD_RUN, "final", "model.pdparams")))
+    diff = max_weight_difference(out / "final" / "model.pdparams", os.path.join(OLD_RUN, "final", "model.pdparams"))
     assert diff <= TOL, f"resumed from the old checkpoint, the final weights differ from the old run's by {diff}"
     # the last evaluation (epoch 2) beat the checkpoint's best (epoch 1): best/ holds the final weights
-    assert _max_diff(_weights(out / "best" / "model.pdparams"), _weights(out / "final" / "model.pdparams")) == 0.0
+    assert max_weight_difference(out / "best" / "model.pdparams", out / "final" / "model.pdparams") == 0.0
     old_metrics = read_metrics(OLD_RUN)
     assert read_metrics(out) == pytest.approx(old_metrics, abs=1e-6)
 
