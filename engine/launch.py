@@ -54,20 +54,24 @@ def parser():
     return p
 
 
-def split_argv(argv):
-    """(launcher flags, [script, script args]): every launcher flag takes a value (`--f v` or `--f=v`)."""
-    i = 0
+def _flag_chunks(argv):
+    """The launcher flags that lead `argv`, each as its words (`--f v` or `--f=v`: every launcher flag
+    takes a value; `-h` stands alone); the script begins after them."""
+    chunks, i = [], 0
     while i < len(argv) and argv[i].startswith("-"):
-        if argv[i] in ("-h", "--help"):
-            return argv, []
-        i += 1 if "=" in argv[i] else 2
-    return argv[:i], argv[i:]
+        step = 1 if "=" in argv[i] or argv[i] in ("-h", "--help") else 2
+        chunks.append(argv[i:i + step])
+        i += step
+    return chunks
 
 
 def plan(argv, ifaces=None, resolved=None):
     """Parse and check a launch: (settings, the launcher's command line). One line for what cannot
     work, before anything starts."""
-    flags, script = split_argv(list(argv))
+    argv = list(argv)
+    chunks = _flag_chunks(argv)
+    flags = [word for chunk in chunks for word in chunk]
+    script = argv[len(flags):]
     p = parser()
     args, _ = p.parse_known_args(flags)
     if not script:
@@ -77,12 +81,12 @@ def plan(argv, ifaces=None, resolved=None):
     ifaces = distributed.interfaces() if ifaces is None else ifaces
     node = distributed.node_address(args.host, nnodes > 1, ifaces, resolved)
     master = _master(args.master, nnodes, node, ifaces)
-    if nnodes > 1 and not args.host:
-        flags = flags + ["--host", node]
     settings = argparse.Namespace(nnodes=nnodes, node=node, master=master, log_dir=args.log_dir,
                                   job_id=args.job_id, join_timeout=args.join_timeout,
                                   peer_timeout=args.peer_timeout)
-    return settings, LAUNCHER + _without(flags, {"--join_timeout", "--peer_timeout"}) + script
+    ours = {"--join_timeout", "--peer_timeout"}
+    passed = [word for chunk in chunks if chunk[0].split("=", 1)[0] not in ours for word in chunk]
+    return settings, LAUNCHER + passed + (["--host", node] if nnodes > 1 and not args.host else []) + script
 
 
 def _nodes(args):
@@ -124,17 +128,6 @@ def _master(master, nnodes, node, ifaces):
                           f"paddle's launcher starts the rendezvous server only where the two are equal; pass "
                           f"--host {host}")
     return host, int(port)
-
-
-def _without(flags, names):
-    """`flags` (each `--f v` or `--f=v`) without those named."""
-    kept, i = [], 0
-    while i < len(flags):
-        step = 1 if "=" in flags[i] else 2
-        if flags[i].split("=", 1)[0] not in names:
-            kept += flags[i:i + step]
-        i += step
-    return kept
 
 
 def run(argv):
