@@ -11,7 +11,7 @@ import os
 import numpy as np
 import paddle
 
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 from engine.weights.pretrained import WEIGHTS, load_pretrained, read_folder_config
 from models.nlp.bert import (CONFIG_KEYS, BertForPretraining, BertForSequenceClassification, BertModel,
                              check_model_type)

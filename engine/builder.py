@@ -2,7 +2,8 @@
 from engine.config import split_reader
 from engine.data import SerialLoader, WorkerLoader
 from engine.model import unwrap
-from engine.registry import COLLATES, DATASETS, METRICS, MODELS, SAMPLERS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import COLLATES, DATASETS, METRICS, MODELS, SAMPLERS
 
 
 def build_model(model_cfg):

@@ -4,7 +4,7 @@ import os
 import sys
 import traceback
 
-from engine.registry import ConfigError, SampleError
+from engine.errors import ConfigError, SampleError
 
 
 def parser(description):

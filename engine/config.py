@@ -15,8 +15,9 @@ import os
 
 import yaml
 
-from engine.registry import (COLLATES, DATASETS, LR_SCHEDULES, METRICS, MODELS, OPTIMIZERS, OUTPUTS,
-                             SAMPLERS, TRANSFORMS, ConfigError, did_you_mean)
+from engine.errors import ConfigError, did_you_mean
+from engine.registry import (COLLATES, DATASETS, LR_SCHEDULES, METRICS, MODELS, OPTIMIZERS, OUTPUTS, SAMPLERS,
+                             TRANSFORMS)
 
 def at_least(n):
     return lambda v: None if v >= n else f"must be >= {n}"

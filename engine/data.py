@@ -22,7 +22,8 @@ import pickle
 import numpy as np
 import paddle
 
-from engine.registry import COLLATES, ConfigError, SampleError, TRANSFORMS  # noqa: F401  (SampleError: readers import it from here)
+from engine.errors import ConfigError, SampleError
+from engine.registry import COLLATES, TRANSFORMS
 
 log = logging.getLogger("zoo")
 

@@ -11,7 +11,7 @@ import os
 import socket
 import struct
 
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 _SIOCGIFADDR = 0x8915   # linux: an interface's (primary) IPv4 address
 

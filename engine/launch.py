@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 
 from engine import distributed
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 LAUNCHER = [sys.executable, "-m", "paddle.distributed.launch"]
 TICK = 0.5   # seconds between looks at the launcher and the store

@@ -8,7 +8,7 @@ import dataclasses
 
 import paddle
 
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 
 @dataclasses.dataclass

@@ -1,23 +1,10 @@
 """Explicit registries: components register with a decorator, and an unknown name lists the known ones.
 
-Nothing is imported behind the user's back: `engine.components.load_all()` imports the one explicit
-list of component modules, so a component that is not listed there is simply not available (and a
-test fails).
+Nothing is imported behind the user's back: `engine.components.load_all()` imports the modules each
+component package lists (and a recipe's `custom_imports`), so a component whose module is not listed
+is simply not available (and a test fails).
 """
-import difflib
-
-
-class ConfigError(Exception):
-    """A bad config, file or value; tools print it as one line and exit non-zero."""
-
-
-class SampleError(Exception):
-    """One sample cannot be read; the message names the file (and offset where it helps)."""
-
-
-def did_you_mean(name, choices):
-    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.5)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+from engine.errors import ConfigError, did_you_mean
 
 
 class Registry:

@@ -13,7 +13,7 @@ import paddle.distributed as dist
 
 import ops
 from engine import cpu, distributed
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 log = logging.getLogger("zoo")
 

@@ -6,7 +6,8 @@ import os
 
 from engine import config, runtime
 from engine.builder import build_loader, build_metric, build_model
-from engine.registry import DATASETS, OUTPUTS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import DATASETS, OUTPUTS
 
 
 class Session:

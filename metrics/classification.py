@@ -11,7 +11,8 @@ output of classification (`TopK`) is in outputs/classification.py.
 """
 import numpy as np
 
-from engine.registry import METRICS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import METRICS
 from metrics.base import IndexedMetric, check_scores, to_numpy, top_k
 
 

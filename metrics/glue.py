@@ -10,7 +10,8 @@ whose next-sentence label is predicted right.
 """
 import numpy as np
 
-from engine.registry import METRICS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import METRICS
 from metrics.base import IndexedMetric, to_numpy
 
 

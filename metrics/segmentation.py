@@ -11,7 +11,8 @@ import re
 
 import numpy as np
 
-from engine.registry import METRICS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import METRICS
 from metrics.base import IndexedMetric, to_numpy
 
 

@@ -18,7 +18,8 @@ import math
 
 import numpy as np
 
-from engine.registry import METRICS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import METRICS
 from metrics.base import IndexedMetric, to_numpy
 
 log = logging.getLogger("zoo")

@@ -24,7 +24,8 @@ Memory: per video only the top-k scores and hits, the label count, and two scala
 """
 import numpy as np
 
-from engine.registry import METRICS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import METRICS
 from metrics.base import IndexedMetric, check_scores, to_numpy, top_k
 
 

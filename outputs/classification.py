@@ -8,7 +8,8 @@ import os
 
 import numpy as np
 
-from engine.registry import OUTPUTS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import OUTPUTS
 from metrics.base import top_k
 from outputs.base import OutputWriter, softmax
 

@@ -14,7 +14,8 @@ import os
 import cv2
 import numpy as np
 
-from engine.registry import OUTPUTS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import OUTPUTS
 from outputs.base import OutputWriter, file_stem
 from outputs.palettes import voc_palette
 

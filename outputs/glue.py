@@ -5,7 +5,8 @@ import os
 
 import numpy as np
 
-from engine.registry import OUTPUTS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import OUTPUTS
 from outputs.base import OutputWriter
 
 

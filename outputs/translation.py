@@ -6,7 +6,8 @@ the batches came in).
 """
 import os
 
-from engine.registry import OUTPUTS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import OUTPUTS
 from metrics.translation import decode_rows
 from outputs.base import OutputWriter
 

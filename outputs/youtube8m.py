@@ -1,7 +1,8 @@
 """YouTube-8M: the inference output (`YouTube8MTopK`: TopK's predictions.json + the Kaggle CSV)."""
 import os
 
-from engine.registry import OUTPUTS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import OUTPUTS
 from metrics.base import top_k
 from outputs.classification import TopK
 

@@ -29,8 +29,9 @@ import os
 
 import numpy as np
 
-from engine.data import SampleDataset, SampleError
-from engine.registry import DATASETS, ConfigError
+from engine.errors import ConfigError, SampleError
+from engine.data import SampleDataset
+from engine.registry import DATASETS
 from readers.tokenization import BertTokenizer
 
 SAMPLE_KEYS = ("input_ids", "token_type_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_label")

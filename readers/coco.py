@@ -27,8 +27,9 @@ import os
 import cv2
 import numpy as np
 
-from engine.data import SampleDataset, SampleError
-from engine.registry import DATASETS, ConfigError
+from engine.errors import ConfigError, SampleError
+from engine.data import SampleDataset
+from engine.registry import DATASETS
 from readers.fields import declare
 
 log = logging.getLogger("zoo")

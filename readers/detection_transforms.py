@@ -6,7 +6,8 @@ boxes and polygons with the image through the declared fields.
 import cv2
 import numpy as np
 
-from engine.registry import TRANSFORMS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import TRANSFORMS
 from readers.fields import Fields, resize_field
 
 INTERPOLATIONS = {"nearest": cv2.INTER_NEAREST, "linear": cv2.INTER_LINEAR, "cubic": cv2.INTER_CUBIC,

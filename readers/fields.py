@@ -21,8 +21,7 @@ stay aligned.
 import cv2
 import numpy as np
 
-from engine.data import SampleError
-from engine.registry import ConfigError
+from engine.errors import ConfigError, SampleError
 
 KINDS = ("video", "image", "label", "boxes", "polygons", "masks", "instances")
 PIXEL_KINDS = ("video", "image", "label", "masks")          # arrays that share the sample's H, W

@@ -28,7 +28,8 @@ import os
 import numpy as np
 
 from engine.data import SampleDataset
-from engine.registry import DATASETS, ConfigError
+from engine.errors import ConfigError, did_you_mean
+from engine.registry import DATASETS
 from readers.tokenization import BertTokenizer
 
 
@@ -61,7 +62,6 @@ TASKS = {t.name: t for t in [
 
 def get_task(name):
     if name not in TASKS:
-        from engine.registry import did_you_mean
         raise ConfigError(f"GLUE task '{name}' unknown{did_you_mean(name, TASKS)}; known: {', '.join(TASKS)}")
     return TASKS[name]
 

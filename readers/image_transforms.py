@@ -6,7 +6,8 @@ Normalize (readers/transforms.py) complete a recipe. Random draws come from `sam
 """
 import numpy as np
 
-from engine.registry import ConfigError, TRANSFORMS
+from engine.errors import ConfigError
+from engine.registry import TRANSFORMS
 from readers.fields import Fields
 
 

@@ -16,8 +16,9 @@ import re
 
 import numpy as np
 
-from engine.data import SampleDataset, SampleError
-from engine.registry import ConfigError, DATASETS
+from engine.errors import ConfigError, SampleError
+from engine.data import SampleDataset
+from engine.registry import DATASETS
 from readers.fields import declare
 
 MODES = {"train": True, "val": False, "valid": False, "test": False, "infer": False}

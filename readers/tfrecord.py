@@ -42,7 +42,7 @@ import struct
 import crc32c
 import numpy as np
 
-from engine.data import SampleError
+from engine.errors import SampleError
 
 _HEADER = struct.Struct("<QI")
 _U32 = struct.Struct("<I")

@@ -13,7 +13,7 @@ lower-case). Pairs are assembled here, not by the library, so truncation is exac
 """
 import os
 
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PRESETS = {"uncased": True, "cased": False, "chinese": True}   # preset -> lower-case

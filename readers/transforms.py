@@ -11,7 +11,8 @@ Random transforms draw from `sample["_rng"]` only, so a sample's augmentation de
 """
 import numpy as np
 
-from engine.registry import ConfigError, TRANSFORMS
+from engine.errors import ConfigError
+from engine.registry import TRANSFORMS
 from readers.fields import Fields, center_offset
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

@@ -26,7 +26,8 @@ import sys
 import numpy as np
 
 from engine.data import SampleDataset
-from engine.registry import DATASETS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import DATASETS
 
 log = logging.getLogger("zoo")
 

@@ -12,7 +12,8 @@ Random transforms draw from `sample["_rng"]` only, so a video's augmentation dep
 """
 import numpy as np
 
-from engine.registry import ConfigError, TRANSFORMS
+from engine.errors import ConfigError
+from engine.registry import TRANSFORMS
 from readers.fields import Fields, center_offset, crop_field, flip_field
 from readers.transforms import check_positive
 

@@ -38,8 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from engine.data import SampleDataset, SampleError
-from engine.registry import ConfigError, DATASETS, TRANSFORMS
+from engine.errors import ConfigError, SampleError
+from engine.data import SampleDataset
+from engine.registry import DATASETS, TRANSFORMS
 from engine.weights.weightfile import unpickle
 from readers.tfrecord import CorruptRecord, Damage, DecodeError, decode_sequence_example, \
     Scan, estimate_losses, read_record, scan_records

@@ -6,9 +6,9 @@ import pytest
 
 from engine import builder, config
 from engine.components import load_all
-from engine.data import PadImages, PadSequences, SampleDataset, SampleError, SerialLoader, Skipped, Stack, \
-    WorkerLoader, collate, finalize
-from engine.registry import ConfigError
+from engine.data import PadImages, PadSequences, SampleDataset, SerialLoader, Skipped, Stack, WorkerLoader, collate, \
+    finalize
+from engine.errors import ConfigError, SampleError
 from engine.training.samplers import AspectRatioGroup, EpochBatchSampler, TokenBudget
 
 load_all()

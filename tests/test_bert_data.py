@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine.components import load_all
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 from tests.helpers import ROOT
 
 load_all()

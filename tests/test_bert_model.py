@@ -10,7 +10,7 @@ import pytest
 
 from engine import builder
 from engine.components import load_all
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 from engine.weights.pretrained import WEIGHTS, load_entry_state, load_pretrained, map_keys
 from tests.helpers import golden_close as close, golden_stats_close as stats_close, ROOT, counting_fused_ops
 

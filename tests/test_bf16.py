@@ -214,7 +214,7 @@ def test_float16_on_a_cpu_is_one_error_line(tmp_path):
 def test_eval_amp_follows_train_amp_unless_given():
     from engine import config
     from engine.components import load_all
-    from engine.registry import ConfigError
+    from engine.errors import ConfigError
     load_all()
     cfg = config.load(ATTENTION_LSTM_DEMO, ["train.amp.enable=true", "train.amp.dtype=bfloat16"])
     assert cfg.eval_amp == cfg.train.amp and cfg.eval_amp.enable
@@ -233,7 +233,7 @@ def test_an_export_of_a_gpu_fp16_recipe_is_not_refused_on_a_cpu():
     """Only what computes reads the AMP settings: setting up (as tools/export.py does) passes, training
     and evaluation stop with the error line's message; eval.amp names itself."""
     from engine.components import load_all
-    from engine.registry import ConfigError
+    from engine.errors import ConfigError
     from engine.session import Session
     load_all()
     s = Session.from_file(ATTENTION_LSTM_DEMO, ["train.amp.enable=true", "train.amp.dtype=float16"])

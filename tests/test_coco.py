@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from engine.components import load_all
-from engine.data import SampleError, Skipped
-from engine.registry import ConfigError, METRICS, TRANSFORMS
+from engine.errors import ConfigError, SampleError
+from engine.data import Skipped
+from engine.registry import METRICS, TRANSFORMS
 from engine.training.samplers import EpochBatchSampler
 from metrics.detection import coco_results, evaluate_results
 from readers.coco import COCODataset

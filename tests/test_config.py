@@ -5,7 +5,8 @@ import pytest
 import yaml
 
 from engine import config
-from engine.registry import MODELS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import MODELS
 
 
 class Dummy:

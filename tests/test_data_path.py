@@ -6,7 +6,7 @@ import paddle
 import pytest
 
 from engine.data import collate
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 from readers import transforms as T
 from readers.fields import declare
 

@@ -11,7 +11,7 @@ import pytest
 
 from engine.builder import count_params
 from engine.components import load_all
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 from engine.weights.pretrained import WEIGHTS, detect_layout, load_entry_state, load_state, model_layouts
 from models.vision.deeplabv3 import DeepLabV3, segmentation_loss
 from tests.helpers import golden_close as close, golden_stats_close as stats_close

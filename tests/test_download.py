@@ -20,7 +20,7 @@ from engine.weights import download as dl
 from engine.weights.download import ArchiveError, DownloadError, download, extract
 from engine.weights.pretrained import (WEIGHTS, PretrainedEntry, load_pretrained, load_weights_file,
                                resolve_weights)
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = dict(backoff=0.01, progress=False, timeout=5)

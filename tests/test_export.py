@@ -16,7 +16,7 @@ from engine import builder, config
 from engine.components import load_all
 from engine.deploy import export
 from engine.deploy.predictor import Predictor
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 from tests.conftest import (ATTENTION_LSTM_DEMO, BERT_GLUE_DEMO, BERT_PRETRAIN_DEMO, DEEPLAB_DEMO, MASK_RCNN_DEMO,
                             TRANSFORMER_DEMO, TSN_DEMO)
 from tests.helpers import ROOT, one_error_line, peaked_transformer, tool, tools_in_one_process

@@ -11,8 +11,9 @@ import cv2
 import numpy as np
 import pytest
 
-from engine.data import SampleError, collate
-from engine.registry import ConfigError, DATASETS, TRANSFORMS
+from engine.errors import ConfigError, SampleError
+from engine.data import collate
+from engine.registry import DATASETS, TRANSFORMS
 from readers import kinetics, transforms as T, video_transforms as vt
 from readers.kinetics import KineticsDataset, sample_indices
 

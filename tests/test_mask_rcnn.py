@@ -11,7 +11,7 @@ import pytest
 
 from engine.builder import count_params
 from engine.components import load_all
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 from engine.weights.pretrained import WEIGHTS, load_entry_state, map_keys
 from models.vision.mask_rcnn import box_ops, postprocess, roi_heads
 from models.vision.mask_rcnn.model import MaskRCNN

@@ -10,7 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from engine.registry import METRICS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import METRICS
 from engine.training.samplers import EpochBatchSampler
 from metrics.base import IndexedMetric, top_k
 from metrics.classification import Classification

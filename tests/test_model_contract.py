@@ -9,7 +9,8 @@ from engine import builder
 from engine.components import load_all
 from engine.deploy import export
 from engine.model import DataAgreement, Weights, ZooModel, unwrap
-from engine.registry import MODELS, ConfigError, Registry
+from engine.errors import ConfigError
+from engine.registry import MODELS, Registry
 from engine.weights.pretrained import model_layouts
 
 load_all()

@@ -257,7 +257,7 @@ IFACES = {"lo": "127.0.0.1", "eth1": "10.0.0.2"}
 
 def test_the_node_address_is_checked_before_anything_starts():
     from engine import distributed
-    from engine.registry import ConfigError
+    from engine.errors import ConfigError
     assert distributed.node_address("10.0.0.2", True, IFACES) == "10.0.0.2"
     assert distributed.node_address(None, True, IFACES, ("n2", "10.0.0.2")) == "10.0.0.2"
     assert distributed.node_address(None, False, IFACES, ("n2", "127.0.0.1")) == "127.0.0.1"   # one node
@@ -277,7 +277,7 @@ def test_the_node_address_is_checked_before_anything_starts():
 
 def test_the_launch_plan_passes_paddles_flags_on_and_refuses_what_cannot_work():
     from engine import launch
-    from engine.registry import ConfigError
+    from engine.errors import ConfigError
     settings, cmd = launch.plan(["--nnodes", "2", "--master", "10.0.0.1:49178", "--nproc_per_node=1",
                                  "--peer_timeout", "7", "tools/train.py", "-c", "x.yaml", "--host", "kept"],
                                 IFACES, ("n2", "10.0.0.2"))
@@ -305,7 +305,7 @@ def test_the_launch_plan_passes_paddles_flags_on_and_refuses_what_cannot_work():
 
 def test_the_trainer_binds_gloo_or_nccl_to_the_interface_of_its_address():
     from engine import distributed
-    from engine.registry import ConfigError
+    from engine.errors import ConfigError
     two_hosts = {"PADDLE_CURRENT_ENDPOINT": "10.0.0.2:6071", "PADDLE_TRAINER_ENDPOINTS": "10.0.0.1:6070,10.0.0.2:6071"}
     env = dict(two_hosts)
     assert distributed.socket_interface("cpu", env, IFACES) == ("GLOO_SOCKET_IFNAME", "eth1", "10.0.0.2")

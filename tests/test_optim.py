@@ -6,7 +6,8 @@ import numpy as np
 import paddle
 import pytest
 
-from engine.registry import LR_SCHEDULES, OPTIMIZERS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import LR_SCHEDULES, OPTIMIZERS
 from engine.training.optim import build_lr, build_optimizer, clip_grad_norm_, split_decay
 
 

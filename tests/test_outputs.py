@@ -8,7 +8,8 @@ import pytest
 from PIL import Image
 
 from engine.components import load_all
-from engine.registry import OUTPUTS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import OUTPUTS
 from outputs.detection import rle_encode
 from outputs.palettes import voc_palette
 

@@ -175,7 +175,7 @@ def test_a_model_with_nothing_to_quantize_and_kernels_that_compute_something_els
     from onnx import TensorProto, helper, numpy_helper
 
     from engine.deploy import quantize
-    from engine.registry import ConfigError
+    from engine.errors import ConfigError
     rng = np.random.default_rng(0)
 
     def model(path, layers):

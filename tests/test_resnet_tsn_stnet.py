@@ -8,7 +8,8 @@ import paddle
 import pytest
 
 from engine.builder import count_params
-from engine.registry import MODELS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry, load_entry_state, map_keys
 from models.video.stnet import StNet, inflate_conv1, stnet_fluid_key_map
 from models.video.tsn import TSN

@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 
 from engine.components import load_all
-from engine.data import SampleError
-from engine.registry import ConfigError, OUTPUTS
+from engine.errors import ConfigError, SampleError
+from engine.registry import OUTPUTS
 from metrics.segmentation import MeanIoU, confusion_matrix, iou_scores
 from outputs.palettes import voc_palette
 from readers.fields import declare

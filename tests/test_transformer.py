@@ -12,7 +12,7 @@ import pytest
 from engine import builder, config
 from engine.components import load_all
 from engine.data import PadSequences
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 from engine.training.samplers import TokenBudget
 from engine.weights.pretrained import WEIGHTS, load_entry_state
 from models.nlp.transformer import Transformer, length_penalty, search_options

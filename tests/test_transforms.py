@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from engine.data import SampleError
-from engine.registry import ConfigError, TRANSFORMS
+from engine.errors import ConfigError, SampleError
+from engine.registry import TRANSFORMS
 from readers import transforms as T, video_transforms as vt
 from readers.fields import Fields, clip_polygon, declare
 

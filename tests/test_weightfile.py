@@ -166,7 +166,7 @@ class _Calls:
 
 def test_youtube8m_pkl_features_are_read_as_data_too(tmp_path):
     from engine.components import load_all
-    from engine.data import SampleError
+    from engine.errors import SampleError
     from readers.youtube8m import YouTube8M
     load_all()
     marker = tmp_path / "created"

@@ -16,7 +16,7 @@ import pytest
 from engine.training import checkpoint
 from engine.weights.pretrained import (WEIGHTS, detect_layout, load_entry_state, load_pretrained, map_keys,
                                model_layouts)
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 from models.video.stnet import StNet, inflate_conv1
 from models.video.tsn import TSN
 from models.vision.resnet import kit_block_name

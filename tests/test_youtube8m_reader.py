@@ -9,8 +9,9 @@ import numpy as np
 import paddle
 import pytest
 
-from engine.data import PadSequences, SampleDataset, SampleError, SerialLoader, Skipped, WorkerLoader
-from engine.registry import ConfigError, DATASETS, TRANSFORMS
+from engine.errors import ConfigError, SampleError
+from engine.data import PadSequences, SampleDataset, SerialLoader, Skipped, WorkerLoader
+from engine.registry import DATASETS, TRANSFORMS
 from engine.training.samplers import EpochBatchSampler
 from readers import tfrecord as tfr
 from readers.youtube8m import PCARescale, SampleFrames, YouTube8M, dequantize

@@ -8,7 +8,8 @@ import numpy as np
 import paddle
 import pytest
 
-from engine.registry import MODELS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, load_entry_state
 from models.video.attention_cluster import AttentionCluster
 from models.video.attention_lstm import AttentionLSTM

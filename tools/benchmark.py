@@ -213,7 +213,7 @@ def bench(config_path, overrides, steps, batch_size, workers, synthetic, tokens=
     if synthetic:
         batches = [_synthetic(b) for b in batches]
     if tokens and tokens + "_len" not in batches[0]:
-        from engine.registry import ConfigError
+        from engine.errors import ConfigError
         raise ConfigError(f"--tokens {tokens}: the batch has no '{tokens}_len' (a PadSequences key)")
     train_sps, train_step, params, train_tps = _time_model(cfg, batches, steps, True, s.train_amp, tokens)
     eval_batches = [{k: v for k, v in b.items() if k not in drop_keys} for b in batches]

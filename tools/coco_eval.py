@@ -22,7 +22,7 @@ def main():
     p.add_argument("--per-class", action="store_true", help="also AP per category")
     p.add_argument("--output", help="write metrics.json here")
     args = p.parse_args()
-    from engine.registry import ConfigError
+    from engine.errors import ConfigError
     from engine.runtime import setup_logging
     from engine.training.trainer import write_metrics
     from metrics.detection import evaluate_results

@@ -17,7 +17,7 @@ import _bootstrap  # noqa: E402,F401  (environment before paddle)
 import argparse  # noqa: E402
 
 from engine import components  # noqa: E402
-from engine.registry import ConfigError  # noqa: E402
+from engine.errors import ConfigError  # noqa: E402
 from engine.weights.download import cache_dir  # noqa: E402
 from engine.weights.pretrained import WEIGHTS, resolve_weights  # noqa: E402
 

@@ -49,7 +49,7 @@ def main():
 def _example(session):
     """One batch of the split tools/infer.py reads, when its data is here (it fixes layouts such as
     several views per video); without data the model's default layout is exported."""
-    from engine.registry import ConfigError
+    from engine.errors import ConfigError
     split = session.cfg.eval_split()
     try:
         loader, _, _ = session.loader(split, batch_size=1, sharded=False)

@@ -37,7 +37,7 @@ import paddle
 import yaml
 
 from engine.model import unwrap
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 EXPORT_VERSION = 1
 PROGRAM = "model"              # model.json + model.pdiparams

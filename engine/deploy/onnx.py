@@ -19,7 +19,7 @@ import re
 import subprocess
 import sys
 
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 OPSET = 16            # RoIAlign's half_pixel mode (Mask R-CNN's aligned RoIAlign) needs opset 16
 REQUIREMENTS = "requirements-onnx.txt"

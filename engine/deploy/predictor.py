@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from engine.deploy.export import BACKEND_OF, programs_of, read_infer_cfg, uses_runner
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 
 # Paddle 3.3.1 cannot run its oneDNN kernels of these ops in a PIR program (the interpolation's

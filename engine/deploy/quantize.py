@@ -19,7 +19,7 @@ import tempfile
 import numpy as np
 
 from engine.deploy.export import FORMATS, programs_of, read_infer_cfg, write_infer_cfg
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 OBSERVERS = ("minmax", "percentile", "entropy")
 QUANTIZED_OPS = ("Conv", "MatMul", "Gemm")

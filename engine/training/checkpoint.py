@@ -19,7 +19,7 @@ import numpy as np
 import paddle
 
 from engine import distributed
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 from engine.weights import weightfile
 
 CKPT_DIR = re.compile(r"(epoch|step)_(\d+)$")

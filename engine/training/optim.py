@@ -34,7 +34,8 @@ import paddle
 from paddle.optimizer.lr import LRScheduler
 
 from engine.model import NormLayer
-from engine.registry import LR_SCHEDULES, OPTIMIZERS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import LR_SCHEDULES, OPTIMIZERS
 
 
 # ----------------------------------------------------------------------------- learning rate

@@ -15,7 +15,8 @@ A sampler is configured by its keys and then bound to the dataset and the loader
 import numpy as np
 import paddle
 
-from engine.registry import SAMPLERS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import SAMPLERS
 
 
 class _BatchSampler(paddle.io.BatchSampler):

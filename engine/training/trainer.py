@@ -15,7 +15,7 @@ from engine import config as C, runtime
 from engine.builder import check_agreement, count_params
 from engine.data import empty
 from engine.model import unwrap
-from engine.registry import ConfigError, did_you_mean
+from engine.errors import ConfigError, did_you_mean
 from engine.session import Session
 from engine.training import checkpoint
 from engine.training.evaluator import evaluate

@@ -23,7 +23,7 @@ import urllib.request
 import zipfile
 import zlib
 
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 CHUNK = 1 << 20
 USER_AGENT = "paddle-zoo-download/1"

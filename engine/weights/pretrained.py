@@ -14,7 +14,8 @@ import warnings
 import numpy as np
 
 from engine.model import ZooModel, unwrap
-from engine.registry import MODELS, ConfigError, Registry, did_you_mean
+from engine.errors import ConfigError, did_you_mean
+from engine.registry import MODELS, Registry
 from engine.weights.download import archive_stem, cache_dir, download, extract, url_filename
 from engine.weights.weightfile import read_state
 

@@ -15,7 +15,7 @@ import pickle
 
 import numpy as np
 
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 log = logging.getLogger("zoo")
 

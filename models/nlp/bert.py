@@ -32,7 +32,8 @@ from paddle.static import InputSpec
 
 import ops
 from engine.model import DataAgreement, Weights, ZooModel
-from engine.registry import MODELS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import MODELS
 from models.nlp.bert_weights import hf_layout, task_file_layout
 
 # size -> (num_hidden_layers, hidden_size, num_attention_heads); FFN 4x hidden. base and large:

@@ -49,7 +49,8 @@ from paddle.static import InputSpec
 
 import ops
 from engine.model import DataAgreement, ZooModel
-from engine.registry import MODELS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 
 NEG = -1e9   # additive attention bias of masked positions

@@ -17,7 +17,8 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 from engine.model import DataAgreement, Weights, ZooModel
-from engine.registry import MODELS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from models.video.yt8m_common import check_features, check_reduction, feature_input, multilabel_outputs, \
     padded_feature_spec

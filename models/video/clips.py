@@ -9,7 +9,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 
 def as_float(batch, key="imgs"):

@@ -21,7 +21,8 @@ import paddle.nn.functional as F
 from paddle.static import InputSpec
 
 from engine.model import DataAgreement, Weights, ZooModel
-from engine.registry import MODELS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from models.video.clips import as_float, classify, split_views
 from models.vision.resnet import DEPTHS, ResNet, build_backbone, resnet_key_map

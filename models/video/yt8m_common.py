@@ -5,7 +5,7 @@ cross-entropy, the export inputs of padded batches and the train/eval output dic
 import paddle
 import paddle.nn.functional as F
 
-from engine.registry import ConfigError
+from engine.errors import ConfigError
 
 
 def check_features(model, feature_names, feature_dims):

@@ -33,7 +33,8 @@ from paddle.static import InputSpec
 import ops
 from engine.deploy.export import pipeline_runner
 from engine.model import DataAgreement, Weights, ZooModel
-from engine.registry import MODELS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from models.vision.resnet import build_backbone, resnet_key_map
 

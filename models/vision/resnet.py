@@ -20,7 +20,8 @@ import paddle.nn.functional as F
 import ops
 from ops.paddle_attrs import batch_norm_settings
 from engine.model import Weights, ZooModel
-from engine.registry import MODELS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 
 # depth -> (block type, blocks per stage)

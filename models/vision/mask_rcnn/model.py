@@ -28,7 +28,8 @@ from paddle.static import InputSpec
 
 from engine.deploy.export import pipeline_runner
 from engine.model import DataAgreement, Weights, ZooModel
-from engine.registry import MODELS, ConfigError
+from engine.errors import ConfigError
+from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from models.vision.mask_rcnn import postprocess, roi_heads, rpn
 from models.vision.mask_rcnn.fpn import FPN

@@ -1,0 +1,23 @@
+"""The error types every layer raises and the tools turn into one `error: ...` line (engine.cli.run).
+
+ConfigError: a bad config, file or value, found before or during a run; SampleError: one sample
+cannot be read (the loaders skip it and count it). A failure of one module's own kind subclasses
+them beside the code that raises it (engine.training.trainer.NonFiniteLoss, engine.launch.LaunchError,
+engine.weights.download.DownloadError and ArchiveError, engine.weights.weightfile.UnsafeWeights,
+readers.tfrecord.CorruptRecord).
+"""
+import difflib
+
+
+class ConfigError(Exception):
+    """A bad config, file or value; tools print it as one line and exit non-zero."""
+
+
+class SampleError(Exception):
+    """One sample cannot be read; the message names the file (and offset where it helps)."""
+
+
+def did_you_mean(name, choices):
+    """" (did you mean 'x'?)" for the closest of `choices`, or ""."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.5)
+    return f" (did you mean '{close[0]}'?)" if close else ""
