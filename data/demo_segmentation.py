@@ -26,18 +26,19 @@ import argparse
 import json
 import os
 import shutil
+import sys
 
 import cv2
 import numpy as np
 
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from outputs.palettes import voc_palette  # noqa: E402
+
 CLASSES = ["background", "disc", "square", "triangle", "cross"]
 PARAMS = {"version": 6, "train": 240, "val": 48, "seed": 10, "typical_hue": 0.9, "radius": [17, 30]}
 CLASS_HUES = [None, 0, 45, 90, 135]     # OpenCV hue (0-180) typical of each shape class
-
-
-def voc_palette():
-    from outputs.palettes import voc_palette as pal
-    return pal()
 
 
 def _texture(rng, h, w):
@@ -164,8 +165,6 @@ def make(root, params=PARAMS):
 
 
 if __name__ == "__main__":
-    import sys
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "voc_demo"))
     print(make(p.parse_args().root))

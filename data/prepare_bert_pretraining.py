@@ -14,6 +14,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from engine.cli import run  # noqa: E402  (no paddle: the flags are parsed first)
+
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,9 +31,9 @@ def main(argv=None):
     p.add_argument("--whole-word-mask", action="store_true")
     p.add_argument("--seed", type=int, default=12345)
     args = p.parse_args(argv)
-    from engine.cli import run
 
     def job():
+        # after parsing: --help answers without loading paddle (~2.5 s)
         from readers.bert_pretrain import BertPretrainText, write_hdf5
         ds = BertPretrainText(files=args.corpus, vocab_file=args.vocab, lowercase=not args.cased,
                               max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions,

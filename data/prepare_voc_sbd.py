@@ -22,6 +22,11 @@ import zlib
 
 import numpy as np
 
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from outputs.palettes import voc_palette  # noqa: E402
+
 # MAT-file level 5 data types (MATLAB "MAT-File Format", Table 1-1) and array classes (Table 1-3)
 _DTYPES = {1: "i1", 2: "u1", 3: "i2", 4: "u2", 5: "i4", 6: "u4", 7: "f4", 9: "f8", 12: "i8", 13: "u8",
            16: "u1", 17: "u2", 18: "u4"}
@@ -132,8 +137,6 @@ def _ids(path):
 def prepare(voc_root, sbd_root, log=print):
     """Write SegmentationClassAug/*.png and aug.txt; returns (PNGs written, ids in aug.txt)."""
     from PIL import Image
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from outputs.palettes import voc_palette
     voc = os.path.join(voc_root, "VOC2012")
     sets = os.path.join(voc, "ImageSets", "Segmentation")
     dataset = os.path.join(sbd_root, "dataset")

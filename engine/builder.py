@@ -29,18 +29,21 @@ def _numel(shape):
 
 def build_dataset(cfg, split, seed=0, **overrides):
     dataset_cfg, _ = split_reader(cfg, split)
-    dataset_cfg.update(overrides)
-    dataset_cfg.setdefault("seed", seed)
-    return DATASETS.build(dataset_cfg)
+    return _dataset(dataset_cfg, seed, overrides)
 
 
-def build_loader(cfg, split, seed=0, world_size=1, rank=0, dataset=None, batch_size=None):
-    """A DataLoader whose order and augmentation derive from (seed, epoch, index) only.
+def _dataset(dataset_cfg, seed, overrides=None):
+    return DATASETS.build({"seed": seed, **dataset_cfg, **(overrides or {})})
+
+
+def build_loader(cfg, split, seed=0, world_size=1, rank=0, dataset=None, batch_size=None, reader=None):
+    """A DataLoader whose order and augmentation derive from (seed, epoch, index) only; `reader` is
+    reader.<split> as config.split_reader resolved it, when the caller holds it already.
 
     Returns (loader, dataset, sampler); call `sampler.set_epoch` and `dataset.set_epoch` each epoch.
     """
-    _, loader_cfg = split_reader(cfg, split)
-    dataset = dataset if dataset is not None else build_dataset(cfg, split, seed)
+    dataset_cfg, loader_cfg = reader or split_reader(cfg, split)
+    dataset = dataset if dataset is not None else _dataset(dataset_cfg, seed)
     if len(dataset) == 0:
         raise ConfigError(f"reader.{split}: the dataset is empty")
     shuffle = loader_cfg.shuffle if loader_cfg.shuffle is not None else split == "train"

@@ -15,6 +15,7 @@ import os
 
 import yaml
 
+from engine.components import import_custom
 from engine.errors import ConfigError, did_you_mean
 from engine.registry import (COLLATES, DATASETS, LR_SCHEDULES, METRICS, MODELS, OPTIMIZERS, OUTPUTS, SAMPLERS,
                              TRANSFORMS)
@@ -75,7 +76,8 @@ LOADER_KEYS = {
     "collate": (dict, None),                  # {name: Stack} by default
 }
 SPLITS = ("train", "val", "test")
-TOP_KEYS = ("model", "reader", "optimizer", "lr", "metric", "infer", "train", "eval", "runtime", "labels")
+TOP_KEYS = ("model", "reader", "optimizer", "lr", "metric", "infer", "train", "eval", "runtime", "labels",
+            "custom_imports")
 # component keys nested inside components, and the registry that validates them
 NESTED = {"transforms": TRANSFORMS, "backbone": MODELS, "collate": COLLATES, "sampler": SAMPLERS}
 
@@ -189,13 +191,15 @@ def _list_item(node, part, key):
 
 
 def load(path, overrides=(), validate_config=True):
-    """Read a recipe, merge its bases, apply `-o` overrides and validate. Returns a `Config`."""
+    """Read a recipe, merge its bases, apply `-o` overrides, import its `custom_imports` (their
+    components register before they are checked) and validate. Returns a `Config`."""
     origins = {}
     cfg = _load_tree(path, origins)
     for text in overrides:
         apply_override(cfg, *parse_override(text), origins)
     cfg.setdefault("train", {})
     cfg.setdefault("runtime", {})
+    import_custom(cfg.get("custom_imports"), f"{origins.get('custom_imports', path)}: custom_imports")
     if validate_config:
         validate(cfg, origins, path)
     return Config(cfg)

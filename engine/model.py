@@ -6,6 +6,7 @@ an error in the model's own file rather than an ability silently missing.
 """
 import dataclasses
 
+import numpy as np
 import paddle
 
 from engine.errors import ConfigError
@@ -57,16 +58,41 @@ class ZooModel(paddle.nn.Layer):
         "settings"} (engine/deploy/export.py). Default: the model cannot be exported."""
         raise ConfigError(f"model {type(self).__name__} cannot be exported (it has no export_spec)")
 
+    # A model whose prediction is Python around the networks of its "programs" (windows and scales,
+    # proposals and NMS) writes that Python once, as a static method `run_exported(run, batch,
+    # settings) -> predictions` over calls `run(name, inputs) -> {output: tensor}`: its eval forward
+    # calls it with its own methods, and the default exported_runner with the exported programs.
+    run_exported = None
+
     @classmethod
     def exported_runner(cls, programs, settings):
-        """`run(feeds) -> predictions` over the exported `programs` of a spec with "programs".
-        Default: None, no runner."""
-        return None
+        """`run(feeds) -> predictions` (numpy) over the exported `programs` of a spec with "programs".
+        Default: `run_exported` around them (`pipeline_runner`), or None where the model has none."""
+        return None if cls.run_exported is None else pipeline_runner(cls.run_exported, programs, settings)
 
 
 class NormLayer(paddle.nn.Layer):
     """Base of a custom normalisation layer: its parameters are exempt from weight decay under the
     "norm" rule, as paddle's norm layers' are (engine.training.optim.split_decay)."""
+
+
+def pipeline_runner(pipeline, programs, settings):
+    """The predictor's runner for a model whose prediction is `pipeline(run, batch, settings)`: the
+    same Python, with `run(name, inputs) -> {output: tensor}` running the exported program `name`
+    (`programs[name](numpy feeds) -> {output: numpy}`). Predictions come back as numpy (a list of
+    arrays where the model gives one tensor per image)."""
+    def run(name, inputs):
+        return {k: paddle.to_tensor(v) for k, v in programs[name]({k: _numpy(v) for k, v in inputs.items()}).items()}
+
+    def runner(feeds):
+        with paddle.no_grad():
+            preds = pipeline(run, feeds, settings)
+        return {k: [_numpy(t) for t in v] if isinstance(v, list) else _numpy(v) for k, v in preds.items()}
+    return runner
+
+
+def _numpy(value):
+    return value.numpy() if isinstance(value, paddle.Tensor) else np.asarray(value)
 
 
 def unwrap(model):

@@ -6,8 +6,10 @@ import os
 
 from engine import config, runtime
 from engine.builder import build_loader, build_metric, build_model
+from engine.components import load_all
 from engine.errors import ConfigError
 from engine.registry import DATASETS, OUTPUTS
+from engine.weights.pretrained import load_pretrained
 
 
 class Session:
@@ -17,11 +19,10 @@ class Session:
     def __init__(self, cfg, trust_weights=False, path="<config>"):
         self.cfg, self.trust_weights, self.path = cfg, trust_weights, path
         self.rt = None
-        self._amp = {}
+        self._amp, self._readers = {}, {}
 
     @classmethod
     def from_file(cls, path, overrides=(), trust_weights=False):
-        from engine.components import load_all
         load_all()
         return cls(config.load(path, list(overrides)), trust_weights, path)
 
@@ -61,17 +62,22 @@ class Session:
         return model
 
     def load_weights(self, model, weights, weights_format=None, strict=True, log=print):
-        from engine.weights.pretrained import load_pretrained
         if os.path.isdir(weights) and os.path.isfile(os.path.join(weights, "model.pdparams")):
             weights = os.path.join(weights, "model.pdparams")
         return load_pretrained(model, weights, strict=strict, log=log, weights_format=weights_format,
                                trust=self.trust_weights)
 
+    def reader(self, split):
+        """reader.<split> resolved once per run: (the dataset's arguments, its LoaderSection)."""
+        if split not in self._readers:
+            self._readers[split] = config.split_reader(self.cfg, split)
+        return self._readers[split]
+
     def loader(self, split, dataset=None, batch_size=None, sharded=True):
         """(loader, dataset, sampler) of reader.<split>; `sharded` splits it over the ranks."""
         world_size, rank = (self.rt["world_size"], self.rt["rank"]) if sharded and self.rt else (1, 0)
         return build_loader(self.cfg, split, self.cfg.runtime.seed, world_size, rank, dataset=dataset,
-                            batch_size=batch_size)
+                            batch_size=batch_size, reader=self.reader(split))
 
     def calibration_loader(self, split, batch_size=None):
         """reader.<split>'s processing over reader.train's samples, in file order: what INT8
@@ -99,14 +105,14 @@ class Session:
 
     def input_dataset(self, inputs, split=None):
         """The eval split's (or `split`'s) reader over raw input files or folders (tools/infer.py)."""
-        kwargs, _ = config.split_reader(self.cfg, split or self.cfg.eval_split())
+        kwargs = dict(self.reader(split or self.cfg.eval_split())[0])
         return DATASETS.get(kwargs.pop("name")).for_inputs(inputs, **kwargs)
 
     def infer_writer(self):
         """The recipe's `infer:` writer (how predictions are written)."""
         if not self.cfg.get("infer"):
             raise ConfigError(f"{self.path}: the recipe has no infer section (how to write predictions, "
-                              f"e.g. infer: {{name: TopK}}; known: {', '.join(OUTPUTS.names())})")
+                              f"infer: {{name: WRITER}}; known writers: {', '.join(OUTPUTS.names())})")
         return OUTPUTS.build(self.cfg["infer"])
 
     def metric(self, dataset=None):

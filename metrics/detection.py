@@ -17,6 +17,7 @@ import numpy as np
 from engine.errors import ConfigError
 from engine.registry import METRICS
 from metrics.base import IndexedMetric, to_numpy
+from readers.coco import COCODataset
 
 log = logging.getLogger("zoo")
 
@@ -103,7 +104,6 @@ def coco_evaluate(coco_gt, results, image_ids=None, per_class=False, label_names
 def evaluate_results(ann_file, result_files, per_class=False):
     """Score results JSON files saved earlier: {iou_type: path} -> the metrics of `coco_evaluate`
     over every image of `ann_file`."""
-    from readers.coco import COCODataset
     coco_gt = COCODataset(ann_file).coco     # the annotations the reader keeps (bad ones dropped)
     results = {}
     for iou_type, path in result_files.items():

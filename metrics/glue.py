@@ -13,6 +13,7 @@ import numpy as np
 from engine.errors import ConfigError
 from engine.registry import METRICS
 from metrics.base import IndexedMetric, to_numpy
+from readers.glue import get_task
 
 
 def accuracy(pred, label):
@@ -71,7 +72,6 @@ class GLUEMetric(IndexedMetric):
         super().__init__()
         self.task = None
         if task is not None:
-            from readers.glue import get_task
             self.task = get_task(task)
 
     def set_dataset(self, dataset):

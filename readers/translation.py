@@ -28,6 +28,7 @@ import numpy as np
 from engine.data import SampleDataset
 from engine.errors import ConfigError
 from engine.registry import DATASETS
+from engine.weights.pretrained import resolve_asset
 
 log = logging.getLogger("zoo")
 
@@ -183,7 +184,6 @@ class Translation(SampleDataset):
             raise ConfigError("reader Translation: a sentencepiece model reads raw text (input_format: raw)")
         if pad_vocab_to < 1:
             raise ConfigError(f"reader Translation: pad_vocab_to must be >= 1, got {pad_vocab_to}")
-        from engine.weights.pretrained import resolve_asset   # "ENTRY:NAME": a file a pretrained entry carries
         spm_model, vocab, bpe_codes = (resolve_asset(x) if x else x for x in (spm_model, vocab, bpe_codes))
         if spm_model is not None:
             self.src_tok = self.tgt_tok = SentencePieceTokenizer(spm_model, bos_token, eos_token, unk_token)

@@ -153,26 +153,33 @@ def assert_one_line_error(proc, *fragments):
 _DRIVER = r"""
 import contextlib, io, json, os, runpy, sys
 sys.path.insert(0, "tools")
+import _bootstrap  # the tools' environment, before paddle is imported
+from engine import session
+made = []   # the engine.session.Session objects the current run constructs
+_init = session.Session.__init__
+session.Session.__init__ = lambda self, *a, **k: made.append(1) or _init(self, *a, **k)
 out = []
 for tool, argv, env in json.loads(sys.argv[1]):
     sys.argv = [f"tools/{tool}.py"] + argv
     os.environ.update(env)
     err, std, code = io.StringIO(), io.StringIO(), 0
+    made.clear()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
         try:
             runpy.run_path(f"tools/{tool}.py", run_name="__main__")
         except SystemExit as e:
             code = e.code
-    out.append({"code": code or 0, "stdout": std.getvalue(), "stderr": err.getvalue()})
+    out.append({"code": code or 0, "stdout": std.getvalue(), "stderr": err.getvalue(), "sessions": len(made)})
 print(json.dumps(out))
 """
 
 
-def tools_in_one_process(runs, timeout=600):
+def tools_in_one_process(runs, timeout=600, env=None):
     """Run several tool invocations [(tool, [args], {env})] through their own entry points in ONE
-    helper process (paddle imported once); returns [{code, stdout, stderr}] as a shell would see them."""
+    helper process (paddle imported once; `env` adds to its environment); returns [{code, stdout,
+    stderr, sessions}] as a shell would see them, `sessions` the engine.session.Session objects built."""
     runs = [(t, [str(a) for a in argv], env or {}) for t, argv, env in runs]
-    proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(runs)], cwd=ROOT, env=ENV,
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(runs)], cwd=ROOT, env={**ENV, **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(proc.stderr[-3000:])

@@ -9,6 +9,7 @@ import pytest
 
 from engine import config
 from engine.components import load_all
+from engine.session import Session
 from engine.training import trainer
 from tests.conftest import ATTENTION_LSTM_DEMO
 
@@ -75,7 +76,7 @@ def test_scaler_order_and_overflow_skip(yt8m_demo, tmp_path, monkeypatch):
                       [f"{o}" for o in SMALL])
     scaler = StandInScaler(events, overflow_step=2)
     monkeypatch.setattr(trainer, "make_scaler", lambda amp: scaler)
-    trainer.fit(cfg, str(tmp_path))
+    trainer.fit(Session(cfg), str(tmp_path))
     steps = [events[i:i + 7] for i in range(0, len(events), 7)]
     assert len(steps) == 4  # 100 samples, batch 32
     for i, step in enumerate(steps):
@@ -91,11 +92,11 @@ def test_bf16_levels_train_on_cpu(yt8m_demo, tmp_path, level):
     load_all()
     root = os.path.dirname(os.path.dirname(__file__))
     cfg = config.load(os.path.join(root, ATTENTION_LSTM_DEMO), SMALL + [f"train.amp.level={level}"])
-    model, metrics = trainer.fit(cfg, str(tmp_path))
+    model, metrics = trainer.fit(Session(cfg), str(tmp_path))
     assert np.isfinite(metrics["loss"])
     assert all(p.dtype == paddle.float32 for p in model.parameters())
     scaler = trainer.make_scaler(cfg.train.amp)
     assert isinstance(scaler, paddle.amp.GradScaler) and not scaler.is_enable()   # bf16: no loss scaling
     cfg = config.load(os.path.join(root, ATTENTION_LSTM_DEMO), SMALL + ["train.amp.dtype=float16"])
     with pytest.raises(ConfigError, match="train.amp.dtype: float16 needs a GPU"):
-        trainer.fit(cfg, str(tmp_path / "fp16"))
+        trainer.fit(Session(cfg), str(tmp_path / "fp16"))

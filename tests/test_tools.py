@@ -102,6 +102,7 @@ def test_benchmark_and_amp_check_time_the_trainers_step(yt8m_demo, monkeypatch, 
     import benchmark
     from engine import config
     from engine.components import load_all
+    from engine.session import Session
     from engine.training import trainer
     load_all()
     calls = []
@@ -115,7 +116,7 @@ def test_benchmark_and_amp_check_time_the_trainers_step(yt8m_demo, monkeypatch, 
     assert len(calls) == 3 + len(batches)
     cfg = config.load(ATTENTION_LSTM_DEMO, ["model.lstm_size=8", "model.embedding_size=8", "model.fc_sizes=[8, 8]",
                                             "train.epochs=null", "train.max_steps=3", "train.accum_steps=2"])
-    trainer.fit(cfg, str(tmp_path))
+    trainer.fit(Session(cfg), str(tmp_path))
     assert len(calls) == 3 + len(batches) + 6   # 3 optimizer steps of 2 micro-batches each
 
 def test_the_tools_assemble_their_run_through_the_session():

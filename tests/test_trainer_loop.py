@@ -6,6 +6,7 @@ import paddle
 
 from engine import config
 from engine.components import load_all
+from engine.session import Session
 from engine.training import trainer
 from tests.conftest import ATTENTION_LSTM_DEMO
 from tests.helpers import ROOT
@@ -18,7 +19,7 @@ SLICE = ["train.epochs=1", "model.drop_rate=0",
 def _fit(tmp_path, name, overrides):
     load_all()
     cfg = config.load(os.path.join(ROOT, ATTENTION_LSTM_DEMO), SLICE + overrides)
-    model, metrics = trainer.fit(cfg, str(tmp_path / name))
+    model, metrics = trainer.fit(Session(cfg), str(tmp_path / name))
     return {k: v.numpy() for k, v in model.state_dict().items()}, metrics
 
 

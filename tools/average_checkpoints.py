@@ -14,12 +14,12 @@ import _bootstrap  # noqa: F401  (environment before paddle)
 import os
 
 from engine import cli
+from engine.errors import ConfigError
 
 
 def checkpoints_to_average(paths, last):
     """The files to average: the newest `last` checkpoints of one run folder, or the paths given."""
-    from engine.errors import ConfigError
-    from engine.training.checkpoint import list_checkpoints
+    from engine.training.checkpoint import list_checkpoints   # loads paddle: after the flags are parsed
     if len(paths) == 1 and os.path.isdir(paths[0]) and not os.path.isfile(os.path.join(paths[0], "model.pdparams")):
         root = paths[0]
         if os.path.isdir(os.path.join(root, "checkpoints")):
@@ -40,8 +40,7 @@ def average(paths):
     """{key: array} averaged over the weights files or checkpoint directories `paths`."""
     import numpy as np
 
-    from engine.errors import ConfigError
-    from engine.training.checkpoint import read_weights
+    from engine.training.checkpoint import read_weights   # loads paddle: after the flags are parsed
     if len(paths) < 2:
         raise ConfigError(f"averaging needs at least 2 checkpoints, got {len(paths)}")
     total, first, dtypes = {}, None, {}
@@ -74,7 +73,6 @@ def main():
     p.add_argument("--last", type=int, help="average the newest N checkpoints of the run folder")
     p.add_argument("--output", help="the averaged .pdparams (default: RUN/averaged_last<N>.pdparams)")
     args = p.parse_args()
-    from engine.errors import ConfigError
     if args.last is not None and args.last < 2:
         raise ConfigError(f"--last must be >= 2, got {args.last}")
     paths = checkpoints_to_average(args.paths, args.last)

@@ -12,6 +12,7 @@ import _bootstrap  # noqa: F401  (environment before paddle)
 import argparse
 
 from engine import cli
+from engine.errors import ConfigError
 
 
 def main():
@@ -22,8 +23,7 @@ def main():
     p.add_argument("--per-class", action="store_true", help="also AP per category")
     p.add_argument("--output", help="write metrics.json here")
     args = p.parse_args()
-    from engine.errors import ConfigError
-    from engine.runtime import setup_logging
+    from engine.runtime import setup_logging  # after parsing: --help needs no paddle
     from engine.training.trainer import write_metrics
     from metrics.detection import evaluate_results
     files = {k: v for k, v in (("bbox", args.bbox), ("segm", args.segm)) if v}

@@ -117,7 +117,7 @@ def main(argv=None):
                     print(f"{e.name}: skipped, no released weights")
         return fetch(names, args.dir)
     except ImportError as e:
-        print(f"error: cannot import the component modules (engine/components.py): {e}", file=sys.stderr)
+        print(f"error: cannot import the component modules (their packages' COMPONENTS): {e}", file=sys.stderr)
     except (ConfigError, OSError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     except KeyboardInterrupt:

@@ -13,7 +13,7 @@ def main():
     p.add_argument("--split", default=None, help="reader split to evaluate (default: test if defined, else val)")
     args = p.parse_args()
 
-    from engine import runtime
+    from engine import runtime  # after parsing: --help needs no paddle
     from engine.session import Session
     from engine.training import trainer
     from engine.training.evaluator import evaluate

@@ -15,6 +15,7 @@ requirements-onnx.txt) beside the same infer_cfg.yml; run it with `--backend onn
 import _bootstrap  # noqa: F401  (environment before paddle)
 
 from engine import cli
+from engine.errors import ConfigError
 
 
 def main():
@@ -29,12 +30,11 @@ def main():
                         "native bf16 (AVX512_BF16, AMX), else fp32 with a note; INT8 is tools/quantize.py")
     args = p.parse_args()
 
-    from engine import runtime
-    from engine.deploy import export
+    from engine import runtime  # after parsing: --help needs no paddle
+    from engine.deploy import export, onnx
     from engine.session import Session
     s = Session.from_args(args)
     if args.format == "onnx":   # before the model is built: a missing package is one line at once
-        from engine.deploy import onnx
         onnx.require("--format onnx")
     s.setup(device="cpu")
     runtime.setup_logging(None)
@@ -49,7 +49,6 @@ def main():
 def _example(session):
     """One batch of the split tools/infer.py reads, when its data is here (it fixes layouts such as
     several views per video); without data the model's default layout is exported."""
-    from engine.errors import ConfigError
     split = session.cfg.eval_split()
     try:
         loader, _, _ = session.loader(split, batch_size=1, sharded=False)

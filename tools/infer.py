@@ -31,9 +31,10 @@ def _parser():
 def main():
     args = _parser().parse_args()
 
-    import paddle
+    import paddle  # after parsing: --help needs no paddle
     from engine import runtime
     from engine.data import empty
+    from engine.deploy.predictor import Predictor
     from engine.session import Session
     s = Session.from_args(args)
     writer = s.infer_writer()
@@ -42,7 +43,6 @@ def main():
     split = args.split or s.cfg.eval_split()
     dataset = s.input_dataset(args.input, split)
     if args.backend != "dynamic":
-        from engine.deploy.predictor import Predictor
         model = Predictor(args.weights, mkldnn=not args.no_mkldnn, threads=rt["threads"], device=rt["device"],
                           model_name=s.cfg["model"]["name"], backend=args.backend)
     else:

@@ -12,11 +12,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine import cli  # noqa: E402
+from engine import cli, launch  # noqa: E402  (neither loads paddle: the supervisor never does)
 
 
 def main():
-    from engine import launch
     argv = sys.argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
         launch.parser().print_help()

@@ -16,7 +16,7 @@ def main():
     p.add_argument("--no-count", action="store_true", help="skip building models to count parameters")
     args = p.parse_args()
 
-    import paddle
+    import paddle  # after parsing: --help needs no paddle
     from engine import builder, config
     from engine.components import load_all
     from engine.registry import MODELS

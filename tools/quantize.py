@@ -31,7 +31,7 @@ def main():
     p.add_argument("--split", default=None, help="evaluation split (default: test if defined, else val)")
     args = p.parse_args()
 
-    from engine import runtime
+    from engine import runtime  # after parsing: --help needs no paddle
     from engine.deploy import onnx, quantize
     from engine.session import Session
     s = Session.from_args(args)

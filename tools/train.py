@@ -11,14 +11,14 @@ def main():
     p.add_argument("--seed", type=int, help="overrides runtime.seed")
     args = p.parse_args()
 
-    from engine import runtime
+    from engine import runtime  # after parsing: --help needs no paddle
     from engine.session import Session
     from engine.training import trainer
     overrides = list(args.override) + ([f"runtime.seed={args.seed}"] if args.seed is not None else [])
     s = Session.from_file(args.config, overrides, args.trust_weights)
     output = args.output or cli.default_output(args.config)
     runtime.setup_logging(output, runtime.world()[1])
-    _, metrics = trainer.fit(s.cfg, output, resume=args.resume, trust_weights=args.trust_weights)
+    _, metrics = trainer.fit(s, output, resume=args.resume)
     if metrics and runtime.world()[1] == 0:
         print("final metrics: " + cli.format_metrics(metrics))
 

@@ -24,31 +24,24 @@ Optional keys of the spec:
   what the whole predictor takes and gives. `settings` (plain data, e.g. beam size) is recorded for
   the runner. One program with a `method` is driven by the runner too: a segmenter's windows,
   scales and arg-max around its one network. A model whose eval forward is
-  `pipeline(run, batch, settings)` over calls `run(name, inputs)` of its programs' methods returns
-  `pipeline_runner(pipeline, programs, settings)`, so both paths share every step outside the networks.
+  `run_exported(run, batch, settings)` over calls `run(name, inputs)` of its programs' methods
+  declares that static method (engine/model.py): the default `exported_runner` runs the same Python
+  around the exported programs, so both paths share every step outside the networks.
+
+The files and infer_cfg.yml are engine/deploy/record.py's format; the recipe's `custom_imports` are
+recorded with it, so a model registered outside the tree runs exported as it does dynamic.
 """
 import inspect
 import os
 import shutil
 import tempfile
 
-import numpy as np
 import paddle
-import yaml
 
-from engine.model import unwrap
+from engine.deploy import onnx
+from engine.deploy.record import EXPORT_VERSION, FORMATS, OPSET, PRECISIONS, PROGRAM, write_infer_cfg
 from engine.errors import ConfigError
-
-EXPORT_VERSION = 1
-PROGRAM = "model"              # model.json + model.pdiparams
-INFER_CFG = "infer_cfg.yml"
-# the files of one program, by export format; `format` in infer_cfg.yml (absent: paddle)
-FORMATS = {"paddle": (".json", ".pdiparams"), "onnx": (".onnx",)}
-BACKEND_OF = {"paddle": "inference", "onnx": "onnxruntime"}
-# `precision` in infer_cfg.yml (absent: fp32). bf16: the fp32 program, which Paddle Inference runs with
-# oneDNN's bf16 kernels (its bf16 placement pass) where the CPU has them; int8: tools/quantize.py
-PRECISIONS = {"paddle": ("fp32", "bf16"), "onnx": ("fp32", "int8")}
-
+from engine.model import unwrap
 
 class _Exported(paddle.nn.Layer):
     def __init__(self, model, outputs, method=None):
@@ -101,7 +94,6 @@ def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle",
                              "bf16 is Paddle Inference's (--format paddle); ONNX Runtime's CPU kernels have no bf16"
                              if precision == "bf16" else f"one of {', '.join(PRECISIONS[fmt])}"))
     if fmt == "onnx":
-        from engine.deploy import onnx
         onnx.require("--format onnx")
     spec = spec_of(model, example)
     model.eval()
@@ -129,7 +121,7 @@ def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle",
         "zoo_export_version": EXPORT_VERSION,
         "format": fmt,
         "precision": precision,
-        **({"onnx": {"opset": onnx.OPSET, **onnx.versions()}} if fmt == "onnx" else {}),
+        **({"onnx": {"opset": OPSET, **onnx.versions()}} if fmt == "onnx" else {}),
         "paddle": paddle.__version__,
         "model": cfg["model"]["name"],
         "inputs": _describe(_named(spec["inputs"]), spec.get("max_shape")),
@@ -137,78 +129,11 @@ def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle",
         "programs": recorded,
         "settings": spec.get("settings"),
         "config": {"model": cfg["model"], "reader": {k: reader[k] for k in ("test", "val") if k in reader},
-                   "infer": cfg.get("infer"), "runtime": cfg.get("runtime", {})},
+                   "infer": cfg.get("infer"), "runtime": cfg.get("runtime", {}),
+                   **({"custom_imports": cfg["custom_imports"]} if cfg.get("custom_imports") else {})},
         "label_names": label_names,
     }
     write_infer_cfg(output_dir, record)
     return spec
 
 
-def write_infer_cfg(output_dir, record):
-    """`output_dir/infer_cfg.yml`, written whole or not at all (a temporary file renamed)."""
-    path = os.path.join(output_dir, INFER_CFG)
-    with open(path + ".tmp", "w") as f:
-        yaml.safe_dump(record, f, sort_keys=False)
-    os.replace(path + ".tmp", path)
-
-
-def uses_runner(record):
-    """Whether the predictor drives the programs by the model's exported_runner: programs declared
-    by the model (each names its method), rather than the eval forward as the one program."""
-    programs = programs_of(record)
-    return len(programs) > 1 or any(p.get("method") for p in programs.values())
-
-
-def pipeline_runner(pipeline, programs, settings):
-    """The predictor's runner for a model whose prediction is `pipeline(run, batch, settings)`: the
-    same Python, with `run(name, inputs) -> {output: tensor}` running the exported program `name`.
-    Predictions come back as numpy (a list of arrays where the model gives one tensor per image)."""
-    def run(name, inputs):
-        return {k: paddle.to_tensor(v) for k, v in programs[name]({k: _numpy(v) for k, v in inputs.items()}).items()}
-
-    def runner(feeds):
-        with paddle.no_grad():
-            preds = pipeline(run, feeds, settings)
-        return {k: [_numpy(t) for t in v] if isinstance(v, list) else _numpy(v) for k, v in preds.items()}
-    return runner
-
-
-def _numpy(value):
-    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
-
-
-def programs_of(record):
-    """{program name: {"inputs", "outputs"}}; records written before `programs` existed hold one."""
-    return record.get("programs") or {PROGRAM: {"inputs": record["inputs"], "outputs": record["outputs"]}}
-
-
-def read_infer_cfg(export_dir):
-    path = os.path.join(export_dir, INFER_CFG)
-    if not os.path.isdir(export_dir):
-        raise ConfigError(f"export directory not found: {export_dir}")
-    if not os.path.isfile(path):
-        raise ConfigError(f"{export_dir}: no {INFER_CFG} (not a directory written by tools/export.py)")
-    with open(path, encoding="utf-8") as f:
-        record = yaml.safe_load(f) or {}
-    version = record.get("zoo_export_version")
-    if version != EXPORT_VERSION:
-        raise ConfigError(f"{path}: export format version {version!r}, this code reads version "
-                          f"{EXPORT_VERSION}; export the model again with tools/export.py")
-    fmt = record.get("format", "paddle")
-    if fmt not in FORMATS:
-        raise ConfigError(f"{path}: export format {fmt!r}, this code reads {', '.join(FORMATS)}")
-    if fmt == "onnx":
-        from engine.deploy import onnx
-        opset = (record.get("onnx") or {}).get("opset")
-        if opset != onnx.OPSET:
-            raise ConfigError(f"{path}: ONNX opset {opset!r}, this code reads opset {onnx.OPSET}; export the "
-                              f"model again with tools/export.py --format onnx")
-    precision = record.get("precision", "fp32")
-    if precision not in PRECISIONS[fmt]:
-        raise ConfigError(f"{path}: precision {precision!r}, a --format {fmt} export is one of "
-                          f"{', '.join(PRECISIONS[fmt])}")
-    for program in programs_of(record):
-        for name in (program + ext for ext in FORMATS[fmt]):
-            if not os.path.isfile(os.path.join(export_dir, name)):
-                raise ConfigError(f"{export_dir}: {name} is missing (an incomplete export)")
-    return record

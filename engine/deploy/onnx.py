@@ -19,9 +19,9 @@ import re
 import subprocess
 import sys
 
+from engine.deploy.record import OPSET, checked_feeds
 from engine.errors import ConfigError
 
-OPSET = 16            # RoIAlign's half_pixel mode (Mask R-CNN's aligned RoIAlign) needs opset 16
 REQUIREMENTS = "requirements-onnx.txt"
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _TIMEOUT_S = 1800
@@ -109,7 +109,6 @@ class Program:
         self.fed = set(names)            # an input the program ignores is pruned from the graph
 
     def __call__(self, feeds):
-        from engine.deploy.predictor import checked_feeds
         values, shapes = checked_feeds(self.inputs, feeds, self.where)
         try:
             outputs = self.session.run(None, {spec["name"]: v for spec, v in values if spec["name"] in self.fed})

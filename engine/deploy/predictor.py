@@ -14,10 +14,13 @@ runs an export of `--format onnx` (engine/deploy/onnx.py) the same way, on the C
 """
 import os
 
-import numpy as np
-
-from engine.deploy.export import BACKEND_OF, programs_of, read_infer_cfg, uses_runner
+from engine.components import import_custom, load_all
+from engine.cpu import has_bf16
+from engine.deploy import onnx
+from engine.deploy.record import BACKEND_OF, as_numpy, check_shape, checked_feeds, programs_of, read_infer_cfg, \
+    uses_runner
 from engine.errors import ConfigError
+from engine.registry import MODELS
 
 
 # Paddle 3.3.1 cannot run its oneDNN kernels of these ops in a PIR program (the interpolation's
@@ -25,36 +28,6 @@ from engine.errors import ConfigError
 # PaddlePaddle/Paddle#79749). Without the oneDNN placement pass they take the plain CPU kernels
 # while the convolutions keep their fused oneDNN kernels.
 _ONEDNN_BROKEN_OPS = ("bilinear_interp", "nearest_interp", "bicubic_interp", "linear_interp", "trilinear_interp")
-
-
-def _numpy(value):
-    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
-
-
-def _check_shape(spec, value, where):
-    name, want = spec["name"], spec["shape"]
-    if value.ndim != len(want) or any(w != -1 and w != g for w, g in zip(want, value.shape)):
-        raise ConfigError(f"input '{name}' has shape {list(value.shape)}, the exported program "
-                          f"takes {['?' if w == -1 else w for w in want]} ({where})")
-    most = spec.get("max_shape")
-    if most and any(m != -1 and g > m for m, g in zip(most, value.shape)):
-        raise ConfigError(f"input '{name}' has shape {list(value.shape)}, the exported program takes at most "
-                          f"{['?' if m == -1 else m for m in most]} ({spec.get('max_shape_why') or where})")
-
-
-def checked_feeds(inputs, feeds, where):
-    """[(spec, numpy value)] of a program's `inputs` specs from `feeds`, each checked against its
-    spec, and "name [shape]" of each for messages: what every backend's program does first."""
-    out, shapes = [], []
-    for spec in inputs:
-        if spec["name"] not in feeds:
-            raise ConfigError(f"the exported program {where} needs input '{spec['name']}' "
-                              f"(given: {', '.join(sorted(feeds))})")
-        value = _numpy(feeds[spec["name"]])
-        _check_shape(spec, value, where)
-        out.append((spec, np.ascontiguousarray(value.astype(spec["dtype"], copy=False))))
-        shapes.append(f"{spec['name']} {list(value.shape)}")
-    return out, shapes
 
 
 class Program:
@@ -134,7 +107,6 @@ class Predictor:
         if backend not in self.BACKENDS:
             raise ConfigError(f"backend '{backend}': one of {', '.join(self.BACKENDS)}")
         if backend == "onnxruntime":
-            from engine.deploy import onnx
             onnx.require("--backend onnxruntime")
         self.record = read_infer_cfg(export_dir)
         fmt = self.record.get("format", "paddle")
@@ -155,9 +127,8 @@ class Predictor:
         self.programs = {name: (wrap or (lambda p: p))(make(name, spec))
                          for name, spec in programs_of(self.record).items()}
         if uses_runner(self.record):
-            from engine.components import load_all
-            from engine.registry import MODELS
             load_all()
+            import_custom((self.record.get("config") or {}).get("custom_imports"), f"{export_dir}: custom_imports")
             cls = MODELS.get(self.record["model"])
             self.run = cls.exported_runner(self.programs, self.record.get("settings") or {})
             if self.run is None:
@@ -176,7 +147,6 @@ class Predictor:
         if want not in ("fp32", "bf16"):
             raise ConfigError(f"precision '{want}': one of fp32, bf16")
         if want == "bf16":
-            from engine.cpu import has_bf16
             why = ("ONNX Runtime has no bf16 CPU kernels" if backend != "inference" else
                    "runs on the GPU" if device == "gpu" else "oneDNN is off" if not mkldnn else
                    None if has_bf16() else "this CPU has no native bf16 (avx512_bf16, amx_bf16)")
@@ -192,11 +162,11 @@ class Predictor:
             if name not in batch:
                 raise ConfigError(f"the exported {self.record['model']} needs input '{name}', which the "
                                   f"batch lacks (batch keys: {', '.join(sorted(batch))})")
-            value = _numpy(batch[name])
-            _check_shape(spec, value, self.export_dir)
+            value = as_numpy(batch[name])
+            check_shape(spec, value, self.export_dir)
             feeds[name] = value
         if "index" in batch and "index" not in feeds:   # lets a runner name a sample in its messages
-            feeds["index"] = _numpy(batch["index"])
+            feeds["index"] = as_numpy(batch["index"])
         outputs = self.run(feeds)
         return {k: outputs[k] for k in self.record["outputs"]}
 

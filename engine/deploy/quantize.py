@@ -13,13 +13,18 @@ recurrent layers stay in floating point. `check_simulation` runs the quantized p
 the INT8 kernels and with every QuantizeLinear/DequantizeLinear computed in float (no graph
 optimization: the simulation), and the two must agree.
 """
+import json
 import os
 import tempfile
 
 import numpy as np
 
-from engine.deploy.export import FORMATS, programs_of, read_infer_cfg, write_infer_cfg
+from engine.data import empty
+from engine.deploy import export
+from engine.deploy.predictor import Predictor
+from engine.deploy.record import FORMATS, programs_of, read_infer_cfg, write_infer_cfg
 from engine.errors import ConfigError
+from engine.training.evaluator import evaluate
 
 OBSERVERS = ("minmax", "percentile", "entropy")
 QUANTIZED_OPS = ("Conv", "MatMul", "Gemm")
@@ -47,7 +52,6 @@ class Recorder:
 
 def record_feeds(export_dir, batches, threads=None, limit=64):
     """{program: [feeds]} of the fp32 ONNX export in `export_dir` predicting `batches`."""
-    from engine.deploy.predictor import Predictor
     predictor = Predictor(export_dir, threads=threads, backend="onnxruntime", wrap=lambda p: Recorder(p, limit))
     for batch in batches:
         predictor(batch)
@@ -216,11 +220,6 @@ def quantize_recipe(session, model, output, calib_batches=8, observer="minmax", 
     """tools/quantize.py: `model` exported to ONNX, calibrated on `calib_batches` batches of
     session.calibration_loader, quantized into `output`, and fp32 and INT8 evaluated on `split`;
     returns what `output/metrics.json` holds ({split, metric, drop, fp32, int8})."""
-    import json
-
-    from engine.deploy import export
-    from engine.deploy.predictor import Predictor
-    from engine.training.evaluator import evaluate
     split = split or session.cfg.eval_split()
     loader, dataset, _ = session.loader(split, batch_size=batch_size, sharded=False)
     names = session.metric(dataset).names()
@@ -252,7 +251,6 @@ def quantize_recipe(session, model, output, calib_batches=8, observer="minmax", 
 
 def _first(loader, n):
     """The first `n` non-empty batches of `loader`."""
-    from engine.data import empty
     out = []
     for batch in loader:
         if not empty(batch):

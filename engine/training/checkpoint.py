@@ -21,6 +21,7 @@ import paddle
 from engine import distributed
 from engine.errors import ConfigError
 from engine.weights import weightfile
+from engine.weights.pretrained import load_state
 
 CKPT_DIR = re.compile(r"(epoch|step)_(\d+)$")
 
@@ -121,7 +122,6 @@ def load(path, model, optimizer=None, scaler=None, trust=False):
     Returns its state dict (epoch, batch, step, ...) with the saved RNG state under `rng`; the
     trainer applies it with `restore_rng` once it has seeded the epoch.
     """
-    from engine.weights.pretrained import load_state
     state_file = os.path.join(path, "model.pdparams")
     weights = read_weights(state_file, trust)
     load_state(model, weights, strict=True, what=f"checkpoint {state_file}", log=lambda *_: None)

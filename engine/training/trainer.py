@@ -16,7 +16,6 @@ from engine.builder import check_agreement, count_params
 from engine.data import empty
 from engine.model import unwrap
 from engine.errors import ConfigError, did_you_mean
-from engine.session import Session
 from engine.training import checkpoint
 from engine.training.evaluator import evaluate
 from engine.training.optim import build_lr, build_optimizer, clip_grad_norm_
@@ -122,10 +121,12 @@ class Plan:
         return at.step == self.max_steps or (self.max_steps is None and at.epoch + 1 == self.epochs)
 
 
-def fit(cfg, output_dir, resume=None, trust_weights=False):
-    """Train the recipe `cfg` (a loaded Config) into `output_dir`; returns (model, last metrics)."""
-    run = _Training(Session(cfg, trust_weights), output_dir)
+def fit(session, output_dir, resume=None):
+    """Train the recipe of `session` (the run's one engine.session.Session, not yet set up) into
+    `output_dir`; returns (model, last metrics)."""
+    run = _Training(session, output_dir)
     at = run.resume(resume)
+    cfg = session.cfg
     plan, loader, train_step, seed = run.plan, run.loader, run.train_step, cfg.runtime.seed
     for epoch in plan.epoch_range(at.epoch, at.step):
         run.sampler.set_epoch(epoch, at.batch)

@@ -31,7 +31,6 @@ import paddle.nn.functional as F
 from paddle.static import InputSpec
 
 import ops
-from engine.deploy.export import pipeline_runner
 from engine.model import DataAgreement, Weights, ZooModel
 from engine.errors import ConfigError
 from engine.registry import MODELS
@@ -254,10 +253,6 @@ class DeepLabV3(ZooModel):
         return {"inputs": image, "outputs": ["label_map"],
                 "programs": {"model": {"method": self.export_logits, "inputs": image, "outputs": ["logits"]}},
                 "settings": self.pipeline_settings()}
-
-    @classmethod
-    def exported_runner(cls, programs, settings):
-        return pipeline_runner(cls.run_exported, programs, settings)
 
     @staticmethod
     @paddle.no_grad()

@@ -26,7 +26,6 @@ import paddle
 import paddle.nn as nn
 from paddle.static import InputSpec
 
-from engine.deploy.export import pipeline_runner
 from engine.model import DataAgreement, Weights, ZooModel
 from engine.errors import ConfigError
 from engine.registry import MODELS
@@ -194,10 +193,6 @@ class MaskRCNN(ZooModel):
                                         "boxes_num": InputSpec([None], "int32"), "labels": InputSpec([None], "int64")},
                              "outputs": ["mask_probs"]}},
                 "settings": self.pipeline_settings()}
-
-    @classmethod
-    def exported_runner(cls, programs, settings):
-        return pipeline_runner(cls.run_exported, programs, settings)
 
     @staticmethod
     @paddle.no_grad()
