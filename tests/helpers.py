@@ -1,6 +1,7 @@
 """Shared test plumbing: run the tools as a user would, in a subprocess from the repo root."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -215,3 +216,9 @@ def peaked_transformer(**settings):
     src[:, -1] = 1
     src[4, 3:] = [1, 0, 0, 0]
     return m, src
+
+
+def doc_blocks(path, lang):
+    """The fenced ```lang code blocks of a markdown file, in order."""
+    with open(path, encoding="utf-8") as f:
+        return re.findall(rf"^```{lang}\n(.*?)^```$", f.read(), re.S | re.M)

@@ -1,5 +1,6 @@
-"""A model kept outside the zoo's tree, registered through a recipe's `custom_imports`, goes through
-every tool without a line of the zoo edited; and each tool builds exactly one Session per run."""
+"""A model kept outside the zoo's tree (docs/contributing.md's), registered through a recipe's
+`custom_imports`, goes through every tool without a line of the zoo edited; and each tool builds
+exactly one Session per run."""
 import json
 import os
 import sys
@@ -12,42 +13,11 @@ from engine.components import load_all
 from engine.errors import ConfigError
 from engine.registry import MODELS
 from tests.conftest import ATTENTION_LSTM_DEMO
-from tests.helpers import ROOT, logged_losses, read_metrics, tools_in_one_process
+from tests.helpers import ROOT, doc_blocks, logged_losses, read_metrics, tools_in_one_process
 
-MODULE = '''
-"""A user's model, outside the zoo: a masked mean of the rgb frames through three layers."""
-import paddle
-import paddle.nn as nn
-import paddle.nn.functional as F
-from paddle.static import InputSpec
-
-from engine.model import DataAgreement, ZooModel
-from engine.registry import MODELS
-
-
-@MODELS.register("MeanPoolMLP")
-class MeanPoolMLP(ZooModel):
-    def __init__(self, num_classes: int = 8, feature_dim: int = 1024, hidden: int = 32):
-        super().__init__()
-        self.num_classes = num_classes
-        self.fc1, self.fc2 = nn.Linear(feature_dim, hidden), nn.Linear(hidden, hidden)
-        self.fc3 = nn.Linear(hidden, num_classes)
-
-    def data_agreement(self):
-        return DataAgreement(num_classes=self.num_classes)
-
-    def forward(self, batch):
-        mask = batch["rgb_mask"].unsqueeze(-1)
-        pooled = (batch["rgb"] * mask).sum(axis=1) / mask.sum(axis=1).clip(min=1.0)
-        logits = self.fc3(F.relu(self.fc2(F.relu(self.fc1(pooled)))))
-        if self.training:
-            return {"loss": F.binary_cross_entropy_with_logits(logits, batch["labels"])}
-        return {"probs": F.sigmoid(logits)}
-
-    def export_spec(self, example=None):
-        return {"inputs": {"rgb": InputSpec([None, None, 1024], "float32"),
-                           "rgb_mask": InputSpec([None, None], "float32")}, "outputs": ["probs"]}
-'''
+# the user's module: the model of docs/contributing.md ("The model contract"), as a user would keep it
+MODULE = next(b for b in doc_blocks(os.path.join(ROOT, "docs", "contributing.md"), "python")
+              if b.startswith("# my_models.py\n"))
 
 
 @pytest.fixture(scope="module")
