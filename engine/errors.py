@@ -1,10 +1,9 @@
 """The error types every layer raises and the tools turn into one `error: ...` line (engine.cli.run).
 
 ConfigError: a bad config, file or value, found before or during a run; SampleError: one sample
-cannot be read (the loaders skip it and count it). A failure of one module's own kind subclasses
-them beside the code that raises it (engine.training.trainer.NonFiniteLoss, engine.launch.LaunchError,
-engine.weights.download.DownloadError and ArchiveError, engine.weights.weightfile.UnsafeWeights,
-readers.tfrecord.CorruptRecord).
+cannot be read (the loaders skip it and count it). A failure of one module's own kind subclasses them
+beside the code that raises it (engine.training.trainer.NonFiniteLoss, engine.launch.LaunchError,
+engine.weights.download.DownloadError, a reader's damaged record, ...).
 """
 import difflib
 
@@ -18,6 +17,6 @@ class SampleError(Exception):
 
 
 def did_you_mean(name, choices):
-    """" (did you mean 'x'?)" for the closest of `choices`, or ""."""
+    """The hint " (did you mean 'x'?)" for the closest of `choices` to `name`, or an empty string."""
     close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.5)
     return f" (did you mean '{close[0]}'?)" if close else ""
