@@ -27,9 +27,11 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+from benchmarks import environment, report  # noqa: E402
+from engine import cpu  # noqa: E402
 
 
 def _median_ms(fn, budget=1.0):
@@ -44,9 +46,10 @@ def _median_ms(fn, budget=1.0):
 
 def cases():
     """name -> (random inputs, masked inputs, fn(inputs) to time)."""
+    # import cost and environment: as in run(), which calls this after before_paddle()
     import numpy as np
     import paddle
-    from ops import functional, library
+    from ops import functional
     rng = np.random.default_rng(0)
     B, H, S, D = 8, 12, 128, 64
 
@@ -98,11 +101,10 @@ def cases():
 
 
 def run(threads, flush):
-    import _bootstrap  # noqa: F401  (environment before paddle)
+    environment.before_paddle()
+    # import cost and environment: paddle loads once the flags are parsed and before_paddle() has run
     import paddle
-    from engine import cpu
     from ops import functional, library
-    from benchmarks import report
     paddle.base.core.set_num_threads(threads)
     cpu.flush_denormals(flush)
     functional.set_enabled(True, threads, flush_denormals=flush)
@@ -124,8 +126,6 @@ def main():
     p.add_argument("--no-flush", action="store_true", help="runtime.flush_denormals off: the kernels alone")
     p.add_argument("--json", help="default: benchmarks/results/<cpu kind>/denormals[-noflush].json")
     args = p.parse_args()
-    sys.path.insert(0, ROOT)
-    from benchmarks import report
     result = run(args.threads, not args.no_flush)
     path = args.json or os.path.join(report.results_dir(), "denormals" + ("-noflush" if args.no_flush else "") + ".json")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

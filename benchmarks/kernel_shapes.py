@@ -26,8 +26,11 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+from benchmarks import environment, report  # noqa: E402
+from engine import cpu  # noqa: E402
 
 # name, batch (0: plain 2-D), M, K, N, transpose_x, transpose_y
 SHAPES = []
@@ -64,11 +67,10 @@ def _operands(rand, batch, M, K, N, tx, ty):
 
 
 def run_paddle(threads):
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    import _bootstrap  # noqa: F401  (engine/cpu.py's environment before paddle loads)
+    environment.before_paddle()
+    # in the --side paddle child only, once before_paddle() has set what paddle reads when it loads
     import paddle
     import ops
-    from engine import cpu
     from ops import functional, library
     cpu.keep_freed_memory()   # as runtime.setup does for training
     paddle.base.core.set_num_threads(threads)
@@ -133,11 +135,7 @@ def main():
     if args.side:
         print(json.dumps(run_paddle(args.threads) if args.side == "paddle" else run_torch(args.threads)))
         return
-    sys.path.insert(0, ROOT)
-    from benchmarks import report
-    from engine.cpu import cpu_info, mkl_environment
-    env = mkl_environment(dict(os.environ))
-    env.setdefault("GLOG_minloglevel", "2")
+    env = environment.settings(dict(os.environ))
     results = {}
     for side in ["paddle"] + ([] if args.no_torch else ["torch"]):
         cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--threads", str(args.threads)]
@@ -146,7 +144,7 @@ def main():
             raise SystemExit(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"error: {side} failed")
         results[side] = json.loads(proc.stdout.strip().splitlines()[-1])
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"{cpu_info()['model']}, {args.threads} threads, load average {load}")
+    print(f"{cpu.cpu_info()['model']}, {args.threads} threads, load average {load}")
     tables = [("gemm", "GEMM", "M x K x N", [(r[0], (f"{r[1]}x" if r[1] else "") + f"{r[2]}x{r[3]}x{r[4]}")
                                              for r in SHAPES]),
               ("conv", "conv fwd+bwd", "N x C x H x W > O", [(r[0], f"{r[1]}x{r[2]}x{r[3]}x{r[4]}>{r[5]}")

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -34,11 +35,10 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-from benchmarks import report  # noqa: E402
+from benchmarks import environment, report  # noqa: E402
 
 # the precisions a side can run: ours through the recipe's AMP keys, theirs with torch.autocast("cpu", bfloat16)
 AMP = {"fp32": [], "bf16": ["train.amp.enable=true", "train.amp.dtype=bfloat16"]}
@@ -113,8 +113,8 @@ def make_batch(key, batch, seed=0):
 
 # ------------------------------------------------------------------------------- one process
 def _ours(spec, threads, fast_ops, precision="fp32"):
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    import _bootstrap  # noqa: F401  (the tools' environment, set before paddle is imported)
+    environment.before_paddle()
+    # in the --run child only, once before_paddle() has set what paddle reads when it loads
     import paddle
     from engine.session import Session
     from engine.training import trainer
@@ -133,8 +133,9 @@ def _ours(spec, threads, fast_ops, precision="fp32"):
 
 
 def _theirs(spec, threads, precision="fp32"):
+    # an optional dependency (benchmarks/requirements.txt), in the --run child only
     import torch
-    import torch_peers
+    from benchmarks import torch_peers
     torch.manual_seed(0)
     torch.set_num_threads(threads)
     _, _, step = torch_peers.BUILDERS[spec["key"]](spec, autocast=precision == "bf16")
@@ -160,7 +161,6 @@ def _profile(side, run):
 
 def run_one(name, side, steps, threads, fast_ops=True, profile=False, precision="fp32"):
     spec = PEERS[name]
-    sys.path.insert(0, HERE)
     run, versions = _ours(spec, threads, fast_ops, precision) if side == "ours" else _theirs(spec, threads, precision)
     loss = run()                                   # warm-up: allocations, kernel choice, op compilation
     if profile:
@@ -170,7 +170,6 @@ def run_one(name, side, steps, threads, fast_ops=True, profile=False, precision=
         tic = time.perf_counter()
         loss = run()
         times.append(time.perf_counter() - tic)
-    import resource
     return {"name": name, "side": side, "fast_ops": fast_ops if side == "ours" else None, "threads": threads,
             "precision": precision, "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "times": times, "s_per_step": statistics.median(times), "loss": loss,
@@ -202,9 +201,7 @@ def _spawn(name, side, args, env, fast_ops=True, root=ROOT, precision="fp32"):
 
 
 def table(args):
-    from engine.cpu import mkl_environment
-    env = mkl_environment(dict(os.environ))
-    env.setdefault("GLOG_minloglevel", "2")
+    env = environment.settings(dict(os.environ))
     names = args.only or list(PEERS)
     args.git_commit = report.git_commit()                    # the code the run started with
     rows = []
@@ -239,9 +236,7 @@ def table(args):
 
 def mixed_table(args):
     """bf16: ours and PyTorch's autocast, with our fp32 step beside; the sides alternate per round."""
-    from engine.cpu import mkl_environment
-    env = mkl_environment(dict(os.environ))
-    env.setdefault("GLOG_minloglevel", "2")
+    env = environment.settings(dict(os.environ))
     args.git_commit = report.git_commit()
     sides = [("ours", "bf16"), ("theirs", "bf16"), ("ours", "fp32")]
     rows = []

@@ -18,6 +18,8 @@ import os
 import re
 import subprocess
 
+from engine import cpu
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 README = os.path.join(ROOT, "README.md")
@@ -36,8 +38,7 @@ def cpu_kind(info=None):
     """'amd-zen4', 'intel-sapphirerapids', ... for a cpu_info() dict (default: this machine's); a
     family or model outside the table gives '<vendor>-f<family>m<model>', no family the vendor alone."""
     if info is None:
-        from engine.cpu import cpu_info
-        info = cpu_info()
+        info = cpu.cpu_info()
     vendor = VENDORS.get(info.get("vendor"), (info.get("vendor") or "unknown").lower())
     family, model = info.get("family"), info.get("model_id")
     if family is None:
@@ -51,8 +52,7 @@ def cpu_kind(info=None):
 def cpu_record(info=None):
     """The CPU fields every result JSON records (/proc/cpuinfo read once)."""
     if info is None:
-        from engine.cpu import cpu_info
-        info = cpu_info()
+        info = cpu.cpu_info()
     return {"cpu": info["model"], "cpu_vendor": info["vendor"], "cpu_family": info["family"],
             "cpu_model_id": info["model_id"], "cpu_kind": cpu_kind(info)}
 

@@ -8,10 +8,9 @@ import pytest
 
 from tests.helpers import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
-from benchmarks import report  # noqa: E402
+from benchmarks import peers, report  # noqa: E402
 
 KINDS = {"amd-zen4": ("AuthenticAMD", "AMD EPYC 9004", 1.97),
          "intel-sapphirerapids": ("GenuineIntel", "Intel Xeon 8480", 0.94)}
@@ -93,7 +92,6 @@ def test_this_machine_has_a_family_and_model():
 
 
 def test_two_kinds_render_two_peer_tables_and_each_write_keeps_the_other(results):
-    import peers
     readme = results / "README.md"
     amd, intel = (json.loads((results / "results" / k / "peers.json").read_text()) for k in (AMD, INTEL))
     peers.write_readme(intel, str(readme))                 # no Intel block yet: added after the AMD one
