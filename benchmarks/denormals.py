@@ -30,7 +30,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-from benchmarks import environment, report  # noqa: E402
+from benchmarks import report  # noqa: E402
+from engine.cpu import before_paddle  # noqa: E402  (no paddle import)
 from engine import cpu  # noqa: E402
 
 
@@ -101,7 +102,7 @@ def cases():
 
 
 def run(threads, flush):
-    environment.before_paddle()
+    before_paddle()
     # import cost and environment: paddle loads once the flags are parsed and before_paddle() has run
     import paddle
     from ops import functional, library

@@ -29,7 +29,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-from benchmarks import environment, report  # noqa: E402
+from benchmarks import report  # noqa: E402
+from engine.cpu import before_paddle, process_environment  # noqa: E402  (no paddle import)
 from engine import cpu  # noqa: E402
 
 # name, batch (0: plain 2-D), M, K, N, transpose_x, transpose_y
@@ -67,7 +68,7 @@ def _operands(rand, batch, M, K, N, tx, ty):
 
 
 def run_paddle(threads):
-    environment.before_paddle()
+    before_paddle()
     # in the --side paddle child only, once before_paddle() has set what paddle reads when it loads
     import paddle
     import ops
@@ -135,7 +136,7 @@ def main():
     if args.side:
         print(json.dumps(run_paddle(args.threads) if args.side == "paddle" else run_torch(args.threads)))
         return
-    env = environment.settings(dict(os.environ))
+    env = process_environment(dict(os.environ))
     results = {}
     for side in ["paddle"] + ([] if args.no_torch else ["torch"]):
         cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--threads", str(args.threads)]

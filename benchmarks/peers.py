@@ -38,7 +38,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-from benchmarks import environment, report  # noqa: E402
+from benchmarks import report  # noqa: E402
+from engine.cpu import before_paddle, process_environment  # noqa: E402  (no paddle import)
 
 # the precisions a side can run: ours through the recipe's AMP keys, theirs with torch.autocast("cpu", bfloat16)
 AMP = {"fp32": [], "bf16": ["train.amp.enable=true", "train.amp.dtype=bfloat16"]}
@@ -113,7 +114,7 @@ def make_batch(key, batch, seed=0):
 
 # ------------------------------------------------------------------------------- one process
 def _ours(spec, threads, fast_ops, precision="fp32"):
-    environment.before_paddle()
+    before_paddle()
     # in the --run child only, once before_paddle() has set what paddle reads when it loads
     import paddle
     from engine.session import Session
@@ -201,7 +202,7 @@ def _spawn(name, side, args, env, fast_ops=True, root=ROOT, precision="fp32"):
 
 
 def table(args):
-    env = environment.settings(dict(os.environ))
+    env = process_environment(dict(os.environ))
     names = args.only or list(PEERS)
     args.git_commit = report.git_commit()                    # the code the run started with
     rows = []
@@ -236,7 +237,7 @@ def table(args):
 
 def mixed_table(args):
     """bf16: ours and PyTorch's autocast, with our fp32 step beside; the sides alternate per round."""
-    env = environment.settings(dict(os.environ))
+    env = process_environment(dict(os.environ))
     args.git_commit = report.git_commit()
     sides = [("ours", "bf16"), ("theirs", "bf16"), ("ours", "fp32")]
     rows = []

@@ -8,6 +8,7 @@ This module imports nothing heavy: the tools and the tests call it before import
 import ctypes
 import os
 import platform
+import warnings
 
 
 def cpu_info():
@@ -63,6 +64,23 @@ def mkl_environment(env=None):
         env.setdefault("MKL_DEBUG_CPU_TYPE", "5")
     env.setdefault("FLAGS_use_stride_kernel", "0")
     return env
+
+
+def process_environment(env=None):
+    """What a process of ours sets before paddle loads (a tool, a benchmark, the children they start):
+    mkl_environment's settings and paddle's C++ log level, in `env` (default: os.environ); a value
+    already there wins."""
+    env = mkl_environment(env)
+    env.setdefault("GLOG_minloglevel", "2")
+    return env
+
+
+def before_paddle():
+    """process_environment() for this process, and the two warnings that are not the user's business:
+    paddle's build-tool hint at import and the BatchNorm notice printed on every training forward."""
+    process_environment()
+    warnings.filterwarnings("ignore", message="No ccache found")
+    warnings.filterwarnings("ignore", message="When training, we now always track global mean")
 
 
 def keep_freed_memory(limit=1 << 30):

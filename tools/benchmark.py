@@ -65,8 +65,6 @@ def _parser():
     return p
 
 
-
-
 def main():
     p = _parser()
     args = p.parse_args()
