@@ -14,6 +14,8 @@ runs an export of `--format onnx` (engine/deploy/onnx.py) the same way, on the C
 """
 import os
 
+import paddle.inference as pi
+
 from engine import cpu
 from engine.components import import_custom, load_all
 from engine.deploy import onnx
@@ -50,7 +52,6 @@ class Program:
                               f"infer_cfg.yml lists (files from different exports?)")
 
     def _create(self, bf16):
-        import paddle.inference as pi
         mkldnn, threads, device = self.settings
         config = pi.Config(self.where + ".json", self.where + ".pdiparams")
         config.disable_glog_info()
