@@ -27,6 +27,7 @@ import time
 
 import cv2
 import numpy as np
+from pycocotools import mask as mask_util
 
 SIZES = [(128, 160), (160, 128), (144, 144)]          # (h, w)
 CLASSES = [("disc", 1, 0), ("square", 3, 60), ("triangle", 7, 110), ("star", 12, 25)]  # name, id, hue
@@ -51,7 +52,6 @@ def shape_polygon(kind, cx, cy, r, angle):
 
 
 def rasterize(polygon, h, w):
-    from pycocotools import mask as mask_util
     rle = mask_util.frPyObjects([np.asarray(polygon, np.float64).reshape(-1).tolist()], h, w)
     return mask_util.decode(mask_util.merge(rle)).astype(bool)
 

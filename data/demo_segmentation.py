@@ -30,6 +30,7 @@ import sys
 
 import cv2
 import numpy as np
+from PIL import Image
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -126,7 +127,6 @@ def make_image(rng, typical_hue=PARAMS["typical_hue"], radius=PARAMS["radius"]):
 
 def make(root, params=PARAMS):
     """Write the dataset under `root` (once); returns the VOCdevkit folder."""
-    from PIL import Image
     devkit = os.path.join(root, "VOCdevkit")
     done = os.path.join(root, "DONE")
     if os.path.isfile(done):

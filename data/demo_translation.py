@@ -15,9 +15,13 @@ a token) and `spm.model`/`spm.vocab` (a joint sentencepiece BPE model trained on
 with data/spm_train.py). `word_for_word_bleu(folder)` is the monotone baseline the README and the tests
 report beside the model.
 """
+import collections
 import os
 
 import numpy as np
+import sacrebleu
+
+from data.spm_train import train
 
 NOUNS = ["dog", "cat", "bird", "horse", "frog", "farmer", "teacher", "girl", "boy", "king", "queen",
          "doctor", "baker", "singer", "sailor", "student", "house", "tree", "river", "garden", "book",
@@ -149,7 +153,6 @@ def make(root, seed=0, sizes=None, vocab_size=VOCAB_SIZE):
         if split == "train":
             with open(os.path.join(root, "train.align"), "w", encoding="utf-8") as f:
                 f.writelines(" ".join(f"{i}-{j}" for i, j in r[2]) + "\n" for r in rows)
-    from data.spm_train import train
     train([os.path.join(root, "train.en"), os.path.join(root, "train.xx")], os.path.join(root, "spm"), vocab_size)
     with open(done, "w") as f:
         f.write("ok\n")
@@ -161,9 +164,6 @@ def word_for_word_bleu(root, split="valid"):
     often aligned to in train.align (the gold alignments: the best lexicon such a baseline can have),
     in English order; unaligned target words (the object marker) never appear. Returns sacrebleu's
     BLEU (0-100) of `split` against its references, and the baseline's lines."""
-    import collections
-
-    import sacrebleu
     counts = collections.defaultdict(collections.Counter)
     with open(os.path.join(root, "train.en"), encoding="utf-8") as fe, \
             open(os.path.join(root, "train.xx"), encoding="utf-8") as fx, \

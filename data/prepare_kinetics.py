@@ -24,6 +24,7 @@ import shutil
 import sys
 from multiprocessing import Pool
 
+import cv2
 import numpy as np
 
 VIDEO_EXTS = (".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v", ".flv", ".mpg", ".mpeg")
@@ -94,7 +95,6 @@ def split_val(items, fraction, seed):
 
 def extract_frames(args):
     """Decode every frame of one video to JPEGs; returns the frame count (0 if unreadable)."""
-    import cv2
     video, folder, short_side, quality = args
     if os.path.isdir(folder):
         return sum(1 for f in os.listdir(folder) if f.startswith("img_") and f.endswith(".jpg"))

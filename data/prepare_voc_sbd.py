@@ -21,6 +21,7 @@ import sys
 import zlib
 
 import numpy as np
+from PIL import Image
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -136,7 +137,6 @@ def _ids(path):
 
 def prepare(voc_root, sbd_root, log=print):
     """Write SegmentationClassAug/*.png and aug.txt; returns (PNGs written, ids in aug.txt)."""
-    from PIL import Image
     voc = os.path.join(voc_root, "VOC2012")
     sets = os.path.join(voc, "ImageSets", "Segmentation")
     dataset = os.path.join(sbd_root, "dataset")

@@ -11,11 +11,12 @@ import argparse
 import os
 import sys
 
+import sentencepiece as spm
+
 
 def train(inputs, model_prefix, vocab_size, model_type="bpe", character_coverage=1.0,
           max_sentences=0, hard_limit=True, threads=1, quiet=True):
     """Train and return the path of PREFIX.model. Deterministic for given inputs and settings."""
-    import sentencepiece as spm
     for path in inputs:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"spm_train: input file not found: {path}")

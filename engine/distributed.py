@@ -119,7 +119,7 @@ def where(rank, hosts=None):
 
 def gather(obj):
     """`obj` of every rank, in rank order ([obj] outside data parallel)."""
-    import paddle
+    import paddle  # the launcher's supervisor (engine/launch.py) imports this module and never loads paddle
     if paddle.distributed.get_world_size() < 2:
         return [obj]
     out = []

@@ -13,6 +13,7 @@ lost, and this node stops. When the launcher fails, its trainers' logs say why: 
 another node that broke (gloo names the address), our tools' `error:` line, or an exit code.
 """
 import argparse
+import ctypes
 import glob
 import json
 import os
@@ -194,7 +195,6 @@ class _Launcher:
 
 def _die_with_parent():
     """In the child: SIGTERM when the supervisor dies (even by kill -9), so no launcher is orphaned."""
-    import ctypes
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
 
 

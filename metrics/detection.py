@@ -13,6 +13,10 @@ import logging
 import os
 
 import numpy as np
+import paddle.distributed as dist
+from pycocotools import mask as mask_util
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
 
 from engine.errors import ConfigError
 from engine.registry import METRICS
@@ -36,7 +40,6 @@ def _slug(name):
 def coco_results(image_id, boxes, scores, labels, masks=None, cat_ids=None):
     """One image's predictions as COCO results: {"bbox": [...], "segm": [...]} (boxes x, y, w, h in
     original pixels; masks [K, H, W] binary -> compressed RLE with a str `counts`)."""
-    from pycocotools import mask as mask_util
     boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
     scores = np.asarray(scores, np.float64).reshape(-1)
     labels = np.asarray(labels).astype(np.int64).reshape(-1)
@@ -55,7 +58,6 @@ def coco_results(image_id, boxes, scores, labels, masks=None, cat_ids=None):
 
 def _load_results(coco_gt, results):
     """pycocotools' results object; an empty list gives an empty one (loadRes refuses it)."""
-    from pycocotools.coco import COCO
     if results:
         with contextlib.redirect_stdout(io.StringIO()):
             return coco_gt.loadRes(list(results))
@@ -72,7 +74,6 @@ def coco_evaluate(coco_gt, results, image_ids=None, per_class=False, label_names
     restricted to `image_ids` when given. Returns {"bbox_ap": ..., ...} in 0-1; a number COCOeval
     reports as -1 (no ground truth in that size range) is left out. per_class adds
     `<type>_ap_class_<name>` (AP@[.5:.95] of each category with ground truth)."""
-    from pycocotools.cocoeval import COCOeval
     out = {}
     cats = sorted(coco_gt.getCatIds())
     names = label_names or [coco_gt.cats[c].get("name", c) for c in cats]
@@ -183,5 +184,4 @@ class COCOMetric(IndexedMetric):
 
 
 def _rank():
-    import paddle.distributed as dist
     return dist.get_rank() if dist.get_world_size() > 1 else 0

@@ -4,13 +4,14 @@ import argparse
 import sys
 import warnings
 
+from ops import library
+
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m ops", description=__doc__)
     p.add_argument("--verbose", action="store_true", help="print the g++ commands")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore", message="No ccache found")   # paddle's cpp_extension, not ours to act on
-    from ops import library
     try:
         path = library.build(verbose=args.verbose)
     except RuntimeError as e:

@@ -23,6 +23,8 @@ import sys
 import sysconfig
 import tempfile
 
+import paddle
+
 log = logging.getLogger("zoo")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,7 +38,6 @@ state = {"loaded": None, "error": None, "dnnl": False, "path": None, "flush": No
 
 
 def _paddle_root():
-    import paddle
     return os.path.dirname(paddle.__file__)
 
 
@@ -103,7 +104,6 @@ def compile_commands(out):
 
 def library_path():
     """Where this source, paddle build and CPU's library lives (built or not)."""
-    import paddle
     digest = hashlib.sha256()
     for src in sources():
         with open(src, "rb") as f:
@@ -164,6 +164,7 @@ def load():
     """Build if needed and register the operators with paddle; True when they are usable here."""
     if state["loaded"] is None:
         try:
+            # paddle-private module, inside the try: a paddle without it takes the reference path
             from paddle.utils.cpp_extension.extension_utils import load_op_meta_info_and_register_op
             path = build()
             load_op_meta_info_and_register_op(path)

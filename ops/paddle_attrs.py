@@ -9,6 +9,8 @@ not a training run).
 """
 from collections import namedtuple
 
+import paddle
+
 Conv2DSettings = namedtuple("Conv2DSettings", "stride padding dilation groups data_format padding_mode")
 BatchNormSettings = namedtuple("BatchNormSettings", "momentum epsilon use_global_stats data_format mean variance")
 
@@ -17,7 +19,6 @@ def _read(layer, name):
     try:
         return getattr(layer, name)
     except AttributeError:
-        import paddle
         raise RuntimeError(f"{type(layer).__name__} has no attribute {name} in paddle {paddle.__version__}: "
                            "ops/paddle_attrs.py must be taught its new name") from None
 

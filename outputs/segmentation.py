@@ -12,6 +12,7 @@ import os
 
 import cv2
 import numpy as np
+from PIL import Image
 
 from engine.errors import ConfigError
 from engine.registry import OUTPUTS
@@ -47,7 +48,6 @@ class LabelMap(OutputWriter):
         return None if img is None else img[:, :, ::-1]
 
     def write(self, preds, meta):
-        from PIL import Image
         lines = []
         for i, label in enumerate(self._maps(preds)):
             label = np.asarray(label)

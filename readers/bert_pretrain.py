@@ -27,6 +27,7 @@ segment_ids [N, S], masked_lm_positions, masked_lm_ids [N, P] (padded with 0), n
 """
 import os
 
+import h5py
 import numpy as np
 
 from engine.errors import ConfigError, SampleError
@@ -271,8 +272,6 @@ class BertPretrainHDF5(SampleDataset):
     SOURCE_KEYS = ("files",)
     def __init__(self, files: list, transforms: list = (), seed: int = 0, skip_bad: bool = False):
         super().__init__(transforms, seed, skip_bad)
-        import h5py
-
         if isinstance(files, str):
             files = [files]
         self.files, counts = [os.fspath(f) for f in files], []
@@ -313,8 +312,6 @@ class BertPretrainHDF5(SampleDataset):
         return state
 
     def load(self, index):
-        import h5py
-
         fi, row = self._locate(index)
         pid, handles = self._handles
         if pid != os.getpid():
@@ -337,8 +334,6 @@ class BertPretrainHDF5(SampleDataset):
 
 def write_hdf5(path, samples, max_seq_length, max_predictions_per_seq):
     """Write samples (dicts with SAMPLE_KEYS) as a BERT pretraining HDF5 file, padded with zeros."""
-    import h5py
-
     samples = list(samples)
     N, S, P = len(samples), max_seq_length, max_predictions_per_seq
     arrays = {k: np.zeros((N, S), np.int32) for k in ("input_ids", "input_mask", "segment_ids")}

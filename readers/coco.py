@@ -26,6 +26,8 @@ import os
 
 import cv2
 import numpy as np
+from pycocotools import mask as mask_util
+from pycocotools.coco import COCO
 
 from engine.errors import ConfigError, SampleError
 from engine.data import SampleDataset
@@ -66,7 +68,6 @@ def load_coco(ann_file):
         if ann["image_id"] not in image_ids:
             raise ConfigError(f"{ann_file}: annotation {ann['id']} refers to image_id {ann['image_id']}, "
                               f"which is not in 'images'")
-    from pycocotools.coco import COCO
     coco = COCO()
     coco.dataset = data
     with contextlib.redirect_stdout(io.StringIO()):   # it prints "creating index..."
@@ -80,7 +81,6 @@ def rle_to_polygons(rle, height, width):
     Rasterised again, such a polygon loses about half of each boundary pixel: a small shrink that
     only matters for the mask targets of the (rare) non-crowd RLE instances.
     """
-    from pycocotools import mask as mask_util
     if isinstance(rle.get("counts"), list):
         rle = mask_util.frPyObjects(rle, height, width)
     m = mask_util.decode(rle).astype(np.uint8)

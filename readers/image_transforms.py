@@ -5,6 +5,7 @@ together, labels resized with nearest neighbour. The generic Scale / RandomCrop 
 Normalize (readers/transforms.py) complete a recipe. Random draws come from `sample["_rng"]`.
 """
 import numpy as np
+from PIL import Image, ImageEnhance
 
 from engine.errors import ConfigError
 from engine.registry import TRANSFORMS
@@ -108,7 +109,6 @@ class PhotometricDistortion:
                 raise ConfigError(f"PhotometricDistortion.{k}_range must be in [0, 1] (hue: >= 0), got {r}")
 
     def __call__(self, sample):
-        from PIL import Image, ImageEnhance
         f = Fields(sample, "PhotometricDistortion", needs=("image",))
         rng = sample["_rng"]
         enhance = {"brightness": ImageEnhance.Brightness, "contrast": ImageEnhance.Contrast,

@@ -14,6 +14,7 @@ import inspect
 import os
 import re
 
+import cv2
 import numpy as np
 
 from engine.errors import ConfigError, SampleError
@@ -65,7 +66,7 @@ def _bgr_to_rgb(frame):
 
 class _DecordVideo:
     def __init__(self, path):
-        import decord
+        import decord  # the reader works without it: _backends keeps decord only where it imports
         self.vr = decord.VideoReader(path, num_threads=1)
         self.num_frames = len(self.vr)
 
@@ -92,7 +93,6 @@ class _SequentialVideo:
 
 class _Cv2Video(_SequentialVideo):
     def __init__(self, path):
-        import cv2
         self.cv2, self.path = cv2, path
         cap = cv2.VideoCapture(path)
         if not cap.isOpened():
@@ -126,7 +126,7 @@ class _Cv2Video(_SequentialVideo):
 
 class _PyAVVideo(_SequentialVideo):
     def __init__(self, path):
-        import av
+        import av  # optional: requirements-test.txt only (backend pyav)
         self.av, self.path = av, path
         with av.open(path) as container:
             n = container.streams.video[0].frames
@@ -196,7 +196,6 @@ def read_video(path, num_seg, seglen, train, rng, num_clips=1, backends=("decord
 
 def read_frame_folder(folder, num_frames, template, num_seg, seglen, train, rng, num_clips=1):
     """The sampled frames of a folder of JPEGs numbered from 1 (`img_00001.jpg`)."""
-    import cv2
     if num_frames is None:
         if not os.path.isdir(folder):
             raise SampleError(f"frame folder not found: {folder}")

@@ -14,7 +14,9 @@ size than its image, label values that are neither a class nor the ignore index.
 import glob
 import os
 
+import cv2
 import numpy as np
+from PIL import Image
 
 from engine.errors import ConfigError, SampleError
 from engine.data import SampleDataset
@@ -50,7 +52,6 @@ def cityscapes_lut(ignore_index=255):
 
 def read_image(path):
     """uint8 [H, W, 3] RGB, or SampleError."""
-    import cv2
     if not os.path.isfile(path):
         raise SampleError(f"image not found: {path}")
     img = cv2.imread(path, cv2.IMREAD_COLOR)
@@ -61,7 +62,6 @@ def read_image(path):
 
 def read_label(path):
     """Class ids [H, W] (uint8, or int32 for 16/32-bit PNGs) of a palette or grey PNG, or SampleError."""
-    from PIL import Image
     if not os.path.isfile(path):
         raise SampleError(f"label PNG not found: {path}")
     try:

@@ -13,6 +13,8 @@ lower-case). Pairs are assembled here, not by the library, so truncation is exac
 """
 import os
 
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
 from engine.errors import ConfigError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -47,8 +49,6 @@ class BertTokenizer:
 
     def __init__(self, vocab_file, lowercase=True, strip_accents=None, tokenize_chinese_chars=True,
                  max_input_chars_per_word=100):
-        from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
-
         self.vocab_file = vocab_file
         self.vocab = read_vocab(vocab_file)
         self.inv_vocab = {i: t for t, i in self.vocab.items()}

@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 
@@ -16,7 +17,10 @@ flush_denormals(os.environ.get("ZOO_TEST_FLUSH_DENORMALS", "1") != "0")
 
 import pytest  # noqa: E402
 
-from tests.helpers import ROOT as _ROOT, tool  # noqa: E402
+from data import (demo_bert, demo_coco, demo_kinetics, demo_segmentation, demo_translation,  # noqa: E402
+                  demo_youtube8m)
+from readers.tfrecord import iter_records, write_records  # noqa: E402
+from tests.helpers import ROOT as _ROOT, OpPath, counting_fused_ops, launch, read_metrics, tool  # noqa: E402
 
 ATTENTION_LSTM_DEMO = "configs/video/attention_lstm/attention_lstm_demo.yaml"
 
@@ -24,7 +28,6 @@ ATTENTION_LSTM_DEMO = "configs/video/attention_lstm/attention_lstm_demo.yaml"
 @pytest.fixture(scope="session")
 def yt8m_demo():
     """The generated YouTube-8M demo data (written once; later calls are no-ops)."""
-    from data import demo_youtube8m
     return demo_youtube8m.make(os.path.join(_ROOT, "data", "youtube8m_demo"))
 
 
@@ -55,7 +58,6 @@ def one_process_run(yt8m_demo, tmp_path_factory):
 @pytest.fixture(scope="session")
 def two_process_run(yt8m_demo, tmp_path_factory):
     """DP_RECIPE on 2 processes of one host (loopback) at 16 per card."""
-    from tests.helpers import launch
     root = tmp_path_factory.mktemp("dp_two_processes")
     launch(2, "train", *DP_RECIPE, *HALF_BATCH, "--output", root / "out", log_dir=root / "log")
     return root / "out"
@@ -65,8 +67,6 @@ def two_process_run(yt8m_demo, tmp_path_factory):
 def odd_eval(attention_lstm_run, yt8m_demo, tmp_path_factory):
     """(eval arguments over a 99-video val set, 1 process's metrics): an odd number of samples, so that
     a distributed sampler repeats one to even out 2 ranks."""
-    from readers.tfrecord import iter_records, write_records
-    from tests.helpers import read_metrics
     root = tmp_path_factory.mktemp("odd_eval")
     records = [r for _, r in zip(range(99), iter_records(os.path.join(yt8m_demo, "tfrecord", "validate0000.tfrecord")))]
     write_records(str(root / "odd.tfrecord"), records)
@@ -106,7 +106,6 @@ STNET_DEMO = "configs/video/stnet/stnet_demo.yaml"
 def kinetics_demo():
     """The generated Kinetics-format demo videos, {'appearance': folder, 'motion': folder}
     (written once, where `python data/make_demo.py kinetics` writes them)."""
-    from data import demo_kinetics
     return demo_kinetics.make(os.path.join(_ROOT, "data", "kinetics_demo"))
 
 
@@ -130,7 +129,6 @@ TRANSFORMER_DEMO = "configs/nlp/transformer/transformer_demo.yaml"
 @pytest.fixture(scope="session")
 def translation_demo():
     """The generated translation demo corpus and its sentencepiece model (written once)."""
-    from data import demo_translation
     return demo_translation.make(os.path.join(_ROOT, "data", "translation_demo"))
 
 
@@ -150,7 +148,6 @@ BERT_GLUE_DEMO = "configs/nlp/bert/bert_glue_demo.yaml"
 @pytest.fixture(scope="session")
 def bert_demo():
     """The generated BERT demo data (grammar corpus, pair task, vocab), written once."""
-    from data import demo_bert
     return demo_bert.make(os.path.join(_ROOT, "data", "bert_demo"))
 
 
@@ -185,7 +182,6 @@ MASK_RCNN_DEMO = "configs/vision/mask_rcnn/mask_rcnn_demo.yaml"
 @pytest.fixture(scope="session")
 def coco_demo():
     """The generated COCO-format demo (written once, where `python data/make_demo.py coco` writes it)."""
-    from data import demo_coco
     return demo_coco.make(os.path.join(_ROOT, "data"))
 
 
@@ -204,7 +200,6 @@ DEEPLAB_DEMO = "configs/vision/deeplabv3/deeplabv3_demo.yaml"
 def voc_demo():
     """The generated VOC-format segmentation demo (written once, where `python data/make_demo.py
     segmentation` writes it); returns its VOCdevkit folder."""
-    from data import demo_segmentation
     return demo_segmentation.make(os.path.join(_ROOT, "data", "voc_demo"))
 
 
@@ -217,11 +212,9 @@ def deeplab_demo_run(voc_demo, tmp_path_factory):
 
 
 def _op_path(path):
-    import contextlib
-
+    # import cost: ops loads paddle (~2.5 s); every test session imports this module, not all need paddle
     import ops
     from ops import functional, library
-    from tests.helpers import OpPath, counting_fused_ops
     fused, bf16 = path != "reference", path == "bf16"
     if fused:
         functional.set_enabled(True, 2)

@@ -44,6 +44,7 @@ def logged_losses(output_dir):
 
 def max_weight_difference(a, b):
     """max |a - b| over the parameters of two .pdparams files (or run folders: their final/)."""
+    # import cost: paddle (~2.5 s) for every test session (conftest imports helpers)
     from engine.training.checkpoint import read_weights
     wa, wb = (read_weights(os.path.join(p, "final") if os.path.isdir(os.path.join(p, "final")) else p) for p in (a, b))
     assert wa.keys() == wb.keys()
@@ -55,6 +56,7 @@ class counting_fused_ops:
     back to the reference would make a comparison of the two vacuous."""
 
     def __enter__(self):
+        # import cost: paddle (~2.5 s) for every test session (conftest imports helpers)
         from ops import functional
         self.ops, self.names, self.real = functional, [], functional._run
         functional._run = lambda name, *a: self.names.append(name) or self.real(name, *a)
@@ -71,6 +73,7 @@ BF16_OPS = {"zoo_matmul": "zoo_linear_bf16", "zoo_conv2d": "zoo_conv2d_bf16"}   
 
 
 def _bf16():
+    # import cost: paddle (~2.5 s) for every test session (conftest imports helpers)
     from ops import bf16_active
     return bf16_active()
 
@@ -125,6 +128,7 @@ class OpPath:
 def nsp_majority(run_dir):
     """(share of the majority next-sentence label, number of pairs) of a BERT pretraining run's val
     pairs, rebuilt from its resolved config and seed (the reader makes them on the fly)."""
+    # import cost: paddle (~2.5 s) for every test session (conftest imports helpers)
     from engine import builder, config
     from engine.components import load_all
     load_all()
@@ -200,7 +204,7 @@ def peaked_transformer(**settings):
     scaled up, so its distributions are peaked and beam search keeps hypotheses of several lengths (a
     random model at the usual scale repeats one token); row 4 is a shorter, padded sentence. It decodes
     with the length-penalty search (limit |source| + 4) unless `beam_search_version="v1"` is given."""
-    import numpy as np
+    # import cost: paddle (~2.5 s) for every test session (conftest imports helpers)
     import paddle
     from models.nlp.transformer import Transformer
     if settings.setdefault("beam_search_version", "length_penalty") == "length_penalty":

@@ -9,6 +9,7 @@ import pytest
 
 from engine import config
 from engine.components import load_all
+from engine.errors import ConfigError
 from engine.session import Session
 from engine.training import trainer
 from tests.conftest import ATTENTION_LSTM_DEMO
@@ -88,7 +89,6 @@ def test_scaler_order_and_overflow_skip(yt8m_demo, tmp_path, monkeypatch):
 def test_bf16_levels_train_on_cpu(yt8m_demo, tmp_path, level):
     """Both levels run through the same loop (O2 as O1 on a CPU: fp32 weights) and the loss stays
     finite; fp16 on a CPU stops before training with the config error."""
-    from engine.errors import ConfigError
     load_all()
     root = os.path.dirname(os.path.dirname(__file__))
     cfg = config.load(os.path.join(root, ATTENTION_LSTM_DEMO), SMALL + [f"train.amp.level={level}"])

@@ -8,10 +8,11 @@ import numpy as np
 import paddle
 import pytest
 
-from engine import builder
+from engine import builder, cpu
 from engine.components import load_all
 from engine.errors import ConfigError
 from engine.weights.pretrained import WEIGHTS, load_entry_state, load_pretrained, map_keys
+from ops import functional, library
 from tests.helpers import golden_close as close, golden_stats_close as stats_close, ROOT, counting_fused_ops
 
 load_all()
@@ -114,8 +115,6 @@ def test_golden_outputs_on_the_fused_path_with_and_without_the_denormal_guard(go
     with runtime.flush_denormals on and off: both within the golden tolerance, and the guard's own
     effect (the largest difference between the two; 0.0 when measured) below 1e-5 of the output
     scale; the message says how large it is."""
-    from engine import cpu
-    from ops import functional, library
     model = golden_pretraining[0]
     before = bool(cpu.mxcsr() & (cpu.FTZ | cpu.DAZ))
     functional.set_enabled(True, 2)

@@ -19,6 +19,10 @@ import paddle.nn.functional as F
 import pytest
 
 import ops
+from engine import config, runtime
+from engine.components import load_all
+from engine.errors import ConfigError
+from engine.session import Session
 from ops import functional, library
 from tests.conftest import ATTENTION_LSTM_DEMO, BERT_PRETRAIN_DEMO, TSN_DEMO
 from tests.helpers import ENV, ROOT, counting_fused_ops, nsp_majority, read_metrics, tool
@@ -212,9 +216,6 @@ def test_float16_on_a_cpu_is_one_error_line(tmp_path):
 
 
 def test_eval_amp_follows_train_amp_unless_given():
-    from engine import config
-    from engine.components import load_all
-    from engine.errors import ConfigError
     load_all()
     cfg = config.load(ATTENTION_LSTM_DEMO, ["train.amp.enable=true", "train.amp.dtype=bfloat16"])
     assert cfg.eval_amp == cfg.train.amp and cfg.eval_amp.enable
@@ -232,9 +233,6 @@ def test_eval_amp_follows_train_amp_unless_given():
 def test_an_export_of_a_gpu_fp16_recipe_is_not_refused_on_a_cpu():
     """Only what computes reads the AMP settings: setting up (as tools/export.py does) passes, training
     and evaluation stop with the error line's message; eval.amp names itself."""
-    from engine.components import load_all
-    from engine.errors import ConfigError
-    from engine.session import Session
     load_all()
     s = Session.from_file(ATTENTION_LSTM_DEMO, ["train.amp.enable=true", "train.amp.dtype=float16"])
     s.setup(device="cpu")
@@ -247,7 +245,6 @@ def test_an_export_of_a_gpu_fp16_recipe_is_not_refused_on_a_cpu():
 def test_level_o2_on_a_cpu_keeps_fp32_weights():
     """paddle.amp.decorate(O2) would cast the weights to bf16, which paddle's CPU kernels cannot run:
     on a CPU O2 resolves to O1 (fp32 master weights, bf16 GEMMs)."""
-    from engine import config, runtime
     amp = runtime.resolve_amp(config.AmpSection(enable=True, dtype="bfloat16", level="O2"))
     assert amp.enable and amp.level == "O1"
     with pytest.raises(Exception, match="float16 needs a GPU"):

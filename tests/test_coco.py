@@ -13,10 +13,12 @@ import pytest
 from engine.components import load_all
 from engine.errors import ConfigError, SampleError
 from engine.data import Skipped
-from engine.registry import METRICS, TRANSFORMS
+from engine.registry import METRICS, OUTPUTS, TRANSFORMS
 from engine.training.samplers import EpochBatchSampler
 from metrics.detection import coco_results, evaluate_results
+from models.vision.mask_rcnn.roi_heads import polygons_to_mask
 from readers.coco import COCODataset
+from readers.detection_transforms import keep_ratio_size
 from tests.helpers import ROOT, assert_one_line_error, tool
 
 load_all()
@@ -102,7 +104,6 @@ def test_reader_maps_categories_and_reads_every_format(coco, caplog):
     np.testing.assert_allclose(s["gt_polygons"][0][0], [[5, 5], [25, 5], [25, 20], [5, 20]])
     assert s["gt_polygons"][2] == []                                # crowd: no polygon needed
     # the RLE disc became a polygon that rasterises back to (nearly) the same pixels
-    from models.vision.mask_rcnn.roi_heads import polygons_to_mask
     back = polygons_to_mask(s["gt_polygons"][1], 40, 60).astype(bool)
     ball = masks["ball"].astype(bool)
     assert (back & ball).sum() / (back | ball).sum() > 0.85
@@ -157,7 +158,6 @@ def test_resize_short_records_the_scale_and_moves_boxes_and_polygons(coco):
     assert capped["image"].shape == (60, 90, 3)                     # long side 60 -> 90 caps at 1.5
     np.testing.assert_allclose(capped["scale_factor"], [1.5, 1.5])
     # PaddleDetection's rounding: int(scale * side + 0.5), the factor is the real ratio
-    from readers.detection_transforms import keep_ratio_size
     assert keep_ratio_size(427, 640, 800, 1333) == (800, 1199)
     with pytest.raises(ConfigError, match="interp must be one of"):
         TRANSFORMS.build({"name": "ResizeShort", "interp": "bicubic"})
@@ -327,7 +327,6 @@ def test_two_process_metric_equals_one_process(tmp_path):
 
 # ------------------------------------------------------------------------------ inference output
 def test_detections_writer_uses_the_dataset_category_ids(coco, tmp_path):
-    from engine.registry import OUTPUTS
     path, _ = coco
     ds = COCODataset(path)
     w = OUTPUTS.build({"name": "Detections", "draw_threshold": 0.5})

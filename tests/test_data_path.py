@@ -7,6 +7,8 @@ import pytest
 
 from engine.data import collate
 from engine.errors import ConfigError
+from models.video.clips import as_float
+from models.video.stnet import StNet
 from readers import transforms as T
 from readers.fields import declare
 
@@ -26,7 +28,6 @@ def test_uint8_batches_normalised_in_the_main_process_equal_worker_normalisation
                     for f in frames])
     assert late["imgs"].dtype == np.uint8 and late["imgs"].shape == ref["imgs"].shape == (2, 3, 6, 8, 10)
     assert late["imgs"].nbytes * 4 == ref["imgs"].nbytes
-    from models.video.clips import as_float
     batch = {"imgs": paddle.to_tensor(late["imgs"]), "imgs_normalize": late["imgs_normalize"]}
     out = as_float(batch).numpy()
     # by hand for one pixel: segment 1, frame 1 of the segment, blue (channel 3 * 1 + 2)
@@ -38,7 +39,6 @@ def test_uint8_batches_normalised_in_the_main_process_equal_worker_normalisation
 
 
 def test_stnet_trains_alike_on_uint8_and_float_batches():
-    from models.video.stnet import StNet
     rng = np.random.default_rng(1)
     frames = rng.integers(0, 256, (2 * 3, 32, 32, 3), dtype=np.uint8)   # 2 segments x seglen 3
     paddle.seed(0)
@@ -57,6 +57,5 @@ def test_stnet_trains_alike_on_uint8_and_float_batches():
 def test_bad_inputs_say_what_is_missing():
     with pytest.raises(ConfigError, match="in_main_process needs uint8 pixels in 'imgs'"):
         T.Normalize(in_main_process=True)(_sample(np.zeros((2, 4, 4, 3), np.float32)))
-    from models.video.clips import as_float
     with pytest.raises(ConfigError, match="imgs_normalize"):
         as_float({"imgs": paddle.zeros([1, 2, 3, 4, 4], "uint8")})

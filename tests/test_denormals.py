@@ -17,7 +17,9 @@ import numpy as np
 import paddle
 import pytest
 
+import ops
 from engine import config, cpu, runtime
+from engine.components import load_all
 from ops import functional, library
 
 TINY = np.finfo(np.float32).tiny   # 2^-126, the smallest normal float32
@@ -252,7 +254,6 @@ def test_the_guard_zeroes_subnormal_inputs_on_every_thread_and_only_when_on(on):
 
 
 def test_the_switch_is_a_runtime_key_on_by_default():
-    from engine.components import load_all
     load_all()
     cfg = config.load("configs/video/attention_lstm/attention_lstm_demo.yaml", validate_config=False)
     assert cfg.runtime.flush_denormals is True
@@ -264,7 +265,6 @@ def test_bf16_products_write_no_subnormals_even_with_the_guard_off():
     """Under bf16 (ops.autocast) the matmul's operands are rounded with subnormals to zero and its
     products of normal bf16 values below 2^-126 come out as zeros (the bf16 dot-product instructions
     flush regardless of MXCSR); the fp32 operator on the same values, guard off, writes subnormals."""
-    import ops
     _set_by_config(False)
     try:
         x = paddle.to_tensor(np.full((256, 256), 1e-20, np.float32))

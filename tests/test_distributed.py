@@ -2,7 +2,11 @@
 import os
 
 import numpy as np
+import paddle
 
+from engine import config, runtime
+from engine.components import load_all
+from engine.registry import MODELS
 from tests.conftest import ATTENTION_LSTM_DEMO
 from tests.helpers import assert_one_line_error, launch, logged_losses, read_metrics, tool
 
@@ -18,8 +22,6 @@ def test_two_processes_train_like_one_with_the_same_global_batch(two_process_run
     two, one = logged_losses(two_process_run), logged_losses(one_process_run)
     assert len(two) == len(one) == 50
     assert np.abs(two - one).max() <= LOSS_TOLERANCE, np.abs(two - one).max()
-    from engine import config
-    from engine.components import load_all
     load_all()
     assert config.load(str(two_process_run / "config.yaml"))["runtime"]["world_size"] == 2
     assert not os.path.exists(two_process_run / "checkpoints" / ".epoch_2.tmp")
@@ -42,10 +44,6 @@ def test_sync_bn_on_cpu_is_a_clear_error(tmp_path):
 def test_sync_bn_conversion_keeps_frozen_batch_norm():
     """SyncBatchNorm for the BN layers that train; the frozen stem/stage 1 and norm_eval layers keep
     their global statistics (paddle's own conversion would turn them into training layers)."""
-    import paddle
-    from engine import runtime
-    from engine.components import load_all
-    from engine.registry import MODELS
     load_all()
     model = MODELS.build({"name": "ResNet", "depth": 18, "frozen_stages": 1})
     frozen = {name for name, layer in model.named_sublayers()

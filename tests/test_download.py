@@ -21,6 +21,7 @@ from engine.weights.download import ArchiveError, DownloadError, download, extra
 from engine.weights.pretrained import (WEIGHTS, PretrainedEntry, load_pretrained, load_weights_file,
                                resolve_weights)
 from engine.errors import ConfigError
+from engine.model import ZooModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = dict(backoff=0.01, progress=False, timeout=5)
@@ -308,7 +309,6 @@ def test_resolve_entry_name_downloads_and_loads(entry, zoo_home):
 
     path, got = resolve_weights(entry.name, progress=False)
     assert got is entry and path == str(zoo_home / "weights" / entry.name / "fc.pdparams")
-    from engine.model import ZooModel
 
     class Linear(ZooModel, paddle.nn.Linear):   # load_pretrained asks the model for its weights()
         pass

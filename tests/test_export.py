@@ -14,8 +14,10 @@ import pytest
 
 from engine import builder, config
 from engine.components import load_all
+from engine.cpu import has_bf16
 from engine.deploy import export
 from engine.deploy.predictor import Predictor
+from engine.deploy.quantize import Recorder
 from engine.errors import ConfigError
 from tests.conftest import (ATTENTION_LSTM_DEMO, BERT_GLUE_DEMO, BERT_PRETRAIN_DEMO, DEEPLAB_DEMO, MASK_RCNN_DEMO,
                             TRANSFORMER_DEMO, TSN_DEMO)
@@ -163,8 +165,6 @@ def _bf16_matches_fp32(export_dir, batch):
     """`precision="bf16"` (what tools/export.py --precision bf16 records) runs oneDNN's bf16 kernels
     here (both our CPU kinds have native bf16) and each program's outputs stay within BF16_RTOL of
     the fp32 oneDNN program's on the feeds the fp32 predictor gave it."""
-    from engine.cpu import has_bf16
-    from engine.deploy.quantize import Recorder
     assert has_bf16(), "our CPU kinds have AVX512_BF16 or AMX-BF16"
     fp32 = Predictor(export_dir, wrap=lambda p: Recorder(p, 3))
     fp32(batch)

@@ -17,7 +17,14 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 import pytest
 
+from engine import config, runtime
+from engine.components import load_all
+from models.nlp.bert import BertModel
+from models.nlp.transformer import DecoderLayer, EncoderLayer, Transformer
+from models.vision.deeplabv3 import DeepLabV3
+from models.vision.resnet import Bottleneck, ResNet
 from ops import functional, library, reference
+from ops.paddle_attrs import batch_norm_settings, conv2d_settings, layer_norm_epsilon
 from tests.conftest import BERT_PRETRAIN_DEMO
 from tests.helpers import ROOT, counting_fused_ops as _counting, nsp_majority, read_metrics, tool
 
@@ -240,7 +247,6 @@ def test_smooth_cross_entropy(eps):
 
 def test_transformer_loss_and_gradients_fast_equal_reference():
     """A whole tiny Transformer training step (tied output projection, label-smoothed loss)."""
-    from models.nlp.transformer import Transformer
     paddle.seed(0)
     model = Transformer(src_vocab_size=41, trg_vocab_size=41, d_model=16, d_inner_hid=24, n_head=2,
                         num_encoder_layers=1, num_decoder_layers=1, dropout=0.0, max_length=16)
@@ -410,14 +416,13 @@ def _same_layer(layer, inputs, tol=1e-5):
 
 
 def test_bert_layer_fast_equals_reference():
-    from models.nlp.bert import EncoderLayer
+    from models.nlp.bert import EncoderLayer  # BERT's: the name is the Transformer's at the top
     paddle.seed(0)
     layer = EncoderLayer(48, 4, 96, "gelu", 0.0, 0.0, 1e-12)
     _same_layer(layer, [_t(RNG.standard_normal((3, 9, 48))), _padding_mask(3, 9, [9, 5, 2])])
 
 
 def test_transformer_layers_fast_equal_reference():
-    from models.nlp.transformer import DecoderLayer, EncoderLayer
     paddle.seed(0)
     for pre in (True, False):
         enc = EncoderLayer(32, 4, 64, 0.0, 0.0, 0.0, pre)
@@ -442,7 +447,6 @@ def test_resnet_fast_equals_reference_in_training():
     Not a whole ResNet-50: its input gradient is ill-conditioned at these tiny shapes (the reference
     path alone moves by 4e-4 of its scale when the input moves by 1e-6, and ReLU/max-pool ties flip),
     so float32 summation order, not the operators, would decide such a test."""
-    from models.vision.resnet import Bottleneck, ResNet
     paddle.seed(0)
     net = ResNet(depth=18, base_channels=8, out_indices=[3])
     cases = [(net, _t(RNG.standard_normal((2, 3, 97, 95))), 1e-4)]   # odd sizes; 4x3 at the last stage
@@ -469,8 +473,6 @@ def test_deeplabv3_fast_equals_reference_and_recomputes():
     """DeepLabV3's head (ConvBNReLU) and dilated trunk on the fused BN kernels; with backbone
     recompute, the stage runs twice and its BN statistics still move once (the kernel updates them in
     place, recompute_stage puts them back)."""
-    from engine.components import load_all
-    from models.vision.deeplabv3 import DeepLabV3
     load_all()
     small = {"name": "ResNet", "depth": 18, "output_stride": 16, "multi_grid": [1, 2], "base_channels": 8}
     paddle.seed(0)
@@ -595,7 +597,6 @@ def test_build_runs_once_under_the_lock_and_survives_a_read_only_cache(monkeypat
 
 def test_reference_path_traces_under_to_static():
     """Export traces the reference path (no custom operator inside an exported program)."""
-    from models.nlp.bert import BertModel
     paddle.seed(0)
     model = BertModel(size="tiny", vocab_size=50, max_position_embeddings=16)
     model.eval()
@@ -609,7 +610,6 @@ def test_reference_path_traces_under_to_static():
         prog = str(static.forward.concrete_program.main_program)
     assert "zoo_" not in prog
     _close(traced, eager)
-    from models.nlp.transformer import EncoderLayer
     for pre in (True, False):
         layer = EncoderLayer(32, 4, 64, 0.0, 0.0, 0.0, pre)
         x, mask = _t(RNG.standard_normal((2, 7, 32)), grad=False), _padding_mask(2, 7, [7, 3])
@@ -625,7 +625,6 @@ def test_reference_path_traces_under_to_static():
 
 
 def test_config_switch(tmp_path):
-    from engine import config, runtime
     cfg = config.load("configs/nlp/bert/bert_glue_demo.yaml", ["runtime.fast_ops=false"], validate_config=False)
     runtime.setup(cfg.runtime)
     assert not functional.is_enabled()
@@ -750,7 +749,6 @@ def test_with_the_onednn_headers_hidden_only_matmul_and_conv_take_paddle(tmp_pat
 # ------------------------------------------------------------------------------ the package itself
 def test_paddle_private_attributes_are_read_as_the_layers_were_built():
     """ops/paddle_attrs.py against the constructor arguments: a paddle upgrade that renames one fails here."""
-    from ops.paddle_attrs import batch_norm_settings, conv2d_settings, layer_norm_epsilon
     c = conv2d_settings(nn.Conv2D(3, 4, 3, stride=2, padding=[1, 2], dilation=3, groups=1))
     assert (c.stride, c.padding, c.dilation, c.groups, c.data_format, c.padding_mode) == \
         ([2, 2], [1, 2], [3, 3], 1, "NCHW", "zeros")

@@ -9,13 +9,15 @@ import paddle
 import paddle.nn.functional as F
 import pytest
 
+from engine import config
 from engine.builder import count_params
 from engine.components import load_all
 from engine.errors import ConfigError
-from engine.weights.pretrained import WEIGHTS, load_entry_state, map_keys
+from engine.weights.pretrained import WEIGHTS, detect_layout, load_entry_state, map_keys, model_layouts
 from models.vision.mask_rcnn import box_ops, postprocess, roi_heads
 from models.vision.mask_rcnn.model import MaskRCNN
 from models.vision.mask_rcnn.rpn import RPN, cell_anchors, grid_anchors
+from ops import functional, library
 from tests.helpers import golden_close as close, golden_stats_close as stats_close, ROOT, counting_fused_ops
 
 load_all()
@@ -275,7 +277,6 @@ def golden_features(golden_models):
     """run(fast, bf16) -> (backbone outputs, P2..P6, the fused operators the backbone and the FPN ran),
     once per path (the op_path fixture sets the path and the operators' threads; `fast` and `bf16` say
     which one to cache); both models hold the same weights and RoIAlign does not reach these layers."""
-    from ops import functional, library
     image = paddle.to_tensor(np.load(os.path.join(DATA, GOLDEN[False]))["image"])
     model, cache = golden_models[True], {}
 
@@ -362,7 +363,6 @@ def test_roi_align_is_aligned_by_default_and_in_every_recipe():
     """The released weights were trained with aligned RoIAlign; checkpoints of our earlier default set
     `model.roi.aligned=false` (README)."""
     import glob
-    from engine import config
     with paddle.LazyGuard():
         model = MaskRCNN(num_classes=2)
     assert model.box_roi.aligned is True and model.mask_roi.aligned is True
@@ -393,7 +393,6 @@ def test_key_maps_cover_the_official_tables():
 
 
 def test_a_bare_paddledetection_file_is_recognised_by_its_keys():
-    from engine.weights.pretrained import detect_layout, model_layouts
     tab = table()
     state = {k: np.zeros(shape, "float32") for k, shape, *_ in tab["params"]}
     with paddle.LazyGuard():

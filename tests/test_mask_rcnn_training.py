@@ -22,9 +22,11 @@ import paddle
 import pytest
 
 from engine.components import load_all
+from engine.config import load
 from engine.weights.pretrained import WEIGHTS, load_entry_state
 from models.vision.mask_rcnn import box_ops, roi_heads
 from models.vision.mask_rcnn.model import MaskRCNN
+from readers.coco import COCODataset
 
 load_all()
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -273,8 +275,6 @@ def test_mask_loss_counts_the_official_fake_roi_of_an_image_without_foreground()
 def test_coco_reader_leaves_crowd_regions_out_with_load_crowd_false(tmp_path):
     """The official COCO recipes train without crowd regions (COCODataSet load_crowd=False)."""
     import cv2
-    from engine.config import load
-    from readers.coco import COCODataset
     cv2.imwrite(str(tmp_path / "a.png"), np.zeros((20, 30, 3), np.uint8))
     ann = {"images": [{"id": 1, "file_name": "a.png", "width": 30, "height": 20}],
            "categories": [{"id": 3, "name": "c"}],

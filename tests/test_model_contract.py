@@ -8,10 +8,12 @@ import pytest
 from engine import builder
 from engine.components import load_all
 from engine.deploy import export
-from engine.model import DataAgreement, Weights, ZooModel, unwrap
+from engine.model import DataAgreement, NormLayer, Weights, ZooModel, unwrap
 from engine.errors import ConfigError
 from engine.registry import MODELS, Registry
-from engine.weights.pretrained import model_layouts
+from engine.training.optim import split_decay
+from engine.weights.pretrained import load_pretrained, model_layouts
+from models.nlp.bert import BertModel
 
 load_all()
 
@@ -67,8 +69,6 @@ def test_unwrap_takes_the_model_out_of_data_parallel():
 
 
 def test_every_registered_model_is_a_zoo_model():
-    from models.nlp.bert import BertModel
-
     assert len(MODELS.names()) >= 10
     for name in MODELS.names():
         cls = MODELS.get(name)
@@ -88,9 +88,6 @@ def test_a_registry_lists_its_objects_in_registration_order_and_names_them():
 
 
 def test_a_norm_layer_of_a_models_own_takes_the_norm_rule():
-    from engine.model import NormLayer
-    from engine.training.optim import split_decay
-
     class Gain(NormLayer):
         def __init__(self):
             super().__init__()
@@ -109,7 +106,6 @@ def test_a_norm_layer_of_a_models_own_takes_the_norm_rule():
 
 def test_loading_into_a_layer_outside_the_contract_is_one_line(tmp_path):
     """A plain paddle layer has no weights(): one ConfigError naming its class, not an AttributeError."""
-    from engine.weights.pretrained import load_pretrained
     layer = paddle.nn.Linear(2, 3)
     path = str(tmp_path / "w.pdparams")
     paddle.save(layer.state_dict(), path)

@@ -14,6 +14,9 @@ import time
 import numpy as np
 import pytest
 
+from engine import config, distributed, launch
+from engine.components import load_all
+from engine.errors import ConfigError
 from tests import netns
 from tests.conftest import DP_RECIPE, HALF_BATCH
 from tests.helpers import ENV, ROOT, logged_losses, max_weight_difference, read_metrics
@@ -145,8 +148,6 @@ def test_two_hosts_train_exactly_as_two_processes_on_one_host(two_host_run, two_
     two, one = logged_losses(job.out(0)), logged_losses(one_process_run)
     assert len(two) == len(one) == 50
     assert np.abs(two - one).max() <= LOSS_TOLERANCE, np.abs(two - one).max()
-    from engine import config
-    from engine.components import load_all
     load_all()
     for i in (0, 1):
         assert config.load(str(job.out(i) / "config.yaml"))["runtime"]["world_size"] == 2
@@ -256,8 +257,6 @@ IFACES = {"lo": "127.0.0.1", "eth1": "10.0.0.2"}
 
 
 def test_the_node_address_is_checked_before_anything_starts():
-    from engine import distributed
-    from engine.errors import ConfigError
     assert distributed.node_address("10.0.0.2", True, IFACES) == "10.0.0.2"
     assert distributed.node_address(None, True, IFACES, ("n2", "10.0.0.2")) == "10.0.0.2"
     assert distributed.node_address(None, False, IFACES, ("n2", "127.0.0.1")) == "127.0.0.1"   # one node
@@ -276,8 +275,6 @@ def test_the_node_address_is_checked_before_anything_starts():
 
 
 def test_the_launch_plan_passes_paddles_flags_on_and_refuses_what_cannot_work():
-    from engine import launch
-    from engine.errors import ConfigError
     settings, cmd = launch.plan(["--nnodes", "2", "--master", "10.0.0.1:49178", "--nproc_per_node=1",
                                  "--peer_timeout", "7", "tools/train.py", "-c", "x.yaml", "--host", "kept"],
                                 IFACES, ("n2", "10.0.0.2"))
@@ -304,8 +301,6 @@ def test_the_launch_plan_passes_paddles_flags_on_and_refuses_what_cannot_work():
 
 
 def test_the_trainer_binds_gloo_or_nccl_to_the_interface_of_its_address():
-    from engine import distributed
-    from engine.errors import ConfigError
     two_hosts = {"PADDLE_CURRENT_ENDPOINT": "10.0.0.2:6071", "PADDLE_TRAINER_ENDPOINTS": "10.0.0.1:6070,10.0.0.2:6071"}
     env = dict(two_hosts)
     assert distributed.socket_interface("cpu", env, IFACES) == ("GLOO_SOCKET_IFNAME", "eth1", "10.0.0.2")

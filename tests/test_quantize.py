@@ -9,9 +9,15 @@ import os
 import shutil
 
 import numpy as np
+import paddle
 import pytest
 import yaml
 
+from engine import builder, config, cpu
+from engine.components import load_all
+from engine.deploy import export, quantize
+from engine.deploy.predictor import Predictor
+from engine.errors import ConfigError
 from tests.conftest import (ATTENTION_CLUSTER_DEMO, ATTENTION_LSTM_DEMO, BERT_GLUE_DEMO, DEEPLAB_DEMO,
                             MASK_RCNN_DEMO, NEXTVLAD_DEMO, STNET_DEMO, TRANSFORMER_DEMO, TSN_DEMO)
 from tests.helpers import ROOT, one_error_line, tool, tools_in_one_process
@@ -150,12 +156,6 @@ def test_quantize_refuses_bad_input_with_one_line(tsn_int8, tsn_demo_run, tmp_pa
 def test_bf16_without_native_bf16_runs_fp32_and_says_so_in_one_line(tmp_path, yt8m_demo, monkeypatch, capsys):
     """A CPU without AVX512_BF16/AMX-BF16 (simulated: the flag check answers no) runs the bf16 export
     in fp32 and prints one note; with native bf16 the same export runs bf16 (tests/test_export.py)."""
-    import paddle
-
-    from engine import builder, config, cpu
-    from engine.components import load_all
-    from engine.deploy import export
-    from engine.deploy.predictor import Predictor
     load_all()
     cfg = config.load(ATTENTION_CLUSTER_DEMO)
     paddle.seed(0)
@@ -173,9 +173,6 @@ def test_a_model_with_nothing_to_quantize_and_kernels_that_compute_something_els
     as the issue measured for Paddle's oneDNN INT8 route would be refused."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-
-    from engine.deploy import quantize
-    from engine.errors import ConfigError
     rng = np.random.default_rng(0)
 
     def model(path, layers):

@@ -10,9 +10,11 @@ import numpy as np
 import paddle
 import pytest
 
+from data import make_demo
 from engine import builder, config
 from engine.components import ENGINE_MODULES, component_modules, load_all
 from engine.registry import DATASETS, METRICS, MODELS, OUTPUTS
+from engine.training.optim import build_lr, build_optimizer
 from engine.weights.pretrained import WEIGHTS
 from tests.helpers import ROOT
 
@@ -82,7 +84,6 @@ def test_full_size_models_build_lazily(path):
 
 @pytest.fixture(scope="module")
 def demo_data():
-    from data import make_demo
     make_demo.main([])
 
 
@@ -94,7 +95,6 @@ def test_demo_model_steps_and_round_trips(path, demo_data, tmp_path):
     model = builder.build_model(cfg["model"])
     loader, _, _ = builder.build_loader(cfg, "train", 0)
     batch = next(iter(loader))
-    from engine.training.optim import build_lr, build_optimizer
     opt = build_optimizer(cfg["optimizer"], model, build_lr(cfg["lr"], 10, 1))
     model.train()
     loss = model(batch)["loss"]

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from data.prepare_voc_sbd import main
+from engine import builder
 from engine.components import load_all
 from engine.errors import ConfigError, SampleError
 from engine.registry import OUTPUTS
@@ -196,7 +198,6 @@ def test_bad_samples_name_their_file(tmp_path):
 
 
 def test_bad_samples_are_skipped_and_counted(tmp_path):
-    from engine import builder
     cfg = {"reader": {"train": {"name": "SegList", "list_file": _bad_list(tmp_path), "num_classes": 5,
                                 "skip_bad": True, "batch_size": 8, "transforms": [{"name": "Normalize"}],
                                 "collate": {"name": "PadImages", "keys": {"image": 0, "label": 255}}}}}
@@ -262,7 +263,6 @@ def test_photometric_distortion_changes_the_image_only():
 
 # ------------------------------------------------------------------------------- SBD conversion
 def test_prepare_voc_sbd(tmp_path):
-    from data.prepare_voc_sbd import main
     voc, sbd = tmp_path / "VOCdevkit", tmp_path / "benchmark_RELEASE"
     _write_list(str(voc / "VOC2012" / "ImageSets" / "Segmentation" / "trainval.txt"), ["2008_000003"])
     (sbd / "dataset" / "cls").mkdir(parents=True)

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from engine import config
+from engine.components import load_all
 from tests.conftest import ATTENTION_LSTM_DEMO
 from tests.helpers import ENV, ROOT, assert_one_line_error, max_weight_difference, read_metrics, tool
 
@@ -31,8 +33,6 @@ def test_ignoring_the_mask_scores_lower(attention_lstm_run, tmp_path):
 
 
 def test_resolved_config_reproduces_the_run(attention_lstm_run):
-    from engine import config
-    from engine.components import load_all
     load_all()
     resolved = config.load(os.path.join(attention_lstm_run, "config.yaml"))
     original = config.load(os.path.join(ROOT, ATTENTION_LSTM_DEMO))

@@ -4,7 +4,7 @@ import os
 import numpy as np
 import paddle
 
-from engine import config
+from engine import builder, config, runtime
 from engine.components import load_all
 from engine.session import Session
 from engine.training import trainer
@@ -39,7 +39,6 @@ def test_clipping_bounds_the_update(yt8m_demo, tmp_path):
     clipped, _ = _fit(tmp_path, "clip", sgd + ["train.clip_grad_norm=1.0e-3"])
     load_all()
     cfg = config.load(os.path.join(ROOT, ATTENTION_LSTM_DEMO), SLICE + sgd)
-    from engine import builder, runtime
     runtime.seed_all(0)
     init = {k: v.numpy() for k, v in builder.build_model(cfg["model"]).state_dict().items()}
     unique = [k for k in init if ".cell_" not in k]  # the LSTM tensors also appear under alias keys

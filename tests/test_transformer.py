@@ -9,12 +9,18 @@ import numpy as np
 import paddle
 import pytest
 
+from data import demo_translation
+from data.demo_translation import word_for_word_bleu
 from engine import builder, config
 from engine.components import load_all
 from engine.data import PadSequences
 from engine.errors import ConfigError
+from engine.training import checkpoint
+from engine.training.evaluator import evaluate
 from engine.training.samplers import TokenBudget
+from engine.weights import pretrained
 from engine.weights.pretrained import WEIGHTS, load_entry_state
+from metrics.translation import BLEU
 from models.nlp.transformer import Transformer, length_penalty, search_options
 from readers.translation import Translation
 from tests.helpers import ROOT, assert_one_line_error, peaked_transformer, read_metrics, tool
@@ -324,7 +330,6 @@ def _write(path, lines):
 
 @pytest.fixture(scope="module")
 def demo_corpus():
-    from data import demo_translation
     return demo_translation.make(os.path.join(ROOT, "data", "translation_demo"))
 
 
@@ -460,7 +465,6 @@ class _Refs:
 
 
 def test_bleu_perplexity_by_hand():
-    from metrics.translation import BLEU
     m = BLEU()
     m.set_dataset(_Refs([("w1 w2 w3 w4 w5", None), ("w7 w8 w9 w7", None)]))
     m.update({"ids": np.array([[1, 2, 3, 4], [7, 8, 9, 7]]), "ids_len": np.array([4, 4]),
@@ -482,7 +486,6 @@ def _average_tool():
 
 
 def test_average_checkpoints(tmp_path):
-    from engine.training import checkpoint
     model = paddle.nn.Linear(2, 2)
     for step, value in ((10, 1.0), (20, 2.0), (30, 6.0)):
         model.weight.set_value(np.full((2, 2), value, "float32"))
@@ -499,7 +502,6 @@ def test_average_checkpoints(tmp_path):
 # ------------------------------------------------------------------------------------ the demo recipe
 
 def test_demo_reaches_bleu_50_and_beats_word_for_word(transformer_demo_run, demo_corpus):
-    from data.demo_translation import word_for_word_bleu
     metrics = read_metrics(transformer_demo_run)
     baseline, _ = word_for_word_bleu(demo_corpus, "valid")
     print(f"\ndemo BLEU {metrics['bleu']:.2f} (bleu_tok {metrics['bleu_tok']:.2f}, ppl {metrics['ppl']:.3f}); "
@@ -549,7 +551,6 @@ def test_infer_translates_a_file_and_stdin_and_rejects_a_source_too_long(transfo
 
 
 def test_averaged_demo_checkpoints_evaluate(transformer_demo_run):
-    from engine.training.evaluator import evaluate
     tool_ = _average_tool()
     averaged = tool_.average(tool_.checkpoints_to_average([str(transformer_demo_run)], 2))
     cfg = config.load(os.path.join(ROOT, DEMO))
@@ -566,7 +567,6 @@ def test_entries_carry_their_vocabulary_as_an_asset(tmp_path, monkeypatch):
     import dataclasses
     import hashlib
     import tarfile
-    from engine.weights import pretrained
     base = WEIGHTS.get("transformer_base_wmt14ende")
     assert base.assets["vocab"]["archive_member"] == "WMT14.en-de/wmt14_ende_data_bpe/vocab_all.bpe.33708"
     member = tmp_path / "v" / "vocab.txt"

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from engine.components import load_all
 from engine.errors import ConfigError, SampleError
 from engine.registry import TRANSFORMS
 from readers import transforms as T, video_transforms as vt
@@ -228,7 +229,6 @@ def test_missing_or_unsupported_fields_are_one_line_errors():
     {"name": "Normalize", "std": [0.2, 0, 0.2]}, {"name": "Normalize", "mean": [0.5, 0.5]},
 ], ids=lambda c: "-".join(f"{v}" for v in c.values()))
 def test_bad_constructor_values_fail_at_construction(cfg):
-    from engine.components import load_all
     load_all()
     with pytest.raises(ConfigError, match=cfg["name"]):
         TRANSFORMS.build(cfg)

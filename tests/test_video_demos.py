@@ -13,6 +13,11 @@ import os
 import paddle
 import pytest
 
+from engine import builder, config
+from engine.components import load_all
+from engine.registry import TRANSFORMS
+from engine.weights.pretrained import WEIGHTS
+from models.video.clips import as_float
 from tests.conftest import TSN_DEMO
 from tests.helpers import ROOT, read_metrics, tool
 
@@ -26,7 +31,6 @@ CLASSES = {"appearance": ["red", "yellow", "green", "blue", "magenta"],
 
 
 def _components():
-    from engine.components import load_all
     load_all()
 
 
@@ -76,7 +80,6 @@ def test_multi_view_test_split(tsn_demo_run, tmp_path):
     """`--split test`: segments x TenCrop (views averaged in the model); ThreeCrop by override.
     3 segments instead of the recipe's 8 keep it quick."""
     _components()
-    from engine import builder, config
     cfg = config.load(os.path.join(ROOT, TSN_DEMO))
     sample = builder.build_dataset(cfg, "test")[0]
     # views (crops), segments, C, H, W
@@ -117,9 +120,6 @@ def test_infer_prints_and_writes_top5_names(tsn_demo_run, kinetics_demo, tmp_pat
 @pytest.mark.parametrize("path", FULL_RECIPES, ids=os.path.basename)
 def test_full_recipe_resolves_and_builds(path):
     _components()
-    from engine import builder, config
-    from engine.registry import TRANSFORMS
-    from engine.weights.pretrained import WEIGHTS
     cfg = config.load(path)
     name = cfg["model"]["name"]
     with paddle.LazyGuard():
@@ -154,7 +154,6 @@ LAYOUTS = {
 def test_full_recipe_readers_give_the_model_layout(path, kinetics_demo):
     """The full-size sampling and transforms, run on a demo video (scaled up to 256 by the recipe)."""
     _components()
-    from engine import builder, config
     rel = os.path.relpath(kinetics_demo["appearance"], ROOT)
     overrides = [f"reader.{split}.{key}={rel}/{name}" for split in ("train", "val", "test")
                  for key, name in (("list_file", "val.list"), ("label_names", "label_names.txt"))]
@@ -164,8 +163,6 @@ def test_full_recipe_readers_give_the_model_layout(path, kinetics_demo):
         imgs = sample["imgs"]
         assert imgs.shape == shape, (split, imgs.shape)
         if "imgs_normalize" in sample:   # Normalize(in_main_process): uint8 to the trainer, float32 into the model
-            import paddle
-            from models.video.clips import as_float
             assert imgs.dtype == "uint8", split
             imgs = as_float({"imgs": paddle.to_tensor(imgs[None]), "imgs_normalize": [sample["imgs_normalize"]]})
             assert tuple(imgs.shape[1:]) == shape and imgs.dtype == paddle.float32, split

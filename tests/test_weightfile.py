@@ -13,8 +13,11 @@ import numpy as np
 import paddle
 import pytest
 
+from engine.components import load_all
+from engine.errors import SampleError
 from engine.training import checkpoint
 from engine.weights.weightfile import UnsafeWeights, read_state
+from readers.youtube8m import YouTube8M
 from tests.conftest import ATTENTION_LSTM_DEMO
 from tests.helpers import ROOT, one_error_line, tool, tools_in_one_process
 
@@ -165,9 +168,6 @@ class _Calls:
 
 
 def test_youtube8m_pkl_features_are_read_as_data_too(tmp_path):
-    from engine.components import load_all
-    from engine.errors import SampleError
-    from readers.youtube8m import YouTube8M
     load_all()
     marker = tmp_path / "created"
     video = {"video": "v0", "feature": np.zeros((3, 4), np.uint8), "audio": np.zeros((3, 2), np.uint8),

@@ -13,6 +13,7 @@ import numpy as np
 import paddle
 import pytest
 
+from data import demo_kinetics
 from engine.training import checkpoint
 from engine.weights.pretrained import (WEIGHTS, detect_layout, load_entry_state, load_pretrained, map_keys,
                                model_layouts)
@@ -261,7 +262,6 @@ def test_checkpoints_still_load(tmp_path):
 # --------------------------------------------------------------------------- the tools
 @pytest.fixture(scope="module")
 def tiny_videos(tmp_path_factory):
-    from data import demo_kinetics
     root = tmp_path_factory.mktemp("videos")
     return demo_kinetics.make(str(root), num_train=2, num_val=2, demos=("appearance",))["appearance"]
 

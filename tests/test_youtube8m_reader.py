@@ -9,6 +9,7 @@ import numpy as np
 import paddle
 import pytest
 
+from data import demo_youtube8m
 from engine.errors import ConfigError, SampleError
 from engine.data import PadSequences, SampleDataset, SerialLoader, Skipped, WorkerLoader
 from engine.registry import DATASETS, TRANSFORMS
@@ -591,8 +592,6 @@ def test_dataloader_two_workers_pad_sequences(tmp_path):
 
 
 def test_demo_generator_small(tmp_path):
-    from data import demo_youtube8m
-
     root = str(tmp_path / "demo")
     demo_youtube8m.make(root, num_train=24, num_val=8, num_classes=5, train_shards=3,
                         val_shards=2)

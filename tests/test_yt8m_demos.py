@@ -1,6 +1,8 @@
 """The NeXtVLAD and Attention Cluster demo recipes really learn on the generated YouTube-8M data."""
 import pytest
 
+from engine import builder, config
+from engine.components import load_all
 from tests.helpers import read_metrics
 
 
@@ -13,8 +15,6 @@ def test_demo_reaches_gap(run, request):
 
 def test_attention_cluster_random_eval_is_an_option(yt8m_demo, tmp_path):
     """Centre sampling (default) is deterministic; the original random sampling differs per epoch."""
-    from engine import builder, config
-    from engine.components import load_all
     load_all()
     cfg = config.load("configs/video/attention_cluster/attention_cluster_demo.yaml",
                       ["reader.val.transforms.0.mode=random"])

@@ -10,6 +10,7 @@ annotation file counts. Prints the metrics and, with --output, writes DIR/metric
 import _bootstrap  # noqa: F401  (environment before paddle)
 
 import argparse
+import os
 
 from engine import cli
 from engine.errors import ConfigError
@@ -32,7 +33,6 @@ def main():
     setup_logging(None)
     metrics = evaluate_results(args.ann, files, per_class=args.per_class)
     if args.output:
-        import os
         os.makedirs(args.output, exist_ok=True)
         write_metrics(metrics, args.output)
     print(" ".join(f"{k}={v:.4f}" for k, v in metrics.items()))

@@ -64,7 +64,7 @@ def main():
 
 def to_numpy(tree):
     """Tensors (and lists of tensors) as numpy; bfloat16 as float32; everything else unchanged."""
-    import paddle
+    import paddle  # after the flags are parsed (main's imports): --help needs no paddle
     if isinstance(tree, dict):
         return {k: to_numpy(v) for k, v in tree.items()}
     if isinstance(tree, list):

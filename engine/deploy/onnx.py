@@ -19,6 +19,8 @@ import re
 import subprocess
 import sys
 
+import paddle
+
 from engine.deploy.record import OPSET, checked_feeds
 from engine.errors import ConfigError
 
@@ -55,6 +57,7 @@ def require(what):
 
 
 def versions():
+    # optional: requirements-onnx.txt only
     import onnx
     import onnxruntime
     import paddle2onnx
@@ -89,7 +92,7 @@ class Program:
     the interface of engine.deploy.predictor.Program."""
 
     def __init__(self, export_dir, name, spec, threads=None):
-        import onnxruntime as ort
+        import onnxruntime as ort  # optional: requirements-onnx.txt only
         self.name, self.where = name, os.path.join(export_dir, name + ".onnx")
         self.inputs, self.outputs = spec["inputs"], list(spec["outputs"])
         options = ort.SessionOptions()
@@ -128,7 +131,6 @@ _LOADED = []
 
 
 def _ops(prefix):
-    import paddle
     layer = paddle.jit.load(prefix)
     _LOADED.append(layer)            # the program's operations live as long as the layer
     return list(layer.program().global_block().ops)
@@ -142,7 +144,7 @@ def _layer(op):
 
 
 def _unsupported(ops):
-    import paddle2onnx.paddle2onnx_cpp2py_export as p2o
+    import paddle2onnx.paddle2onnx_cpp2py_export as p2o  # optional: requirements-onnx.txt only
     known = set(p2o.get_all_supported_operators_pir())
     out = []
     for op in ops:
@@ -159,13 +161,13 @@ def _export(prefix, opset, verbose):
     """paddle2onnx's converter, without its own graph optimization: that prunes the tensors a dropped
     operand was computed into (RoIAlign's boxes_num), which the repairs below must reach. ONNX
     Runtime optimizes the graph when it loads it."""
-    import paddle2onnx.paddle2onnx_cpp2py_export as p2o
+    import paddle2onnx.paddle2onnx_cpp2py_export as p2o  # optional: requirements-onnx.txt only
     return p2o.export(prefix + ".json", prefix + ".pdiparams", opset, False, verbose, True, True, False, {},
                       "onnxruntime", "", "", False)
 
 
 def _main(prefix, onnx_path, opset):
-    import onnx
+    import onnx  # optional: requirements-onnx.txt only
     ops = _ops(prefix)
     bad = _unsupported(ops)
     if bad:
@@ -213,7 +215,7 @@ def _restore_roi_batch_indices(ops, model):
     default coordinate mode is half_pixel, which is aligned=True). Each RoiAlign gets the image of
     each box from boxes_num [B] (box r is in image #{b: r >= cumsum(boxes_num)[b]}) and, where
     aligned is false, output_half_pixel."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper  # optional: requirements-onnx.txt only
     aligns = [op for op in ops if op.name() == "pd_op.roi_align"]
     nodes = [n for n in model.graph.node if n.op_type == "RoiAlign"]
     if not aligns:
@@ -263,7 +265,7 @@ def _restore_sequence_lengths(ops, model):
     sequence_lens, left empty), so a padded batch runs every direction over the padding. Each rnn's
     lengths are traced back to the program input they come from (through casts and reshapes) and
     fed to its node as int32 [B]; the k-th rnn is the k-th recurrent node. Returns whether it patched."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper  # optional: requirements-onnx.txt only
     rnns = [op for op in ops if op.name() == "pd_op.rnn"]
     nodes = [n for n in model.graph.node if n.op_type in ("LSTM", "GRU", "RNN")]
     if not rnns:
@@ -300,14 +302,14 @@ def _tidy(model):
     """After the repairs, what paddle2onnx's own optimization would have done: weights as initializers
     (it writes them as Constant nodes behind Identity chains, which quantizers and viewers skip),
     without the Identity nodes and the dead ends."""
-    import onnxoptimizer
+    import onnxoptimizer  # optional: requirements-onnx.txt only
     return onnxoptimizer.optimize(model, ["extract_constant_to_initializer", "eliminate_identity",
                                           "eliminate_deadend", "eliminate_unused_initializer",
                                           "eliminate_duplicate_initializer"])
 
 
 def _p2o_version():
-    import paddle2onnx
+    import paddle2onnx  # optional: requirements-onnx.txt only
     return paddle2onnx.__version__
 
 

@@ -14,8 +14,10 @@ runs an export of `--format onnx` (engine/deploy/onnx.py) the same way, on the C
 """
 import os
 
+import paddle.inference as pi
+
+from engine import cpu
 from engine.components import import_custom, load_all
-from engine.cpu import has_bf16
 from engine.deploy import onnx
 from engine.deploy.record import BACKEND_OF, as_numpy, check_shape, checked_feeds, programs_of, read_infer_cfg, \
     uses_runner
@@ -50,7 +52,6 @@ class Program:
                               f"infer_cfg.yml lists (files from different exports?)")
 
     def _create(self, bf16):
-        import paddle.inference as pi
         mkldnn, threads, device = self.settings
         config = pi.Config(self.where + ".json", self.where + ".pdiparams")
         config.disable_glog_info()
@@ -149,7 +150,7 @@ class Predictor:
         if want == "bf16":
             why = ("ONNX Runtime has no bf16 CPU kernels" if backend != "inference" else
                    "runs on the GPU" if device == "gpu" else "oneDNN is off" if not mkldnn else
-                   None if has_bf16() else "this CPU has no native bf16 (avx512_bf16, amx_bf16)")
+                   None if cpu.has_bf16() else "this CPU has no native bf16 (avx512_bf16, amx_bf16)")
             if why:
                 print(f"note: {self.export_dir}: bf16 asked for, but {why}: running fp32", flush=True)
                 return "fp32"

@@ -100,6 +100,7 @@ def quantize_program(src, dst, feeds, observer="minmax", per_channel=True, keep_
     """`src` (fp32 .onnx) -> `dst` (QDQ INT8), calibrated on `feeds`; returns what was kept in float:
     the last layers, and the first where the program reads the model's own inputs (`keep_first`; not a
     box head behind RoIAlign, nor a decoder step behind the beam search)."""
+    # optional: requirements-onnx.txt only
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -139,7 +140,7 @@ def check_simulation(fp32_path, int8_path, feeds, threads=None):
     """{output: (kernels vs simulation, simulation vs fp32)}, relative L2 differences on `feeds`, worst
     over them: the INT8 kernels' outputs against the fake-quant simulation's (QuantizeLinear and
     DequantizeLinear computed in float, no graph optimization), and that simulation against fp32."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # optional: requirements-onnx.txt only
 
     def session(path, level):
         options = ort.SessionOptions()

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import paddle
+from visualdl import LogWriter
 
 from engine import config as C, runtime
 from engine.builder import check_agreement, count_params
@@ -358,7 +359,6 @@ def _fmt(d):
 
 
 def _visualdl(output_dir):
-    from visualdl import LogWriter
     return LogWriter(logdir=os.path.join(output_dir, "vdl"))
 
 

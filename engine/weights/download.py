@@ -89,7 +89,7 @@ def _mismatch(path, sha256, md5):
 def _lock(dest):
     """Serialise downloads of one file across processes (every rank of a multi-card run may ask)."""
     try:
-        import fcntl
+        import fcntl  # POSIX only: this must work where it is absent (the except)
     except ImportError:  # not POSIX: no lock, the atomic rename still keeps `dest` whole
         yield
         return

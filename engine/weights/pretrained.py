@@ -12,11 +12,12 @@ import re
 import warnings
 
 import numpy as np
+from safetensors.numpy import load_file
 
 from engine.model import ZooModel, unwrap
 from engine.errors import ConfigError, did_you_mean
 from engine.registry import MODELS, Registry
-from engine.weights.download import archive_stem, cache_dir, download, extract, url_filename
+from engine.weights.download import archive_stem, cache_dir, download, extract, file_hash, url_filename
 from engine.weights.weightfile import read_state
 
 
@@ -335,7 +336,6 @@ def resolve_asset(spec, progress=True, root=None):
     path = _entry_file(fake, root, progress)
     want = a.get("member_md5")
     if want:
-        from engine.weights.download import file_hash
         got = file_hash(path, "md5")
         if got != want:
             raise ConfigError(f"{path} ({spec}) has md5 {got}, {entry.name} expects {want}")
@@ -401,7 +401,6 @@ def load_weights_file(path, trust=False):
                           "inside (an entry does this with archive_member)")
     if low.endswith(".safetensors"):   # a format that holds only tensors: never executes code
         try:
-            from safetensors.numpy import load_file
             return load_file(path)
         except Exception as e:  # noqa: BLE001 - a truncated or foreign file
             raise ConfigError(f"cannot read weights file {path} (corrupt or not safetensors): "

@@ -14,6 +14,7 @@ import os
 import pickle
 
 import numpy as np
+import paddle
 
 from engine.errors import ConfigError
 
@@ -137,7 +138,6 @@ def read_state(path, trust=False):
 
 def to_tensors(state):
     """Nested numpy state (an optimizer's) as paddle tensors; uint16 arrays are bfloat16 (paddle's rule)."""
-    import paddle
     if isinstance(state, dict):
         return {k: to_tensors(v) for k, v in state.items()}
     if isinstance(state, np.ndarray):

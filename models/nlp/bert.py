@@ -28,6 +28,7 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
+from paddle.distributed.fleet.utils import recompute
 from paddle.static import InputSpec
 
 import ops
@@ -138,7 +139,6 @@ class Encoder(nn.Layer):
     def forward(self, x, bias):
         for layer in self.layers:
             if self.recompute and self.training and not x.stop_gradient:
-                from paddle.distributed.fleet.utils import recompute
                 x = recompute(layer, x, bias)   # restores the RNG state: the same dropout masks
             else:
                 x = layer(x, bias)
@@ -260,6 +260,7 @@ class BertModel(ZooModel):
 
 def _lazy():
     try:
+        # paddle-private module: a paddle without it takes the except below
         from paddle.nn.initializer.lazy_init import lazy_init_helper
         return lazy_init_helper().state
     except ImportError:  # pragma: no cover

@@ -15,6 +15,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.nn.initializer import KaimingNormal, KaimingUniform, Normal
+from paddle.static import InputSpec
 
 from engine.model import DataAgreement, Weights, ZooModel
 from engine.errors import ConfigError
@@ -96,7 +97,6 @@ class AttentionCluster(ZooModel):
 
     def export_spec(self, example=None):
         """The frames are sampled to seg_num in the reader (SampleFrames + Stack): only the batch varies."""
-        from paddle.static import InputSpec
         return {"inputs": {n: InputSpec([None, self.seg_num, d], "float32")
                            for n, d in zip(self.feature_names, self.feature_dims)},
                 "outputs": ["logits", "probs"]}

@@ -4,6 +4,7 @@ cross-entropy, the export inputs of padded batches and the train/eval output dic
 """
 import paddle
 import paddle.nn.functional as F
+from paddle.static import InputSpec
 
 from engine.errors import ConfigError
 
@@ -61,7 +62,6 @@ def sigmoid_ce(logits, labels, reduction="mean"):
 def padded_feature_spec(names, dims, lengths=True):
     """Export inputs of the PadSequences batches: features [B, T, D], masks [B, T] and (for models
     that use them) lengths [B]."""
-    from paddle.static import InputSpec
     spec = {}
     for name, dim in zip(names, dims):
         spec[name] = InputSpec([None, None, dim], "float32")

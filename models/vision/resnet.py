@@ -16,6 +16,7 @@ Our parameter names (kit names are reached through `resnet_key_map`):
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
+from paddle.distributed.fleet.utils import recompute
 
 import ops
 from ops.paddle_attrs import batch_norm_settings
@@ -213,7 +214,6 @@ def recompute_stage(stage, x):
     layers would then fold the batch into their running statistics twice, so every run after the
     first puts them back.
     """
-    from paddle.distributed.fleet.utils import recompute
     runs = []
 
     def run(inp):

@@ -23,6 +23,7 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
+from pycocotools import mask as mask_util
 
 from models.vision.mask_rcnn import box_ops
 
@@ -159,7 +160,6 @@ def match_rois(proposals, gt_boxes, gt_crowd, fg_thresh=0.5, bg_thresh=0.5, crow
 def polygons_to_mask(polygons, height, width):
     """Rasterise one instance's polygons (list of [K, 2] parts, pixel coordinates) to a uint8 [h, w]
     mask, as COCO does (pycocotools frPyObjects + merge + decode)."""
-    from pycocotools import mask as mask_util
     parts = [np.asarray(p, np.float64).reshape(-1) for p in polygons if len(p) >= 3]
     if not parts:
         return np.zeros((height, width), np.uint8)
