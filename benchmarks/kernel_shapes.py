@@ -106,7 +106,7 @@ def run_paddle(threads):
 
 
 def run_torch(threads):
-    import torch
+    import torch   # optional (benchmarks/requirements.txt), in the --side torch child only
     torch.set_num_threads(threads)
     gemms, convs = {}, {}
 

@@ -146,12 +146,12 @@ def _theirs(spec, threads, precision="fp32"):
 
 def _profile(side, run):
     if side == "theirs":
-        import torch.profiler as tp
+        import torch.profiler as tp   # optional (benchmarks/requirements.txt): the PyTorch side's child only
         with tp.profile(activities=[tp.ProfilerActivity.CPU]) as prof:
             run()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     else:
-        import paddle.profiler as pp
+        import paddle.profiler as pp   # loaded for --profile only
         prof = pp.Profiler(targets=[pp.ProfilerTarget.CPU], timer_only=False)
         prof.start()
         run()

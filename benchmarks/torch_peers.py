@@ -41,7 +41,7 @@ class BertPretrain(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        from transformers import BertConfig, BertModel
+        from transformers import BertConfig, BertModel   # optional (benchmarks/requirements.txt): BERT's peer only
         self.bert = BertModel(BertConfig(**cfg))
         h = cfg["hidden_size"]
         self.transform = nn.Linear(h, h)

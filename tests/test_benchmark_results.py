@@ -10,7 +10,9 @@ from tests.helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
+import benchmark  # noqa: E402  (tools/benchmark.py, the command line)
 from benchmarks import peers, report  # noqa: E402
+from engine import cpu  # noqa: E402
 
 KINDS = {"amd-zen4": ("AuthenticAMD", "AMD EPYC 9004", 1.97),
          "intel-sapphirerapids": ("GenuineIntel", "Intel Xeon 8480", 0.94)}
@@ -79,15 +81,13 @@ def _block(text, name, kind):
 def test_the_kind_is_vendor_and_microarchitecture(monkeypatch, vendor, family, model, kind):
     """From /proc/cpuinfo's family and model (AMD's family 19h models 10h-1Fh are Zen 4 (Genoa), family
     1Ah Zen 5; Intel's family 6 model 8Fh Sapphire Rapids): a hypervisor's plain 'AMD EPYC' hides it."""
-    from engine import cpu
     monkeypatch.setattr(cpu, "cpu_info", lambda: {"vendor": vendor, "model": "x", "family": family, "model_id": model})
     assert report.cpu_kind() == kind
     assert report.results_dir() == os.path.join(report.RESULTS, kind)
 
 
 def test_this_machine_has_a_family_and_model():
-    from engine.cpu import cpu_info
-    info = cpu_info()
+    info = cpu.cpu_info()
     assert isinstance(info["family"], int) and isinstance(info["model_id"], int), info
 
 
@@ -110,7 +110,6 @@ def test_two_kinds_render_two_peer_tables_and_each_write_keeps_the_other(results
 
 
 def test_benchmark_show_reads_and_writes_one_kind(results, monkeypatch, capsys):
-    import benchmark
     for kind in (INTEL, AMD):
         monkeypatch.setattr(sys, "argv", ["tools/benchmark.py", "--show", "--readme", "--kind", kind])
         benchmark.main()

@@ -1,10 +1,19 @@
 """The auxiliary tools run as documented: amp_check (CPU: fp32 against bf16), benchmark, list_models."""
+import ast
+import ctypes
 import json
 import os
 
+import numpy as np
 import pytest
 
+from benchmarks import amp_check
+from benchmarks import recipes as benchmark
+from engine import config, cpu, runtime
+from engine.components import load_all
 from engine.cpu import cpu_info
+from engine.session import Session
+from engine.training import trainer
 from tests.conftest import ATTENTION_LSTM_DEMO, TSN_DEMO, USER_MKL_DEBUG_CPU_TYPE
 from tests.helpers import tool
 
@@ -51,7 +60,6 @@ def test_list_models_counts_parameters():
                                                       ("GenuineIntel", "4", "4"), ("AuthenticAMD", "0", "0")])
 def test_mkl_setting_is_for_amd_only(monkeypatch, vendor, preset, expected):
     """MKL_DEBUG_CPU_TYPE=5 doubles Paddle's matmul on AMD and costs ~37% on Intel (platform notes)."""
-    from engine import cpu
     monkeypatch.setattr(cpu, "cpu_info", lambda: {"vendor": vendor, "model": "x"})
     env = {} if preset is None else {"MKL_DEBUG_CPU_TYPE": preset}
     assert cpu.mkl_environment(env).get("MKL_DEBUG_CPU_TYPE") == expected
@@ -61,10 +69,7 @@ def test_freed_memory_is_kept_in_the_heap():
     """After keep_freed_memory a large block comes from the heap and stays there when freed (glibc's
     mallinfo2: not in the mmapped bytes while held, in the free heap bytes after), instead of being
     mapped and unmapped (and faulted in again) at every step."""
-    import ctypes
 
-    import numpy as np
-    from engine import cpu
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
@@ -83,7 +88,6 @@ def test_freed_memory_is_kept_in_the_heap():
 
 
 def test_runtime_keeps_freed_memory_unless_the_config_says_no(monkeypatch):
-    from engine import config, cpu, runtime
     calls = []
     monkeypatch.setattr(cpu, "keep_freed_memory", lambda: calls.append(1) or True)
     for overrides, expected in (([], [1]), (["runtime.keep_freed_memory=false"], [])):
@@ -96,12 +100,6 @@ def test_runtime_keeps_freed_memory_unless_the_config_says_no(monkeypatch):
 def test_benchmark_and_amp_check_time_the_trainers_step(yt8m_demo, monkeypatch, tmp_path):
     """tools/benchmark.py, tools/amp_check.py and the trainer all step through engine.training.trainer.TrainStep,
     so what is benchmarked is what training runs."""
-    from benchmarks import amp_check
-    from benchmarks import recipes as benchmark
-    from engine import config
-    from engine.components import load_all
-    from engine.session import Session
-    from engine.training import trainer
     load_all()
     calls = []
     real = trainer.TrainStep.__call__
@@ -121,7 +119,6 @@ def test_the_tools_assemble_their_run_through_the_session():
     """Issue 21: train, eval, infer, export and benchmark build their run with engine.session.Session
     (config, runtime, model, weights, loaders) instead of each writing the assembly out; their main()
     stays short (about 30 lines, counted from the source)."""
-    import ast
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for tool in ("train", "eval", "infer", "export", "benchmark", "quantize"):
         # tools/benchmark.py is the command line; benchmarks/recipes.py assembles the run it measures
