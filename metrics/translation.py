@@ -17,8 +17,6 @@ import logging
 import math
 
 import numpy as np
-import sacrebleu
-from sacrebleu.metrics.bleu import BLEU as _SacreBLEU
 
 from engine.errors import ConfigError
 from engine.registry import METRICS
@@ -42,6 +40,8 @@ class BLEU(IndexedMetric):
 
     def __init__(self, tokenize: str = "13a", lowercase: bool = False):
         super().__init__()
+        import sacrebleu  # import cost ~0.1 s, which every tool run would pay: load_all imports this module
+        from sacrebleu.metrics.bleu import BLEU as _SacreBLEU
         if tokenize not in _SacreBLEU.TOKENIZERS:
             raise ConfigError(f"metric BLEU: tokenize must be one of {', '.join(_SacreBLEU.TOKENIZERS)}, "
                               f"got {tokenize!r}")
