@@ -98,6 +98,8 @@ def import_custom(spec, where="custom_imports"):
             importlib.import_module(name)
         except Exception as e:   # noqa: BLE001  any failure of the user's module is reported as theirs
             msg = f"{where}: cannot import '{name}' ({type(e).__name__}: {e})"
+            if isinstance(e, ModuleNotFoundError) and e.name == name.split(".")[0]:
+                msg += "; it must be importable from PYTHONPATH or the current directory"
             if not spec.get("allow_failed_imports"):
-                raise ConfigError(msg + "; it must be importable from PYTHONPATH or the current directory") from None
+                raise ConfigError(msg) from None
             print(f"warning: {msg}; going on without it", file=sys.stderr)

@@ -199,7 +199,8 @@ def load(path, overrides=(), validate_config=True):
         apply_override(cfg, *parse_override(text), origins)
     cfg.setdefault("train", {})
     cfg.setdefault("runtime", {})
-    import_custom(cfg.get("custom_imports"), f"{origins.get('custom_imports', path)}: custom_imports")
+    where = origins.get("custom_imports.imports") or origins.get("custom_imports", path)
+    import_custom(cfg.get("custom_imports"), f"{where}: custom_imports")
     if validate_config:
         validate(cfg, origins, path)
     return Config(cfg)

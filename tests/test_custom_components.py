@@ -79,7 +79,7 @@ def test_custom_imports_register_before_the_recipe_is_checked(user_path):
 
 @pytest.mark.parametrize("override, message", [
     ("custom_imports.imports=[no_such_module]",
-     r"mean_pool.yaml: custom_imports: cannot import 'no_such_module' \(ModuleNotFoundError: No module named "
+     r"-o: custom_imports: cannot import 'no_such_module' \(ModuleNotFoundError: No module named "
      r"'no_such_module'\); it must be importable from PYTHONPATH or the current directory"),
     ("custom_imports=[my_models]", r"custom_imports: expected \{imports: \[module names\], allow_failed_imports"),
     ("custom_imports.import=[my_models]", r"custom_imports: unknown key import; known: imports, allow_failed_imports"),
@@ -87,3 +87,15 @@ def test_custom_imports_register_before_the_recipe_is_checked(user_path):
 def test_a_bad_custom_import_is_one_line_naming_it(user_path, override, message):
     with pytest.raises(ConfigError, match=message):
         config.load(str(user_path / "mean_pool.yaml"), [override])
+
+
+def test_a_user_module_that_fails_is_named_with_its_own_error(user_path, capsys):
+    (user_path / "broken_models.py").write_text("raise RuntimeError('boom in user code')\n")
+    recipe = str(user_path / "mean_pool.yaml")
+    with pytest.raises(ConfigError, match=r"^-o: custom_imports: cannot import 'broken_models' "
+                                          r"\(RuntimeError: boom in user code\)$"):
+        config.load(recipe, ["custom_imports.imports=[my_models, broken_models]"])
+    config.load(recipe, ["custom_imports.imports=[my_models, broken_models]", "custom_imports.allow_failed_imports=true"])
+    assert capsys.readouterr().err.strip() == ("warning: -o: custom_imports: cannot import 'broken_models' "
+                                               "(RuntimeError: boom in user code); going on without it")
+    sys.modules.pop("broken_models", None)
