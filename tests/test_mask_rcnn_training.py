@@ -141,12 +141,14 @@ def test_rpn_sampling_and_targets(model, ref, sidecar, heads, monkeypatch):
 
 def assert_same_proposals(ours, ref_boxes, ref_scores, what):
     """The official boxes in the official order; rows whose official scores are within 1e-4 (float32
-    noise of the heads: ~1e-5) may come in either order. Coordinates to 1e-5 relative to the largest
+    noise of the heads: ~1e-5) may come in either order. Coordinates to 2e-5 relative to the largest
     anchor (512): a box is its anchor scaled by exp(delta), so the heads' float32 noise (~1e-5 in the
-    deltas; MKL's code path moves it) reaches the box times the anchor's size."""
+    deltas; MKL's code path moves it) reaches the box times the anchor's size. Measured over the 1,007
+    training proposals of the three images: median 3.5e-7, 99th percentile 5.2e-6, worst 1.12e-5 on an
+    Intel Xeon (AMX) and 1.09e-5 on the CI's; a wrong decode is off by pixels, ~1e-3."""
     ours, ref_boxes = np.asarray(ours, np.float64), np.asarray(ref_boxes, np.float64)
     assert ours.shape == ref_boxes.shape, f"{what}: {len(ours)} proposals, the official {len(ref_boxes)}"
-    tol = 1e-5 * (512.0 + np.abs(ref_boxes))
+    tol = 2e-5 * (512.0 + np.abs(ref_boxes))
     same = (np.abs(ours[:, None, :] - ref_boxes[None, :, :]) <= tol[None]).all(2)        # [ours, ref]
     swapped, used = 0, np.zeros(len(ours), bool)
     for i in range(len(ours)):

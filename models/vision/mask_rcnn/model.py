@@ -134,7 +134,7 @@ class MaskRCNN(ZooModel):
     # head on the proposals), the detection NMS and top-k, "mask" (the mask head on the detected
     # boxes) and mask pasting. The eval forward runs exactly that code (`run_exported`) with the
     # networks run here; tools/export.py exports the three networks as programs and the predictor
-    # runs `run_exported` around them (`exported_runner`, engine/deploy/export.py).
+    # runs `run_exported` around them (`exported_runner`, engine/model.py).
     PROGRAMS = {"features": "features_program", "box": "box_program", "mask": "mask_program"}
     RPN_LEVELS = ("p2", "p3", "p4", "p5", "p6")
 
