@@ -53,6 +53,10 @@ AMP_KEYS = {
     "dtype": (str, "float16", one_of("float16", "bfloat16")),
     "level": (str, "O1", one_of("O1", "O2")),
     "init_loss_scaling": (float, 32768.0, lambda v: None if v > 0 else "must be > 0"),
+    # paddle.amp op lists (a GPU's autocast; the CPU's bf16 runs our fused operators and reads neither):
+    # ops computed in low precision / kept in fp32 beyond paddle's defaults, e.g. PaddleSeg's
+    "custom_white_list": (list, None, lambda v: None if all(isinstance(x, str) for x in v) else "must be op names"),
+    "custom_black_list": (list, None, lambda v: None if all(isinstance(x, str) for x in v) else "must be op names"),
 }
 EVAL_KEYS = {
     "amp": (dict, None),                      # eval.amp: evaluation and inference; unset keys: train.amp's

@@ -6,6 +6,7 @@ forces that same path instead of AVX-512/AMX (~200 -> ~126 GFLOP/s). So it is se
 This module imports nothing heavy: the tools and the tests call it before importing paddle.
 """
 import ctypes
+import importlib.metadata
 import os
 import platform
 import warnings
@@ -55,15 +56,28 @@ def has_bf16():
 def mkl_environment(env=None):
     """The MKL setting for this CPU added to `env` (default: os.environ); a value the user set wins.
 
-    Also FLAGS_use_stride_kernel=0 on every CPU: with paddle 3's stride kernels a transpose or slice
-    is a view, and the copy a later op makes of it takes a slow strided path on CPU (measured: BERT
-    step -13..-19%, the Transformer's attention block 4x faster, its training step 2x).
+    Also FLAGS_use_stride_kernel=0 where paddle is a CPU build: with paddle 3's stride kernels a
+    transpose or slice is a view, and the copy a later op makes of it takes a slow strided path on CPU
+    (measured: BERT step -13..-19%, the Transformer's attention block 4x faster, its training step
+    2x). A GPU build (paddlepaddle-gpu) keeps paddle's default, which its GPU kernels are made for;
+    runtime.setup turns the flag off there when the run's device is the CPU.
     """
     env = os.environ if env is None else env
     if cpu_info()["vendor"] == "AuthenticAMD":
         env.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-    env.setdefault("FLAGS_use_stride_kernel", "0")
+    if not paddle_gpu_build():
+        env.setdefault("FLAGS_use_stride_kernel", "0")
     return env
+
+
+def paddle_gpu_build():
+    """Whether the installed paddle is the CUDA build, found without importing paddle (this module
+    runs before it loads): the paddlepaddle-gpu distribution."""
+    try:
+        importlib.metadata.version("paddlepaddle-gpu")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 def process_environment(env=None):

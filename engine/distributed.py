@@ -125,3 +125,13 @@ def gather(obj):
     out = []
     paddle.distributed.all_gather_object(out, obj)
     return out
+
+
+def any_rank(flag):
+    """Whether `flag` holds on any rank (one small all-reduce; a collective: every rank must call it)."""
+    import paddle  # the launcher's supervisor imports this module and never loads paddle
+    if paddle.distributed.get_world_size() < 2:
+        return bool(flag)
+    t = paddle.to_tensor([1 if flag else 0], dtype="int32")
+    paddle.distributed.all_reduce(t)
+    return bool(t.item())

@@ -41,21 +41,32 @@ def setup(runtime_cfg):
         device = "gpu" if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() else "cpu"
     if device == "cpu" and runtime_cfg.keep_freed_memory:
         cpu.keep_freed_memory()
+    if device == "cpu" and "FLAGS_use_stride_kernel" not in os.environ:
+        paddle.set_flags({"FLAGS_use_stride_kernel": False})   # a GPU build on a CPU (engine/cpu.py: why)
     if device == "gpu" and not paddle.device.is_compiled_with_cuda():
         raise ConfigError("runtime.device: gpu asked for, but this paddle build has no CUDA "
                           "(install paddlepaddle-gpu, see README)")
     world_size, rank = world()
     if world_size > 1:
-        paddle.set_device(f"gpu:{int(os.environ.get('FLAGS_selected_gpus', '0'))}" if device == "gpu" else "cpu")
+        paddle.set_device(f"gpu:{selected_gpu()}" if device == "gpu" else "cpu")
         bound = distributed.socket_interface(device)
         log.info("data parallel: %d processes on %d hosts%s", world_size, len(set(distributed.endpoint_hosts())),
                  "; %s=%s (%s)" % bound if bound else "")
         dist.init_parallel_env()
     else:
         paddle.set_device(device)
-    if runtime_cfg.sync_bn and device != "gpu":
-        raise ConfigError("runtime.sync_bn: SyncBatchNorm has no CPU kernel in Paddle; set it false on CPU")
     return {"device": device, "threads": threads, "world_size": world_size, "rank": rank, "local_rank": local_rank()}
+
+
+def selected_gpu(env=os.environ):
+    """This process's card: paddle's launcher gives each process its own FLAGS_selected_gpus ("3");
+    a list ("0,1", set by hand for every process) is indexed by the local rank."""
+    ids = [x.strip() for x in env.get("FLAGS_selected_gpus", "0").split(",") if x.strip()] or ["0"]
+    rank = int(env.get("PADDLE_LOCAL_RANK", "0"))
+    if len(ids) > 1 and rank >= len(ids):
+        raise ConfigError(f"FLAGS_selected_gpus={env['FLAGS_selected_gpus']} names {len(ids)} cards, "
+                          f"but this process has local rank {rank}")
+    return int(ids[rank] if len(ids) > 1 else ids[0])
 
 
 _said = set()
@@ -103,7 +114,9 @@ def autocast(amp):
         return contextlib.nullcontext()
     if _on_cpu():
         return ops.autocast(ops.bf16_supported())
-    return paddle.amp.auto_cast(enable=True, dtype=amp.dtype, level=amp.level)
+    return paddle.amp.auto_cast(enable=True, dtype=amp.dtype, level=amp.level,
+                                custom_white_list=set(amp.custom_white_list or ()) or None,
+                                custom_black_list=set(amp.custom_black_list or ()) or None)
 
 
 def convert_sync_bn(layer):

@@ -20,11 +20,12 @@ def tool(name, *args, check=True, timeout=1500, env=None):
     return proc
 
 
-def launch(nproc, name, *args, log_dir, timeout=600):
-    """python -m paddle.distributed.launch --nproc_per_node N tools/<name>.py ... (CPU, gloo)."""
+def launch(nproc, name, *args, log_dir, timeout=600, env=None):
+    """python -m paddle.distributed.launch --nproc_per_node N tools/<name>.py ... (CPU, gloo);
+    `env` adds to the environment."""
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
            "--log_dir", str(log_dir), os.path.join(ROOT, "tools", name + ".py"), *map(str, args)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**ENV, **(env or {})})
     if proc.returncode != 0:
         logs = ""
         for f in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:

@@ -304,7 +304,7 @@ def test_eval_tool_errors(official_file, tmp_path):
                           "choose one of: native, tsn_r50_k400_3seg, tsn_r50_k400_8seg, tsn_r50_imagenet_init")
 
 
-def test_training_with_unrelated_weights_stops(tmp_path):
+def test_training_with_unrelated_weights_stops(kinetics_demo, tmp_path):
     """train.pretrained of a file that does not fit: one line, exit 2, before any step."""
     unrelated = tmp_path / "unrelated.pdparams"
     paddle.save({"w": np.zeros([2], "float32")}, str(unrelated))

@@ -5,12 +5,18 @@ possibly inside an epoch) with `model.pdparams`, `model.pdopt` (optimizer incl. 
 `scaler.json`, `rng.json` and `state.json` (epoch, batch position, step, best, config). Files are
 written into a hidden temporary directory which is then renamed into place.
 
+`rng.json` holds every rank's random state (dropout differs between ranks) and the device it was
+drawn on: paddle keeps one generator per visible GPU. A run resumed on another device kind or number
+of cards restores what carries over and says in one line what did not (dropout then continues from
+the epoch's seed; data order and augmentation never depend on it).
+
 Nothing in a checkpoint needs a full unpickle: the weights and optimizer state are read through
 engine.weights.weightfile's allow-list, the scaler and RNG states are JSON. Checkpoints written before the
 JSON files existed (`scaler.pdstate`, `rng.pdstate` pickles) still load: their records are plain data
 and paddle's GeneratorState, which the allow-list admits for that file alone.
 """
 import json
+import logging
 import os
 import re
 import shutil
@@ -20,9 +26,11 @@ import paddle
 
 from engine import distributed
 from engine.errors import ConfigError
+from engine.training.precision import restore_scaler
 from engine.weights import weightfile
 from engine.weights.pretrained import load_state
 
+log = logging.getLogger("zoo")
 CKPT_DIR = re.compile(r"(epoch|step)_(\d+)$")
 
 
@@ -44,8 +52,9 @@ def _atomic_dir(final, writer):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def save(path, model, optimizer=None, scaler=None, state=None):
-    """Write one checkpoint directory atomically."""
+def save(path, model, optimizer=None, scaler=None, state=None, rng=None):
+    """Write one checkpoint directory atomically; `rng`: every rank's `rng_state()` in rank order
+    (default: this process's)."""
     def writer(tmp):
         paddle.save(model.state_dict(), os.path.join(tmp, "model.pdparams"))
         if optimizer is not None:
@@ -54,7 +63,7 @@ def save(path, model, optimizer=None, scaler=None, state=None):
             with open(os.path.join(tmp, "scaler.json"), "w") as f:
                 json.dump(_to_json(scaler.state_dict()), f)
         with open(os.path.join(tmp, "rng.json"), "w") as f:
-            json.dump(rng_state(), f)
+            json.dump({"ranks": rng or [rng_state()]}, f)
         with open(os.path.join(tmp, "state.json"), "w") as f:
             json.dump(state or {}, f, indent=1, default=str)
     _atomic_dir(path, writer)
@@ -129,9 +138,7 @@ def load(path, model, optimizer=None, scaler=None, trust=False):
         opt_state = weightfile.read_state(os.path.join(path, "model.pdopt"), trust)
         optimizer.set_state_dict(weightfile.to_tensors(opt_state))
     if scaler is not None:
-        scaler_state = _read_record(path, "scaler", trust)
-        if scaler_state is not None:
-            scaler.load_state_dict(scaler_state)
+        restore_scaler(scaler, _read_record(path, "scaler", trust) or {}, path)
     with open(os.path.join(path, "state.json")) as f:
         state = json.load(f)
     state["rng"] = _read_record(path, "rng", trust)
@@ -157,8 +164,9 @@ def _read_record(path, name, trust):
 
 
 def rng_state():
-    """paddle's and numpy's global RNG states as plain JSON data."""
-    return {"paddle": [list(g.__getstate__()) for g in paddle.get_rng_state()],
+    """This process's RNG as plain JSON data: paddle's generators of the current device (one per
+    visible GPU on a GPU), the device (`cpu`, `gpu:1`) and numpy's global state."""
+    return {"device": paddle.get_device(), "paddle": [list(g.__getstate__()) for g in paddle.get_rng_state()],
             "numpy": _numpy_rng_to_json(np.random.get_state())}
 
 
@@ -167,14 +175,45 @@ def _numpy_rng_to_json(state):
     return [kind, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)]
 
 
-def restore_rng(rng):
-    states = []
-    for record in rng["paddle"]:
-        g = paddle.base.core.GeneratorState.__new__(paddle.base.core.GeneratorState)
-        g.__setstate__(tuple(record))
-        states.append(g)
-    paddle.set_rng_state(states)
-    kind, keys, pos, has_gauss, cached = rng["numpy"]
+def _generator(record):
+    g = paddle.base.core.GeneratorState.__new__(paddle.base.core.GeneratorState)
+    g.__setstate__(tuple(record))
+    return g
+
+
+def _kind(device):
+    return device.split(":")[0]
+
+
+def _index(device):
+    return int(device.split(":")[1]) if ":" in device else 0
+
+
+def restore_rng(rng, rank=0, world_size=1):
+    """Put back the RNG `load` returned (`rng_state` of each rank) for this rank. What cannot carry
+    over (another number of ranks, another device kind) is said in one line, and dropout then
+    continues from the epoch's seed, which the trainer has just set."""
+    ranks = rng["ranks"] if "ranks" in rng else [rng]   # checkpoints before the per-rank layout: one record
+    if len(ranks) != world_size:
+        log.info("resume: the checkpoint holds the random state of %d rank(s), this run has %d: dropout "
+                 "continues from the epoch's seed (data order and augmentation are unaffected)", len(ranks), world_size)
+        return
+    record = ranks[rank]
+    saved, current, here = record["paddle"], paddle.get_rng_state(), paddle.get_device()
+    there = record.get("device")
+    if len(saved) == len(current) and (there is None or _kind(there) == _kind(here)):
+        paddle.set_rng_state([_generator(s) for s in saved])
+    elif there is not None and _kind(there) == _kind(here) and _index(there) < len(saved):
+        # another number of visible cards: this rank's own generator is the one its dropout used
+        current[_index(here)] = _generator(saved[_index(there)])
+        paddle.set_rng_state(current)
+        log.info("resume: the checkpoint's random state is of %d %s generators, this process has %d: "
+                 "restored %s's from %s's", len(saved), _kind(here), len(current), here, there)
+    else:
+        log.info("resume: the checkpoint's random state was drawn on %s (%d generator(s)), this process "
+                 "runs on %s: dropout continues from the epoch's seed (data order and augmentation are "
+                 "unaffected)", there or "another device", len(saved), here)
+    kind, keys, pos, has_gauss, cached = record["numpy"]
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 

@@ -1,4 +1,5 @@
 """Evaluation over a reader: the model predicts, the metric accumulates (and gathers across ranks)."""
+import contextlib
 import logging
 import time
 
@@ -8,6 +9,7 @@ from engine import distributed
 from engine.config import AmpSection
 from engine.data import empty
 from engine.runtime import autocast
+from engine.training.precision import float32_weights, has_low_precision_weights
 
 log = logging.getLogger("zoo")
 
@@ -21,6 +23,13 @@ def evaluate(model, loader, metric, amp=None, log_every=50):
     `records_lost` (only when there are) counts what damaged files lost before indexing could see it.
     """
     amp = amp or AmpSection()
+    # an O2 model's weights are fp16/bf16: evaluating without AMP computes in fp32, on fp32 weights
+    fp32 = not amp.enable and has_low_precision_weights(model)
+    with float32_weights(model) if fp32 else contextlib.nullcontext():
+        return _evaluate(model, loader, metric, amp, log_every)
+
+
+def _evaluate(model, loader, metric, amp, log_every):
     was_training = model.training
     model.eval()
     metric.reset()

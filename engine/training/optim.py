@@ -390,8 +390,24 @@ def build_optimizer(cfg, model, lr):
 
 
 def clip_grad_norm_(parameters, max_norm):
-    """Scale all gradients so that their global L2 norm is at most max_norm; returns the norm (Tensor).
+    """Scale all gradients so that their global L2 norm is at most max_norm; returns the norm (an fp32 Tensor).
 
-    Call after `GradScaler.unscale_(optimizer)` and before `optimizer.step()`.
+    Call after `GradScaler.unscale_(optimizer)` and before `optimizer.step()`. paddle's
+    clip_grad_norm_ arithmetic (the norm of the per-gradient norms, the factor
+    min(1, max_norm / (norm + 1e-6))), with each gradient's norm taken in fp32: under AMP O2 the
+    gradients mix fp16/bf16 (cast layers) with fp32 (norm layers), which paddle's version cannot
+    stack, and an fp16 sum of squares overflows at 65504.
     """
-    return paddle.nn.utils.clip_grad_norm_(list(parameters), max_norm)
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return paddle.zeros([], "float32")
+    fp32 = paddle.float32
+    norms = [paddle.linalg.norm(g.detach() if g.dtype == fp32 else g.detach().astype(fp32)) for g in grads]
+    norm = paddle.linalg.norm(paddle.stack(norms))
+    factor = (max_norm / (norm + 1e-6)).clip_(max=1.0)
+    for g in grads:
+        if g.dtype == fp32:
+            g.detach().multiply_(factor)
+        else:   # scaled in fp32 and rounded once (CPUs have no fp16 multiply)
+            paddle.assign((g.detach().astype(fp32) * factor).astype(g.dtype), output=g.detach())
+    return norm

@@ -12,7 +12,7 @@ import numpy as np
 import paddle
 from visualdl import LogWriter
 
-from engine import config as C, runtime
+from engine import config as C, distributed, runtime
 from engine.builder import check_agreement, count_params
 from engine.data import empty
 from engine.model import unwrap
@@ -20,17 +20,13 @@ from engine.errors import ConfigError, did_you_mean
 from engine.training import checkpoint
 from engine.training.evaluator import evaluate
 from engine.training.optim import build_lr, build_optimizer, clip_grad_norm_
+from engine.training.precision import decorate_o2, make_scaler
 
 log = logging.getLogger("zoo")
 
 
 class NonFiniteLoss(ConfigError):
     """A NaN/Inf loss outside fp16 loss scaling: training cannot go on meaningfully."""
-
-
-def make_scaler(amp):
-    """fp16 needs loss scaling; bf16 and fp32 do not (the scaler then passes everything through)."""
-    return paddle.amp.GradScaler(enable=amp.enable and amp.dtype == "float16", init_loss_scaling=amp.init_loss_scaling)
 
 
 class TrainStep:
@@ -75,7 +71,7 @@ def build_train_step(cfg, model, steps_per_epoch, total_steps, world_size=1, amp
     lr = build_lr(cfg["lr"], steps_per_epoch, total_steps)
     optimizer = build_optimizer(cfg["optimizer"], model, lr)
     if amp.enable and amp.level == "O2":
-        model, optimizer = paddle.amp.decorate(model, optimizer, level="O2", dtype=amp.dtype)
+        model, optimizer = decorate_o2(model, optimizer, amp)
     net = paddle.DataParallel(model) if world_size > 1 else model
     return TrainStep(net, optimizer, make_scaler(amp), lr, amp, cfg.train.accum_steps, cfg.train.clip_grad_norm)
 
@@ -122,6 +118,13 @@ class Plan:
         return at.step == self.max_steps or (self.max_steps is None and at.epoch + 1 == self.epochs)
 
 
+def dropout_seed(seed, epoch, rank):
+    """paddle's global seed for an epoch of a rank: dropout masks differ between ranks (as between the
+    samples of one batch), and rank 0 draws what one process draws. Augmentation needs none of this:
+    it is a function of (seed, epoch, sample index) (engine/data.py), the same on any number of ranks."""
+    return seed * 100003 + epoch + rank * 1000003
+
+
 def fit(session, output_dir, resume=None):
     """Train the recipe of `session` (the run's one engine.session.Session, not yet set up) into
     `output_dir`; returns (model, last metrics)."""
@@ -132,14 +135,14 @@ def fit(session, output_dir, resume=None):
     for epoch in plan.epoch_range(at.epoch, at.step):
         run.sampler.set_epoch(epoch, at.batch)
         run.dataset.set_epoch(epoch)
-        paddle.seed(seed * 100003 + epoch)  # dropout etc.: a function of (seed, epoch), so resume is exact
+        paddle.seed(dropout_seed(seed, epoch, run.rank))  # a function of (seed, epoch, rank): resume is exact
         if at.batch:
-            checkpoint.restore_rng(run.rng)  # inside an epoch: the RNG as it was at that batch
+            checkpoint.restore_rng(run.rng, run.rank, run.world_size)  # inside an epoch: as it was at that batch
         train_step.net.train()
         meter, tic, at = _Meter(len(loader)), time.perf_counter(), Progress(epoch, at.batch, at.step)
         for i, batch in enumerate(loader, at.batch):
             meter.data_time(time.perf_counter() - tic)
-            if empty(batch):
+            if run.skip(batch, Progress(epoch, i, at.step)):
                 meter.skipped += batch["num_skipped"]
                 at, tic = Progress(epoch, i + 1, at.step), time.perf_counter()
                 continue
@@ -175,7 +178,11 @@ class _Training:
     def __init__(self, session, output_dir):
         cfg, t = session.cfg, session.cfg.train
         rt = session.setup()
+        if cfg.runtime.sync_bn and rt["device"] != "gpu":
+            raise ConfigError("runtime.sync_bn: SyncBatchNorm has no CPU kernel in Paddle; set it false on CPU "
+                              "(eval, export and infer do not need it)")
         self.session, self.output_dir = session, output_dir
+        self.rank, self.world_size = rt["rank"], rt["world_size"]
         # who writes the run's files (config.yaml, checkpoints, best/, final/, metrics.json): rank 0, and
         # with train.save_on_each_node the first process of every node (hosts without a shared disk)
         self.saves = rt["rank"] == 0 or (t.save_on_each_node and rt["local_rank"] == 0)
@@ -195,7 +202,7 @@ class _Training:
             C.dump(self.resolved, os.path.join(output_dir, "config.yaml"))
         if t.pretrained:
             session.load_weights(model, t.pretrained, t.weights_format, strict=False, log=log.info)
-        if cfg.runtime.sync_bn:  # GPU only: runtime.setup refuses it on CPU, where it has no kernel
+        if cfg.runtime.sync_bn:  # GPU only: refused above on CPU, where it has no kernel
             model = runtime.convert_sync_bn(model)
         self.train_step = build_train_step(cfg, model, self.plan.steps_per_epoch, self.plan.total_steps,
                                            rt["world_size"], amp=session.train_amp)
@@ -204,6 +211,9 @@ class _Training:
         log.info("model %s: %s trainable parameters; %d steps/epoch, %d steps, world size %d, %d threads",
                  cfg["model"]["name"], f"{count_params(self.model):,}", self.plan.steps_per_epoch,
                  self.plan.total_steps, rt["world_size"], rt["threads"])
+        # with skip_bad, a rank may get a batch of unreadable samples only: every rank must then skip it,
+        # or the others would wait for its gradients in the all-reduce (a hang)
+        self.agree_on_skips = self.world_size > 1 and getattr(self.dataset, "skip_bad", False)
         self.faults = self.dataset.data_faults()
         if self.faults["records_lost"]:
             log.warning("reader.train: %s", self.faults["summary"])
@@ -211,6 +221,18 @@ class _Training:
         self.evaluation = EvaluateHook(self, val, metric)
         self.hooks = [ReportHook(self), self.evaluation, CheckpointHook(self)]
         self.rng = None
+
+    def skip(self, batch, at):
+        """Whether this batch is skipped: it is empty (every sample unreadable), or under data parallel
+        another rank's is."""
+        mine = empty(batch)
+        if not self.agree_on_skips:
+            return mine
+        anyone = distributed.any_rank(mine)
+        if anyone and self.rank == 0:
+            log.warning("epoch %d batch %d: %s every sample unreadable; every rank skips this batch",
+                        at.epoch + 1, at.batch + 1, "this rank's batch had" if mine else "another rank's batch had")
+        return anyone
 
     def resume(self, resume):
         """The position to start from: a checkpoint's (restoring weights, optimizer, scaler, best), or 0."""
@@ -314,12 +336,13 @@ class CheckpointHook(Hook):
     def save(self, name, at, meter):
         meter.check_finite()   # never write a checkpoint of diverged weights
         run = self.run
+        rng = distributed.gather(checkpoint.rng_state())   # every rank's: dropout differs between ranks
         if run.saves:
             root = os.path.join(run.output_dir, "checkpoints")
             state = dataclasses.asdict(at)
             state.update(best=run.evaluation.best, metrics=run.evaluation.metrics, config=run.resolved)
             checkpoint.save(os.path.join(root, name), run.model, run.train_step.optimizer, run.train_step.scaler,
-                            state)
+                            state, rng=rng)
             checkpoint.prune(root, run.session.cfg.train.keep_last)
 
     def after_train(self):

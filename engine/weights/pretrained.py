@@ -12,6 +12,7 @@ import re
 import warnings
 
 import numpy as np
+import paddle
 from safetensors.numpy import load_file
 
 from engine.model import ZooModel, unwrap
@@ -86,6 +87,22 @@ def _as_numpy(value):
     return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
 
+_NUMPY_FLOATS = {paddle.float16: np.float16, paddle.float32: np.float32, paddle.float64: np.float64}
+
+
+def _in_dtype(arr, dtype):
+    """`arr` in the dtype of the tensor it is loaded into (paddle refuses another): fp32 files into an
+    O2 model's fp16/bf16 weights on resume, fp16 files (saved by an O2 run without save_dtype) into
+    fp32 models. Integer arrays and matching dtypes pass unchanged."""
+    if arr.dtype.kind != "f" or (dtype in _NUMPY_FLOATS and arr.dtype == _NUMPY_FLOATS[dtype]):
+        return arr
+    if dtype in _NUMPY_FLOATS:
+        return arr.astype(_NUMPY_FLOATS[dtype])
+    if dtype == paddle.bfloat16:
+        return paddle.to_tensor(arr.astype(np.float32)).astype(dtype)
+    return arr
+
+
 def _shape(value):
     return tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
 
@@ -152,6 +169,8 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
         log(f"{what}: dropped head keys of another shape (file vs model; num_classes differs): {shapes}")
     if missing:
         log(f"{what}: missing keys left at their initial values (head_keys allow it): {', '.join(missing)}")
+    real = model.state_dict(use_hook=False)   # the tensors as they are (an AMP O2 model's: fp16/bf16)
+    to_load = {k: _in_dtype(v, real[k].dtype) for k, v in to_load.items()}
     with warnings.catch_warnings():  # paddle warns per key it was not given; reported above instead
         warnings.simplefilter("ignore")
         model.set_state_dict(to_load)

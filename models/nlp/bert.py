@@ -15,7 +15,8 @@ attention, add & norm), which run fused kernels in training on the CPU and plain
 otherwise. Attention is swappable with `set_attention(fn)`; the default is matmul(q, k^T) + additive
 mask, softmax, dropout, matmul: on our CPUs this beats `F.scaled_dot_product_attention`.
 `recompute: true` re-runs each encoder layer's forward during backward instead of keeping its
-activations (activation checkpointing): the same gradients, with dropout too, for less memory.
+activations (activation checkpointing): the same gradients, with dropout too, for less memory, on
+one card or several (non-reentrant recompute).
 
 The small Python API for use outside the tools (`load_bert`, `load_tokenizer`,
 `sentence_embeddings`) is api/bert.py.
@@ -139,7 +140,10 @@ class Encoder(nn.Layer):
     def forward(self, x, bias):
         for layer in self.layers:
             if self.recompute and self.training and not x.stop_gradient:
-                x = recompute(layer, x, bias)   # restores the RNG state: the same dropout masks
+                # non-reentrant (saved-tensor hooks), as models/vision/resnet.py: paddle's reentrant
+                # recompute fails inside DataParallel's gradient reducer; the RNG state is restored
+                # either way, so the recomputed dropout masks are the first pass's
+                x = recompute(layer, x, bias, use_reentrant=False)
             else:
                 x = layer(x, bias)
         return x
