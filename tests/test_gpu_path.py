@@ -392,3 +392,20 @@ def test_skip_bad_ranks_agree_when_one_ranks_batch_is_unreadable(yt8m_demo, tmp_
     assert len(logged_losses(out)) == 4                            # 4 optimizer steps, batch 2 skipped
     ranks = json.load(open(out / "checkpoints" / "step_4" / "rng.json"))["ranks"]
     assert len(ranks) == 2 and ranks[0]["paddle"] != ranks[1]["paddle"]   # each rank's own dropout stream
+
+
+def test_gpu_autocast_takes_the_recipes_op_lists(monkeypatch):
+    """On a GPU, train.amp's op lists reach paddle.amp.auto_cast. Expected: PaddleSeg's train.py
+    (custom_white_list {elementwise_add, batch_norm, sync_batch_norm}, custom_black_list
+    {bilinear_interp_v2}) and PaddleVideo's trainer (custom_black_list {reduce_mean})."""
+    load_all()
+    seen = []
+    monkeypatch.setattr(runtime, "_on_cpu", lambda: False)
+    monkeypatch.setattr(paddle.amp, "auto_cast", lambda **kw: seen.append(kw) or contextlib.nullcontext())
+    for recipe in ("configs/vision/deeplabv3/deeplabv3_r101vd_os8_80k_cityscapes.yaml", "configs/video/tsn/tsn_demo.yaml"):
+        with runtime.autocast(config.load(os.path.join(ROOT, recipe), ["train.amp.enable=true"]).train.amp):
+            pass
+    assert seen == [
+        dict(enable=True, dtype="float16", level="O1", custom_white_list={"elementwise_add", "batch_norm", "sync_batch_norm"},
+             custom_black_list={"bilinear_interp_v2"}),
+        dict(enable=True, dtype="float16", level="O1", custom_white_list=None, custom_black_list={"reduce_mean"})]
