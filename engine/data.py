@@ -44,6 +44,7 @@ class SampleDataset(paddle.io.Dataset):
     # dataset knows it: classes of the labels, rows of its vocabulary, the longest sequence it gives
     num_classes = None
     vocab_size = None
+    labelled = True   # False: a split without ground truth (GLUE's test files), which eval cannot score
     max_seq_length = None
     # the arguments that say which samples (files, folders, split), not how they are processed:
     # INT8 calibration reads the train split's samples through the evaluation split's processing

@@ -144,6 +144,7 @@ class GLUE(SampleDataset):
             raise ConfigError(f"GLUE {self.task.name}: no examples in {', '.join(self.files)}")
         self.num_classes = len(self.task.labels) if self.task.labels else 1
         self.label_names = list(self.task.labels) if self.task.labels else None
+        self.labelled = split != "test"
 
     def __len__(self):
         return len(self.rows)

@@ -5,7 +5,8 @@ import json
 import os
 
 from tests.conftest import BERT_GLUE_DEMO, BERT_PRETRAIN_DEMO
-from tests.helpers import ROOT, assert_one_line_error, nsp_majority, read_metrics, tool
+from tests.helpers import (ROOT, assert_one_line_error, nsp_majority, one_error_line, read_metrics, tool,
+                           tools_in_one_process)
 
 # dev accuracy with --seed 0 / 1 / 2 for both runs (amd-zen4): from the pretraining demo 0.835 / 0.738 /
 # 0.798, from scratch 0.598 / 0.538 / 0.575 (dev majority 0.538); differences 0.24 / 0.20 / 0.22
@@ -70,6 +71,19 @@ def test_infer_writes_the_glue_submission_file(bert_demo, bert_glue_run, tmp_pat
     assert [r.split("\t")[0] for r in rows[1:]] == [str(i) for i in range(n)]
     assert {r.split("\t")[1] for r in rows[1:]} <= {"entailment", "not_entailment"}
     assert "RTE.tsv" in proc.stdout
+
+
+def test_eval_scores_the_labelled_split_of_glue(bert_demo, bert_glue_run, tmp_path):
+    """GLUE's test files have no labels: eval without --split scores dev (one log line) and gives the
+    metrics the run logged at its end; --split test is one line naming the way out."""
+    results = tools_in_one_process([
+        ("eval", ["-c", BERT_GLUE_DEMO, "--weights", bert_glue_run / "final", "--output", tmp_path / "eval"], {}),
+        ("eval", ["-c", BERT_GLUE_DEMO, "--weights", bert_glue_run / "final", "--output", tmp_path / "t",
+                  "--split", "test"], {})])
+    assert results[0]["code"] == 0 and "reader.test has no labels (GLUE): evaluating reader.val" in results[0]["stdout"]
+    assert read_metrics(tmp_path / "eval")["accuracy"] == read_metrics(bert_glue_run)["accuracy"]
+    assert one_error_line(results[1]) == ("error: reader.test: GLUE's test split has no labels to score; evaluate "
+                                          "--split val (tools/infer.py predicts the test split)")
 
 
 def test_bad_input_through_the_tools_is_one_line(bert_demo, tmp_path):
