@@ -21,6 +21,7 @@ import ops
 from engine import config, cpu, runtime
 from engine.components import load_all
 from ops import functional, library
+from tests.conftest import needs_native_bf16
 
 TINY = np.finfo(np.float32).tiny   # 2^-126, the smallest normal float32
 RNG = np.random.default_rng(0)
@@ -261,6 +262,7 @@ def test_the_switch_is_a_runtime_key_on_by_default():
         config.load("configs/video/attention_lstm/attention_lstm_demo.yaml", ["runtime.flush_denormals=3"])
 
 
+@needs_native_bf16
 def test_bf16_products_write_no_subnormals_even_with_the_guard_off():
     """Under bf16 (ops.autocast) the matmul's operands are rounded with subnormals to zero and its
     products of normal bf16 values below 2^-126 come out as zeros (the bf16 dot-product instructions
