@@ -290,6 +290,14 @@ def test_gpu_device_setup_under_mocks(monkeypatch):
     # dropout seeds differ per rank; rank 0 draws what one process draws (the old seed)
     seeds = {trainer.dropout_seed(7, 2, r) for r in range(8)}
     assert len(seeds) == 8 and trainer.dropout_seed(7, 2, 0) == 7 * 100003 + 2
+    # while the initial weights are the same on every rank (built after runtime.seed_all(seed))
+    load_all()
+    built = []
+    for rank in ("0", "1"):
+        monkeypatch.setenv("PADDLE_TRAINER_ID", rank)
+        runtime.seed_all(7)
+        built.append(MODELS.build({"name": "ResNet", "depth": 18}).state_dict())
+    assert all(np.array_equal(built[0][k].numpy(), built[1][k].numpy()) for k in built[0])
     # the stride flag: set for a CPU build before paddle loads, left to paddle on a GPU build
     assert cpu.mkl_environment({})["FLAGS_use_stride_kernel"] == "0"
     real_version = importlib.metadata.version
