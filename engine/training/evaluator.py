@@ -24,7 +24,8 @@ def evaluate(model, loader, metric, amp=None, log_every=50):
     """
     amp = amp or AmpSection()
     # an O2 model's weights are fp16/bf16: evaluating without AMP computes in fp32, on fp32 weights
-    fp32 = not amp.enable and has_low_precision_weights(model)
+    # (`model` may also be an exported program's runner, tools/quantize.py's: no layer, nothing cast)
+    fp32 = not amp.enable and isinstance(model, paddle.nn.Layer) and has_low_precision_weights(model)
     with float32_weights(model) if fp32 else contextlib.nullcontext():
         return _evaluate(model, loader, metric, amp, log_every)
 
