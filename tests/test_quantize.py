@@ -19,7 +19,7 @@ from engine.deploy import export, quantize
 from engine.deploy.predictor import Predictor
 from engine.errors import ConfigError
 from tests.conftest import (ATTENTION_CLUSTER_DEMO, ATTENTION_LSTM_DEMO, BERT_GLUE_DEMO, DEEPLAB_DEMO,
-                            MASK_RCNN_DEMO, NEXTVLAD_DEMO, STNET_DEMO, TRANSFORMER_DEMO, TSN_DEMO)
+                            MASK_RCNN_DEMO, NATIVE_BF16, NEXTVLAD_DEMO, STNET_DEMO, TRANSFORMER_DEMO, TSN_DEMO)
 from tests.helpers import ROOT, one_error_line, tool, tools_in_one_process
 
 # (id, config, the session fixture whose run it quantizes): every demo with a validation metric
@@ -149,10 +149,14 @@ def test_quantize_refuses_bad_input_with_one_line(tsn_int8, tsn_demo_run, tmp_pa
     for r, fragments in zip(results, want):
         line = one_error_line(r)
         assert line and all(f in line for f in fragments), (fragments, r["stdout"][-800:], r["stderr"][-1500:])
-    # tools/export.py --precision bf16 records it, and tools/infer.py runs it (bf16: no note here)
+    # tools/export.py --precision bf16 records it, and tools/infer.py runs it: in bf16 without a note
+    # where the CPU has native bf16, else in fp32 with the note saying why
     assert [r["code"] for r in results[len(want):]] == [0, 0], results[len(want):]
     assert yaml.safe_load((tmp_path / "bf16" / "infer_cfg.yml").read_text())["precision"] == "bf16"
-    assert "note:" not in results[-1]["stdout"] and os.path.isfile(tmp_path / "i3" / "predictions.json")
+    notes = [ln for ln in results[-1]["stdout"].splitlines() if ln.startswith("note:")]
+    assert notes == ([] if NATIVE_BF16 else [f"note: {tmp_path / 'bf16'}: bf16 asked for, but this CPU has no native "
+                                             f"bf16 (avx512_bf16, amx_bf16): running fp32"]), notes
+    assert os.path.isfile(tmp_path / "i3" / "predictions.json")
 
 
 def test_bf16_without_native_bf16_runs_fp32_and_says_so_in_one_line(tmp_path, yt8m_demo, monkeypatch, capsys):
