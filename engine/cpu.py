@@ -53,6 +53,13 @@ def has_bf16():
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
+def has_vnni():
+    """Integer dot products without saturation (AVX512_VNNI, AVX_VNNI or AMX-INT8). Without them, x86's
+    u8 x s8 multiply-add (vpmaddubsw) saturates its 16-bit pair sums, which ONNX Runtime's INT8 kernels
+    meet unless the weights use 7 bits (its `reduce_range`)."""
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
 def mkl_environment(env=None):
     """The MKL setting for this CPU added to `env` (default: os.environ); a value the user set wins.
 
