@@ -28,6 +28,10 @@ def one_of(*choices):
     return lambda v: None if v in choices else f"must be one of {', '.join(map(str, choices))}"
 
 
+def op_names(v):
+    return None if all(isinstance(x, str) for x in v) else "must be paddle op names (strings)"
+
+
 # The engine's own sections: key -> (type, default[, rule]); `None` is allowed where the default is
 # None; a rule returns why a value is out of range (checked where the config is read).
 TRAIN_KEYS = {
@@ -55,8 +59,8 @@ AMP_KEYS = {
     "init_loss_scaling": (float, 32768.0, lambda v: None if v > 0 else "must be > 0"),
     # paddle.amp op lists (a GPU's autocast; the CPU's bf16 runs our fused operators and reads neither):
     # ops computed in low precision / kept in fp32 beyond paddle's defaults, e.g. PaddleSeg's
-    "custom_white_list": (list, None, lambda v: None if all(isinstance(x, str) for x in v) else "must be op names"),
-    "custom_black_list": (list, None, lambda v: None if all(isinstance(x, str) for x in v) else "must be op names"),
+    "custom_white_list": (list, None, op_names),
+    "custom_black_list": (list, None, op_names),
 }
 EVAL_KEYS = {
     "amp": (dict, None),                      # eval.amp: evaluation and inference; unset keys: train.amp's

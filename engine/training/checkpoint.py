@@ -203,7 +203,8 @@ def restore_rng(rng, rank=0, world_size=1):
     there = record.get("device")
     if len(saved) == len(current) and (there is None or _kind(there) == _kind(here)):
         paddle.set_rng_state([_generator(s) for s in saved])
-    elif there is not None and _kind(there) == _kind(here) and _index(there) < len(saved):
+    elif (there is not None and _kind(there) == _kind(here) and _index(there) < len(saved)
+          and _index(here) < len(current)):
         # another number of visible cards: this rank's own generator is the one its dropout used
         current[_index(here)] = _generator(saved[_index(there)])
         paddle.set_rng_state(current)

@@ -122,7 +122,7 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
     the wrong layout never lets a run start from scratch unnoticed. Nothing is loaded when it raises.
     `layout` and `hint` only go into the messages. Returns the report.
     """
-    own = model.state_dict()
+    own = model.state_dict(use_hook=False)   # the tensors as they are (an AMP O2 model's: fp16/bf16)
     # tied tensors appear under several keys (paddle.nn.LSTM does this): the first key loaded wins
     group = {k: id(v) for k, v in own.items()}
     heads = [re.compile(p) for p in head_keys]
@@ -169,8 +169,7 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
         log(f"{what}: dropped head keys of another shape (file vs model; num_classes differs): {shapes}")
     if missing:
         log(f"{what}: missing keys left at their initial values (head_keys allow it): {', '.join(missing)}")
-    real = model.state_dict(use_hook=False)   # the tensors as they are (an AMP O2 model's: fp16/bf16)
-    to_load = {k: _in_dtype(v, real[k].dtype) for k, v in to_load.items()}
+    to_load = {k: _in_dtype(v, own[k].dtype) for k, v in to_load.items()}
     with warnings.catch_warnings():  # paddle warns per key it was not given; reported above instead
         warnings.simplefilter("ignore")
         model.set_state_dict(to_load)
