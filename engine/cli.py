@@ -7,11 +7,20 @@ import traceback
 from engine.errors import ConfigError, SampleError
 
 
-def parser(description):
+class _Overrides(argparse.Action):
+    """-o takes one or more KEY=VALUE, and may repeat: `-o a=1 b=2` (PaddleDetection's form) and
+    `-o a=1 -o b=2` give the same flat list."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, list(getattr(namespace, self.dest) or []) + list(values))
+
+
+def parser(description, config_required=True):
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("-c", "--config", required=True, help="YAML recipe under configs/")
-    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. -o train.epochs=2 -o reader.train.batch_size=8")
+    p.add_argument("-c", "--config", required=config_required, help="YAML recipe under configs/")
+    p.add_argument("-o", "--override", action=_Overrides, nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override config values, e.g. -o train.epochs=2 reader.train.batch_size=8 "
+                        "(or -o repeated)")
     p.add_argument("--trust-weights", action="store_true",
                    help="unpickle weight files in full (they could run code): only for files you trust; "
                         "a flag of the command, never a config key, so no recipe can switch the guard off")
@@ -31,8 +40,41 @@ def format_metrics(metrics):
     return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
 
 
-def default_output(config_path):
-    return os.path.join("output", os.path.splitext(os.path.basename(config_path))[0])
+def default_output(config_path, weights=None, sub=""):
+    """Where a tool writes when --output is not given: `sub` inside the training run that `weights`
+    come from (final/, best/, a checkpoint or an export inside the run folder), else
+    output/<config name>/`sub`."""
+    run = run_folder(weights)
+    if run:
+        return os.path.join(run, sub)
+    return os.path.join("output", os.path.splitext(os.path.basename(config_path))[0], sub)
+
+
+def check_output(path, flag="--output"):
+    """A folder to write into: refused at once (one line) when it or a parent is an existing file."""
+    if not path:
+        return path
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        what = "is an existing file" if probe == os.path.abspath(path) else f"lies under a file ({probe})"
+        raise ConfigError(f"{flag} {path} {what}; it names a folder to write into")
+    return path
+
+
+def run_folder(weights, levels=3):
+    """The training run folder (its config.yaml and final/ or checkpoints/ written by tools/train.py)
+    that a local weights path lies in, or None (an entry name, a URL, a file elsewhere)."""
+    if not weights or not os.path.exists(weights):
+        return None
+    folder = os.path.abspath(weights if os.path.isdir(weights) else os.path.dirname(weights))
+    for _ in range(levels):
+        if os.path.isfile(os.path.join(folder, "config.yaml")) and any(
+                os.path.isdir(os.path.join(folder, d)) for d in ("final", "checkpoints")):
+            return folder
+        folder = os.path.dirname(folder)
+    return None
 
 
 def run(main):

@@ -91,6 +91,8 @@ NESTED = {"transforms": TRANSFORMS, "backbone": MODELS, "collate": COLLATES, "sa
 
 
 def _read_yaml(path):
+    if os.path.isdir(path):
+        raise ConfigError(_folder_message(path))
     if not os.path.isfile(path):
         raise ConfigError(f"config file not found: {path}")
     try:
@@ -106,6 +108,19 @@ def _read_yaml(path):
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config must be a mapping at the top level")
     return data
+
+
+def _folder_message(path, show=8):
+    """-c given a folder: say so, and name the recipes in it (all of them when there are few)."""
+    recipes = sorted(os.path.join(d, f) for d, dirs, files in os.walk(path)
+                     if "_base_" not in os.path.relpath(d, path).split(os.sep) for f in files
+                     if f.endswith((".yaml", ".yml")))
+    if not recipes:
+        return f"config {path} is a folder, not a YAML file, and holds no .yaml recipes"
+    show = show if len(recipes) > show + 1 else len(recipes)
+    listed = ", ".join(recipes[:show]) + (f", ... ({len(recipes)} in all; tools/list_models.py lists every "
+                                          f"recipe)" if len(recipes) > show else "")
+    return f"config {path} is a folder, not a YAML file; give one of its recipes: {listed}"
 
 
 def _merge(base, over, origins, file, prefix=""):
@@ -192,6 +207,20 @@ def apply_override(cfg, key, value, origins):
     _mark(value, origins, "-o", key)
 
 
+def _one_length(cfg, origins):
+    """train.epochs and train.max_steps exclude each other: one given by -o replaces the recipe's
+    other (with a note), so `-o train.max_steps=50` shortens an epoch-based recipe as users expect."""
+    train = cfg.get("train")
+    if not isinstance(train, dict) or train.get("epochs") is None or train.get("max_steps") is None:
+        return
+    given = [k for k in ("epochs", "max_steps") if origins.get(f"train.{k}") == "-o"]
+    if len(given) == 1:
+        other = "max_steps" if given[0] == "epochs" else "epochs"
+        print(f"note: -o train.{given[0]}={train[given[0]]} replaces the recipe's train.{other}: {train[other]} "
+              f"(training length is one or the other)", flush=True)
+        train[other] = None
+
+
 def _list_item(node, part, key):
     if not part.isdigit() or int(part) >= len(node):
         raise ConfigError(f"-o {key}: index '{part}' out of range for a list of {len(node)}")
@@ -202,9 +231,22 @@ def load(path, overrides=(), validate_config=True):
     """Read a recipe, merge its bases, apply `-o` overrides, import its `custom_imports` (their
     components register before they are checked) and validate. Returns a `Config`."""
     origins = {}
-    cfg = _load_tree(path, origins)
+    return _finish(_load_tree(path, origins), origins, path, overrides, validate_config)
+
+
+def from_data(data, where, overrides=()):
+    """A recipe held as data (the config an export records in its infer_cfg.yml), with `-o` overrides
+    and validation as `load` gives a file; `where` names it in messages."""
+    origins = {}
+    cfg = copy.deepcopy(data)
+    _mark(cfg, origins, where, "")
+    return _finish(cfg, {k.lstrip("."): v for k, v in origins.items()}, where, overrides, True)
+
+
+def _finish(cfg, origins, path, overrides, validate_config):
     for text in overrides:
         apply_override(cfg, *parse_override(text), origins)
+    _one_length(cfg, origins)
     cfg.setdefault("train", {})
     cfg.setdefault("runtime", {})
     where = origins.get("custom_imports.imports") or origins.get("custom_imports", path)
@@ -269,7 +311,9 @@ def split_reader(cfg, split):
     dict; its DataLoader keys, a LoaderSection)."""
     reader_cfg = (cfg.get("reader") or {}).get(split)
     if reader_cfg is None:
-        raise ConfigError(f"the config has no reader.{split} section")
+        have = list(cfg.get("reader") or {})
+        raise ConfigError(f"the config has no reader.{split} section{did_you_mean(split, have)}"
+                          + (f"; it has {', '.join('reader.' + s for s in have)}" if have else ""))
     dataset = {k: v for k, v in reader_cfg.items() if k not in LOADER_KEYS}
     return dataset, LoaderSection.of({k: v for k, v in reader_cfg.items() if k in LOADER_KEYS})
 

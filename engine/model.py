@@ -42,6 +42,13 @@ class ZooModel(paddle.nn.Layer):
         """Default: only native files, every key required."""
         return Weights()
 
+    def weights_hint(self, missing, unexpected):
+        """What to change when a file fails to load with only these differences (our names of the
+        model's keys the file lacks, and the file's keys the model lacks, after the layout's key map),
+        e.g. an option of the model that drops layers such a file has not: one short sentence, which
+        replaces the `--weights-format` hint in the error. Default: None (no idea)."""
+        return None
+
     def data_agreement(self):
         """Default: nothing to compare with the reader."""
         return DataAgreement()

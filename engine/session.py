@@ -2,23 +2,33 @@
 their runtime, model, weights, readers and metric from, so the tools differ only in what they do
 with them."""
 import dataclasses
+import logging
 import os
 
 from engine import config, runtime
 from engine.builder import build_loader, build_metric, build_model
+from engine.deploy.predictor import Predictor
+from engine.deploy.record import BACKEND_OF, INFER_CFG, read_infer_cfg
 from engine.components import load_all
 from engine.errors import ConfigError
 from engine.registry import DATASETS, OUTPUTS
 from engine.weights.pretrained import load_pretrained
+
+log = logging.getLogger("zoo")
+
+
+def is_export(weights):
+    """Whether `weights` is a directory written by tools/export.py (or tools/quantize.py)."""
+    return bool(weights) and os.path.isfile(os.path.join(weights, INFER_CFG))
 
 
 class Session:
     """`Session.from_args(args)` in a tool, `Session(cfg)` for a loaded config; then `setup()` once
     (threads, device, data parallel, seeds) before building anything."""
 
-    def __init__(self, cfg, trust_weights=False, path="<config>"):
+    def __init__(self, cfg, trust_weights=False, path="<config>", label_names=None):
         self.cfg, self.trust_weights, self.path = cfg, trust_weights, path
-        self.rt = None
+        self.rt, self._label_names = None, label_names
         self._amp, self._readers = {}, {}
 
     @classmethod
@@ -27,9 +37,28 @@ class Session:
         return cls(config.load(path, list(overrides)), trust_weights, path)
 
     @classmethod
+    def from_export(cls, export_dir, overrides=(), trust_weights=False):
+        """From the recipe an export recorded (model, readers of val/test, infer writer, runtime, class
+        names): inference on an export needs no -c."""
+        load_all()
+        record = read_infer_cfg(export_dir)
+        where = os.path.join(export_dir, INFER_CFG)
+        if not record.get("config"):
+            raise ConfigError(f"{where} records no config (an older export): give the recipe with -c")
+        return cls(config.from_data(record["config"], where, list(overrides)), trust_weights, where,
+                   label_names=record.get("label_names"))
+
+    @classmethod
     def from_args(cls, args):
-        """From the flags every tool has (engine.cli.parser): -c, -o, --trust-weights."""
-        return cls.from_file(args.config, args.override, args.trust_weights)
+        """From the flags every tool has (engine.cli.parser): -c, -o, --trust-weights; without -c, the
+        recipe that an export directory given as --weights records (eval, infer)."""
+        if args.config:
+            return cls.from_file(args.config, args.override, args.trust_weights)
+        weights = getattr(args, "weights", None)
+        if weights and is_export(weights):
+            return cls.from_export(weights, args.override, args.trust_weights)
+        raise ConfigError(f"-c CONFIG is needed: --weights {weights} is not an export directory (with "
+                          f"{INFER_CFG}), which records its recipe" if weights else "-c CONFIG is needed")
 
     def setup(self, device=None):
         """runtime.setup and the seeds; `device` overrides runtime.device (export traces on the CPU)."""
@@ -61,6 +90,23 @@ class Session:
             self.load_weights(model, weights, weights_format, strict, log)
         return model
 
+    def runnable(self, weights, weights_format=None, backend=None, mkldnn=True):
+        """What eval and infer run: an export directory's programs (engine.deploy.predictor.Predictor) on
+        `backend`, by default the one its infer_cfg.yml records (said in one line); else the recipe's
+        model with `weights` loaded (backend None or "dynamic")."""
+        if is_export(weights) and backend in (None, "dynamic"):
+            if backend == "dynamic":
+                raise ConfigError(f"--weights {weights} is an export of tools/export.py, which --backend dynamic "
+                                  f"cannot run; leave --backend out (its {INFER_CFG} says which backend runs it)")
+            record = read_infer_cfg(weights)
+            backend = BACKEND_OF[record.get("format", "paddle")]
+            print(f"note: {weights} is a {record.get('format', 'paddle')} export of {record.get('model')}: "
+                  f"running it with --backend {backend}", flush=True)
+        if backend in (None, "dynamic"):
+            return self.model(weights, weights_format)
+        return Predictor(weights, mkldnn=mkldnn, threads=self.rt["threads"], device=self.rt["device"],
+                         model_name=self.cfg["model"]["name"], backend=backend)
+
     def load_weights(self, model, weights, weights_format=None, strict=True, log=print):
         if os.path.isdir(weights) and os.path.isfile(os.path.join(weights, "model.pdparams")):
             weights = os.path.join(weights, "model.pdparams")
@@ -78,6 +124,20 @@ class Session:
         world_size, rank = (self.rt["world_size"], self.rt["rank"]) if sharded and self.rt else (1, 0)
         return build_loader(self.cfg, split, self.cfg.runtime.seed, world_size, rank, dataset=dataset,
                             batch_size=batch_size, reader=self.reader(split))
+
+    def scored_loader(self, split=None):
+        """(loader, dataset) of the split evaluation scores: `split`, else the eval split, or val when
+        the test split has no labels (GLUE's test files: inputs only, for the leaderboard)."""
+        name = split or self.cfg.eval_split()
+        loader, dataset, _ = self.loader(name)
+        if dataset.labelled:
+            return loader, dataset
+        if split or "val" not in self.cfg["reader"]:
+            raise ConfigError(f"reader.{name}: {type(dataset).__name__}'s {name} split has no labels to score; "
+                              f"evaluate --split val (tools/infer.py predicts the {name} split)")
+        log.info("reader.test has no labels (%s): evaluating reader.val", type(dataset).__name__)
+        loader, dataset, _ = self.loader("val")
+        return loader, dataset
 
     def calibration_loader(self, split, batch_size=None):
         """reader.<split>'s processing over reader.train's samples, in file order: what INT8
@@ -104,9 +164,12 @@ class Session:
                                                                    f"reader.{split}'s processing)")) from None
 
     def input_dataset(self, inputs, split=None):
-        """The eval split's (or `split`'s) reader over raw input files or folders (tools/infer.py)."""
+        """The eval split's (or `split`'s) reader over raw input files or folders (tools/infer.py); an
+        unreadable input is named and skipped, the others predicted."""
         kwargs = dict(self.reader(split or self.cfg.eval_split())[0])
-        return DATASETS.get(kwargs.pop("name")).for_inputs(inputs, **kwargs)
+        dataset = DATASETS.get(kwargs.pop("name")).for_inputs(inputs, **kwargs)
+        dataset.skip_bad = True
+        return dataset
 
     def infer_writer(self):
         """The recipe's `infer:` writer (how predictions are written)."""
@@ -116,12 +179,17 @@ class Session:
         return OUTPUTS.build(self.cfg["infer"])
 
     def metric(self, dataset=None):
+        if not self.cfg.get("metric") and self.path.endswith(INFER_CFG):
+            raise ConfigError(f"{self.path} records no metric (an export older than evaluation of exports): "
+                              f"give the recipe with -c")
         return build_metric(self.cfg, dataset)
 
     def label_names(self, required=False):
         """The class names of the recipe's `labels:` file; None without one (or, unless `required`,
         when the file is absent: an export without data)."""
         path = self.cfg.get("labels")
+        if not path and self._label_names:   # an export's recorded names
+            return list(self._label_names)
         if not path or not (required or os.path.isfile(path)):
             return None
         if not os.path.isfile(path):

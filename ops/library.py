@@ -22,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 
 import paddle
 
@@ -135,6 +136,10 @@ def build(verbose=False):
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.isfile(path):                 # another process built it while we waited
             return path
+        # the first use on a machine (or after an upgrade of paddle) compiles for ~30-60 s: say so
+        log.info("fast_ops: compiling the fused C++ operators for this CPU and paddle build (once; "
+                 "cached in %s)...", folder)
+        tic = time.perf_counter()
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(fd)
         commands, objs = compile_commands(tmp)
@@ -157,6 +162,7 @@ def build(verbose=False):
                 if os.path.exists(obj):
                     os.unlink(obj)
         os.replace(tmp, path)
+        log.info("fast_ops: compiled in %.0f s", time.perf_counter() - tic)
     return path
 
 

@@ -57,7 +57,7 @@ def softmax_dropout(scores, mask, scale=1.0, p=0.0, training=True, keep=None):
 
 def attention(q, k, v, mask, p=0.0, training=True):
     """softmax(q k^T / sqrt(d) + mask) v over [B, heads, S, d]: on our CPUs this beats
-    F.scaled_dot_product_attention (reference/platform.md)."""
+    F.scaled_dot_product_attention."""
     scores = paddle.matmul(q * (q.shape[-1] ** -0.5), k, transpose_y=True)
     if mask is not None:
         scores = scores + mask

@@ -14,10 +14,11 @@ import os
 import cv2
 import numpy as np
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, SampleError
 from engine.registry import OUTPUTS
 from outputs.base import OutputWriter, file_stem
 from outputs.palettes import voc_palette
+from readers.decoding import read_image
 
 
 def rle_encode(mask):
@@ -81,8 +82,9 @@ class Detections(OutputWriter):
 
     def _draw(self, meta, i, boxes, scores, labels, masks):
         path = meta["image_path"][i] if "image_path" in meta else meta["id"][i]
-        img = cv2.imread(str(path), cv2.IMREAD_COLOR) if os.path.isfile(str(path)) else None
-        if img is None:
+        try:
+            img = np.ascontiguousarray(read_image(str(path))[:, :, ::-1])   # BGR: cv2 draws and writes it
+        except SampleError:     # unreadable: the reader has named it
             return None
         for j in range(len(boxes)):
             colour = tuple(int(c) for c in self.colours[labels[j] % len(self.colours)][::-1])  # BGR

@@ -14,10 +14,11 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, SampleError
 from engine.registry import OUTPUTS
 from outputs.base import OutputWriter, file_stem
 from outputs.palettes import voc_palette
+from readers.decoding import read_image
 
 
 @OUTPUTS.register("LabelMap")
@@ -43,9 +44,12 @@ class LabelMap(OutputWriter):
                           f"(keys: {sorted(preds)})")
 
     def _image(self, meta, i):
+        """The input image (RGB) to draw on, or None: an unreadable one the reader has named."""
         path = meta["image_path"][i] if "image_path" in meta else meta["id"][i]
-        img = cv2.imread(str(path), cv2.IMREAD_COLOR) if os.path.isfile(str(path)) else None
-        return None if img is None else img[:, :, ::-1]
+        try:
+            return read_image(str(path))
+        except SampleError:
+            return None
 
     def write(self, preds, meta):
         lines = []

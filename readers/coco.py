@@ -32,6 +32,7 @@ from pycocotools.coco import COCO
 from engine.errors import ConfigError, SampleError
 from engine.data import SampleDataset
 from engine.registry import DATASETS
+from readers.decoding import read_image
 from readers.fields import declare
 
 log = logging.getLogger("zoo")
@@ -239,13 +240,3 @@ class COCODataset(SampleDataset):
             raise ConfigError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in {', '.join(map(str, inputs))}")
         ds.items = [(i, {"file_name": os.path.abspath(f)}, []) for i, f in enumerate(files)]
         return ds
-
-
-def read_image(path, where=""):
-    """uint8 RGB [H, W, 3], or SampleError naming the file."""
-    if not os.path.isfile(path):
-        raise SampleError(f"image not found: {path}{where}")
-    img = cv2.imread(path, cv2.IMREAD_COLOR)
-    if img is None:
-        raise SampleError(f"cannot decode image {path}{where} (corrupt or not an image)")
-    return np.ascontiguousarray(img[:, :, ::-1])

@@ -12,7 +12,6 @@ spread offsets inside the segments at test time) and adds them as views.
 """
 import inspect
 import os
-import re
 
 import cv2
 import numpy as np
@@ -20,6 +19,7 @@ import numpy as np
 from engine.errors import ConfigError, SampleError
 from engine.data import SampleDataset
 from engine.registry import DATASETS
+from readers.decoding import CaptureStderr, decoder_line, read_image, reported, warn_decoded
 from readers.fields import declare
 
 MODES = {"train": True, "val": False, "valid": False, "test": False, "infer": False}
@@ -162,8 +162,7 @@ def _module_available(name):
 
 def _short_error(e):
     """First line of a decoder's message without decord's '[time] file.cc:line:' prefixes."""
-    text = re.sub(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ", "", str(e)).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
+    return decoder_line(str(e), 200) or type(e).__name__
 
 
 def read_video(path, num_seg, seglen, train, rng, num_clips=1, backends=("decord", "cv2")):
@@ -171,27 +170,43 @@ def read_video(path, num_seg, seglen, train, rng, num_clips=1, backends=("decord
 
     Each backend is tried in turn. A container that promises more frames than it holds is
     re-sampled once with the frames actually decodable (frame counts in headers are often a little
-    off), unless fewer than half of them are: that is a truncated file.
+    off), unless fewer than half of them are: that is a truncated file. What a backend's decoder
+    prints is captured (readers/decoding.py): in the SampleError, or one warning naming the file
+    when it decodes anyway.
     """
-    errors = []
+    errors, lines = [], []
     for name in backends:
+        cap = CaptureStderr()   # FFmpeg's and decord's own stderr lines: in our message, not printed
         try:
-            video = _OPENERS[name](path)
-            n = video.num_frames
-            if n <= 0:
-                raise IOError("no frames")
-            idx = sample_indices(n, num_seg, seglen, train, rng, num_clips)
-            try:
-                frames = video.read(idx.reshape(-1))
-            except _Truncated as e:
-                if e.available < max(1, n // 2):
-                    raise IOError(f"truncated: {e.available} of {n} frames decodable")
-                idx = sample_indices(e.available, num_seg, seglen, train, rng, num_clips)
-                frames = video.read(idx.reshape(-1))
-            return np.ascontiguousarray(frames), idx
+            with cap:
+                frames, idx = _decode(_OPENERS[name], path, num_seg, seglen, train, rng, num_clips)
         except Exception as e:  # decoders raise their own types; all mean "cannot read"
             errors.append(f"{name}: {_short_error(e)}")
-    raise SampleError(f"cannot decode video {path} ({'; '.join(errors)})")
+            line = cap.line     # kept when it says more than the exceptions do
+            if line and line not in lines and not any(line in err for err in errors):
+                lines.append(line)
+            continue
+        warn_decoded("video", path, cap.line)
+        return frames, idx
+    line = "; ".join(lines)[:200]
+    raise SampleError(f"cannot decode video {path} ({'; '.join(errors)}){reported(line)}")
+
+
+def _decode(opener, path, num_seg, seglen, train, rng, num_clips):
+    """One backend's attempt at read_video: (frames, indices), or its exception."""
+    video = opener(path)
+    n = video.num_frames
+    if n <= 0:
+        raise IOError("no frames")
+    idx = sample_indices(n, num_seg, seglen, train, rng, num_clips)
+    try:
+        frames = video.read(idx.reshape(-1))
+    except _Truncated as e:
+        if e.available < max(1, n // 2):
+            raise IOError(f"truncated: {e.available} of {n} frames decodable")
+        idx = sample_indices(e.available, num_seg, seglen, train, rng, num_clips)
+        frames = video.read(idx.reshape(-1))
+    return np.ascontiguousarray(frames), idx
 
 
 def read_frame_folder(folder, num_frames, template, num_seg, seglen, train, rng, num_clips=1):
@@ -207,11 +222,7 @@ def read_frame_folder(folder, num_frames, template, num_seg, seglen, train, rng,
     uniq, inverse = np.unique(idx, return_inverse=True)
     frames = []
     for i in uniq.tolist():
-        path = os.path.join(folder, template.format(i + 1))
-        img = cv2.imread(path, cv2.IMREAD_COLOR)
-        if img is None:
-            raise SampleError(f"cannot read frame {path}")
-        frames.append(_bgr_to_rgb(img))
+        frames.append(read_image(os.path.join(folder, template.format(i + 1)), what="frame"))
     if len({f.shape for f in frames}) != 1:
         raise SampleError(f"frames of different sizes in {folder}")
     return np.ascontiguousarray(np.stack(frames)[inverse.reshape(-1)]), idx

@@ -14,13 +14,13 @@ size than its image, label values that are neither a class nor the ignore index.
 import glob
 import os
 
-import cv2
 import numpy as np
 from PIL import Image
 
 from engine.errors import ConfigError, SampleError
 from engine.data import SampleDataset
 from engine.registry import DATASETS
+from readers.decoding import read_image
 from readers.fields import declare
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
@@ -48,16 +48,6 @@ def cityscapes_lut(ignore_index=255):
     for label_id, train_id in CITYSCAPES_TRAIN_IDS.items():
         lut[label_id] = train_id
     return lut
-
-
-def read_image(path):
-    """uint8 [H, W, 3] RGB, or SampleError."""
-    if not os.path.isfile(path):
-        raise SampleError(f"image not found: {path}")
-    img = cv2.imread(path, cv2.IMREAD_COLOR)
-    if img is None:
-        raise SampleError(f"cannot decode image {path} (corrupt or not an image)")
-    return np.ascontiguousarray(img[:, :, ::-1])
 
 
 def read_label(path):

@@ -1,6 +1,6 @@
 """Subnormal floats: our fused kernels never write one, and the FTZ/DAZ guard (runtime.flush_denormals).
 
-Intel cores compute on subnormal operands 70-100x slower (reference/platform.md "Denormals"), and the
+Intel cores compute on subnormal operands 70-100x slower (benchmarks/denormals.py measures it), and the
 AMD ones far less, so the tests look for the values, not for time. The kernel tests run with the
 guard OFF: they check the kernels themselves (an exp that clamped its argument at -87.3 used to give
 every masked attention position ~1e-38). Each input is built to provoke the case: masked and long

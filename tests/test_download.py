@@ -392,11 +392,20 @@ def test_tool_list_runs(zoo_home):
     assert res.stdout.strip()
 
 
-def test_tool_unknown_name_is_one_line(zoo_home):
-    res = _tool("no_such_weights", home=zoo_home)
-    assert res.returncode != 0
-    assert res.stderr.strip().count("\n") == 0 and "Traceback" not in res.stderr
-    assert "no_such_weights" in res.stderr and "unknown pretrained weight" in res.stderr
+@pytest.mark.parametrize("name, close", [("no_such_weights", None),
+                                         ("tsn_r50_imagenet_int", "tsn_r50_imagenet_init")])
+def test_tool_unknown_name_is_one_line_and_exit_2(zoo_home, name, close):
+    """README: every tool exits with one `error: ...` line and code 2 on bad input (engine.cli.run)."""
+    res = _tool(name, home=zoo_home)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.stderr
+    assert f"unknown pretrained weight '{name}'" in lines[0]
+    if close:
+        assert f"(did you mean '{close}'?)" in lines[0]
+    else:
+        assert "did you mean" not in lines[0]
+    assert not os.path.exists(zoo_home / "weights" / name)
 
 
 def test_tool_download_list_and_markdown(entry, tmp_path, monkeypatch, capsys):
@@ -419,5 +428,9 @@ def test_tool_download_list_and_markdown(entry, tmp_path, monkeypatch, capsys):
     assert "| Linear | `test_fc_tmp` | - | 0.00 M | top1 71.70%" in table and "| demo only |" in table
     assert "`test_none_tmp` (no release) | [x_demo.yaml](configs/x/x_demo.yaml)" in table
     assert "| not run |" in table
-    assert tool.main(["test_none_tmp"]) == 1
+    assert tool.main(["test_none_tmp"]) == 2
     assert "no released file" in capsys.readouterr().err
+    # one name failing does not stop the others; the code says one failed
+    assert tool.main(["test_none_tmp", entry.name, "--dir", str(tmp_path / "d")]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("error: ") == 1 and "test_none_tmp" in err and f"{entry.name}: " in out

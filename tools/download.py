@@ -7,6 +7,11 @@
 
 The cache is `$PADDLE_ZOO_HOME/weights` (default `~/.cache/paddle_zoo/weights`). Offline, place a file
 by hand at the path the error names and it is used without network access.
+
+Exit codes, as every tool's (engine.cli.run): 0 when every name was fetched; 2 with one `error: ...` line
+per name that failed (an unknown name, with a did-you-mean when one is close, an entry without a release,
+a failed download) and for bad arguments; 1 for anything else (a disk error, a component module that
+does not import); 130 when interrupted.
 """
 import os
 import sys
@@ -74,18 +79,19 @@ def markdown_table():
 
 
 def fetch(names, root):
-    """Download each name (entry or URL); an error on one does not stop the others."""
+    """Download each name (entry or URL); an error on one does not stop the others. Returns the exit
+    code: 2 if any name failed (one `error:` line each), else 0."""
     failed = 0
     for name in names:
         try:
             if not name.lower().startswith(("http://", "https://")):
-                WEIGHTS.get(name)  # an unknown name lists the known ones
+                WEIGHTS.get(name)  # an unknown name lists the known ones (and the closest)
             path, _ = resolve_weights(name, root=root)
             print(f"{name}: {path}")
         except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
             failed += 1
-    return 1 if failed else 0
+    return 2 if failed else 0
 
 
 def main(argv=None):
@@ -116,9 +122,12 @@ def main(argv=None):
                 if not e.urls:
                     print(f"{e.name}: skipped, no released weights")
         return fetch(names, args.dir)
+    except ConfigError as e:  # bad input: exit 2, as engine.cli.run
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     except ImportError as e:
         print(f"error: cannot import the component modules (their packages' COMPONENTS): {e}", file=sys.stderr)
-    except (ConfigError, OSError) as e:
+    except OSError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

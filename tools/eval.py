@@ -1,19 +1,16 @@
 """Evaluate weights on a recipe's reader: python tools/eval.py -c CONFIG --weights PATH|NAME|URL"""
 import _bootstrap  # noqa: F401  (environment before paddle)
 
-import logging
-import os
-
 from engine import cli
-from engine.errors import ConfigError
-
-log = logging.getLogger("zoo")
 
 
 def main():
-    p = cli.parser(__doc__)
-    cli.weights_args(p, required=True)
-    p.add_argument("--output", help="where metrics.json goes (default output/<config name>/eval)")
+    p = cli.parser(__doc__, config_required=False)
+    cli.weights_args(p, required=True, help="a .pdparams file, a checkpoint directory, a pretrained entry name, "
+                                            "a URL, or an export directory of tools/export.py (then -c is optional)")
+    p.add_argument("--output", type=cli.check_output,
+                   help="where metrics.json goes (default: eval/ in the run folder of --weights, "
+                        "else output/<config name>/eval)")
     p.add_argument("--split", default=None, help="reader split to evaluate (default: test if defined and "
                                                  "labelled, else val)")
     args = p.parse_args()
@@ -22,20 +19,12 @@ def main():
     from engine.session import Session
     from engine.training import trainer
     from engine.training.evaluator import evaluate
-    s = Session.from_args(args)
+    s = Session.from_args(args)   # without -c: the recipe an export directory records
     rt = s.setup()
-    output = args.output or os.path.join(cli.default_output(args.config), "eval")
+    output = args.output or cli.default_output(args.config or args.weights, args.weights, "eval")
     runtime.setup_logging(output if rt["rank"] == 0 else None, rt["rank"])
-    model = s.model(args.weights, args.weights_format)
-    split = args.split or s.cfg.eval_split()
-    loader, dataset, _ = s.loader(split)
-    if not dataset.labelled:   # GLUE's test files: inputs only, for the leaderboard (tools/infer.py)
-        if args.split or "val" not in s.cfg["reader"]:
-            raise ConfigError(f"reader.{split}: {type(dataset).__name__}'s {split} split has no labels to score; "
-                              f"evaluate --split val (tools/infer.py predicts the {split} split)")
-        log.info("reader.test has no labels (%s): evaluating reader.val", type(dataset).__name__)
-        split = "val"
-        loader, dataset, _ = s.loader(split)
+    model = s.runnable(args.weights, args.weights_format)   # an export runs on its recorded backend
+    loader, dataset = s.scored_loader(args.split)
     metrics = evaluate(model, loader, s.metric(dataset), s.eval_amp)
     if rt["rank"] == 0:
         trainer.write_metrics(metrics, output)

@@ -22,7 +22,7 @@ def main():
     p = cli.parser(__doc__)
     cli.weights_args(p, help="a .pdparams file, checkpoint dir, entry name or URL "
                              "(omitted: the model's initial weights, for testing the export)")
-    p.add_argument("--output", required=True, help="the export directory")
+    p.add_argument("--output", required=True, type=cli.check_output, help="the export directory")
     p.add_argument("--format", choices=["paddle", "onnx"], default="paddle",
                    help="paddle: Paddle Inference programs (.json + .pdiparams); onnx: .onnx files for ONNX Runtime")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",

@@ -7,22 +7,24 @@ detection: detections.json and drawn images; translation: a text file); change i
 """
 import _bootstrap  # noqa: F401  (environment before paddle)
 
-import os
-
 from engine import cli
+from engine.errors import ConfigError
 
 
 def _parser():
-    p = cli.parser(__doc__)
-    cli.weights_args(p, required=True, help="a .pdparams file, checkpoint dir, entry name or URL; "
-                                            "an export directory with --backend inference or onnxruntime")
+    p = cli.parser(__doc__, config_required=False)
+    cli.weights_args(p, required=True, help="a .pdparams file, checkpoint dir, entry name or URL; or an export "
+                                            "directory of tools/export.py (then -c is optional)")
     p.add_argument("--input", required=True, nargs="+", help="input files or folders")
     p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--backend", choices=["dynamic", "inference", "onnxruntime"], default="dynamic",
-                   help="inference: --weights is a directory written by tools/export.py, run by Paddle Inference; "
-                        "onnxruntime: one written with --format onnx, run by ONNX Runtime on the CPU")
+    p.add_argument("--backend", choices=["dynamic", "inference", "onnxruntime"], default=None,
+                   help="dynamic: the model in Python; inference: an export run by Paddle Inference; "
+                        "onnxruntime: an export of --format onnx run by ONNX Runtime on the CPU "
+                        "(default: what the export records, or dynamic for weights)")
     p.add_argument("--no-mkldnn", action="store_true", help="inference backend on CPU without oneDNN")
-    p.add_argument("--output", help="output directory (default output/<config name>/infer)")
+    p.add_argument("--output", type=cli.check_output,
+                   help="output directory (default: infer/ in the run folder of --weights, else "
+                        "output/<config name>/infer)")
     p.add_argument("--split", default=None, help="whose pre-processing reads the inputs (default: test if "
                                                  "defined, else val; a model quantized with --split S takes S's)")
     return p
@@ -31,35 +33,46 @@ def _parser():
 def main():
     args = _parser().parse_args()
 
-    import paddle  # after parsing: --help needs no paddle
-    from engine import runtime
-    from engine.data import empty
-    from engine.deploy.predictor import Predictor
+    from engine import runtime  # after parsing: --help needs no paddle
     from engine.session import Session
-    s = Session.from_args(args)
+    s = Session.from_args(args)   # without -c: the recipe an export directory records
     writer = s.infer_writer()
-    rt = s.setup()
+    s.setup()
     runtime.setup_logging(None)
     split = args.split or s.cfg.eval_split()
     dataset = s.input_dataset(args.input, split)
-    if args.backend != "dynamic":
-        model = Predictor(args.weights, mkldnn=not args.no_mkldnn, threads=rt["threads"], device=rt["device"],
-                          model_name=s.cfg["model"]["name"], backend=args.backend)
-    else:
-        model = s.model(args.weights, args.weights_format)
+    model = s.runnable(args.weights, args.weights_format, args.backend, mkldnn=not args.no_mkldnn)
     model.eval()
     loader, _, _ = s.loader(split, dataset=dataset, batch_size=args.batch_size, sharded=False)
-    writer.open(args.output or os.path.join(cli.default_output(args.config), "infer"), dataset,
+    writer.open(args.output or cli.default_output(args.config or args.weights, args.weights, "infer"), dataset,
                 s.label_names(required=True))
-    with paddle.no_grad(), runtime.autocast(s.eval_amp):   # eval.amp; an exported program is fp32 (no effect)
+    skipped = predict(model, loader, dataset, writer, s.eval_amp)
+    if skipped == len(dataset):
+        what = "the one input" if len(dataset) == 1 else f"none of the {len(dataset)} inputs"
+        raise ConfigError(f"{what} could not be read ({'it is' if len(dataset) == 1 else 'each is'} named above); "
+                          f"nothing written")
+    print("wrote " + ", ".join(writer.close()))
+    if skipped:
+        print(f"{skipped} of {len(dataset)} inputs skipped (unreadable; each is named above)")
+
+
+def predict(model, loader, dataset, writer, amp):
+    """Write what `model` predicts for every batch (printing the writer's lines); returns how many
+    inputs were unreadable (each named by the reader as it skipped it)."""
+    import paddle  # after the flags are parsed (main's imports): --help needs no paddle
+    from engine import runtime
+    from engine.data import empty
+    skipped = 0
+    with paddle.no_grad(), runtime.autocast(amp):   # eval.amp; an exported program is fp32 (no effect)
         for batch in loader:
+            skipped += batch["num_skipped"]
             if empty(batch):
                 continue
             preds, meta = to_numpy(model(batch)), to_numpy(batch)
             meta["id"] = [dataset.describe(i) for i in meta["index"].tolist()]
             for line in writer.write(preds, meta):
                 print(line)
-    print("wrote " + ", ".join(writer.close()))
+    return skipped
 
 
 def to_numpy(tree):

@@ -21,7 +21,7 @@ from engine import cli
 def main():
     p = cli.parser(__doc__)
     cli.weights_args(p, required=True, help="a .pdparams file, checkpoint dir, entry name or URL")
-    p.add_argument("--output", required=True, help="the quantized export directory")
+    p.add_argument("--output", required=True, type=cli.check_output, help="the quantized export directory")
     p.add_argument("--calib-batches", type=int, default=8, help="calibration batches (of the split's batch size)")
     p.add_argument("--batch-size", type=int, default=None, help="calibration and evaluation batch size")
     p.add_argument("--observer", default="minmax", help="how activation ranges are found: minmax (default, "

@@ -6,7 +6,7 @@ from engine import cli
 
 def main():
     p = cli.parser(__doc__)
-    p.add_argument("--output", help="output directory (default output/<config name>)")
+    p.add_argument("--output", type=cli.check_output, help="output directory (default output/<config name>)")
     p.add_argument("--resume", help="a checkpoint directory, or 'auto' for the newest in --output")
     p.add_argument("--seed", type=int, help="overrides runtime.seed")
     args = p.parse_args()

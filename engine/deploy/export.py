@@ -35,6 +35,7 @@ import inspect
 import os
 import shutil
 import tempfile
+import warnings
 
 import paddle
 
@@ -108,7 +109,10 @@ def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle",
             inputs = _named(prog["inputs"])
             static = paddle.jit.to_static(_Exported(inner, prog["outputs"], prog.get("method")),
                                           input_spec=[inputs], full_graph=True)
-            paddle.jit.save(static, os.path.join(saved, name))
+            with warnings.catch_warnings():
+                # paddle.nn.LSTM asks a traced tensor for its place: paddle's own noise, nothing of the user's
+                warnings.filterwarnings("ignore", message="Tensor do not have 'place' interface", category=UserWarning)
+                paddle.jit.save(static, os.path.join(saved, name))
             if fmt == "onnx":
                 onnx.convert(os.path.join(saved, name), os.path.join(output_dir, name + ".onnx"))
             method = prog.get("method") and prog["method"].__name__
@@ -129,7 +133,7 @@ def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle",
         "programs": recorded,
         "settings": spec.get("settings"),
         "config": {"model": cfg["model"], "reader": {k: reader[k] for k in ("test", "val") if k in reader},
-                   "infer": cfg.get("infer"), "runtime": cfg.get("runtime", {}),
+                   "infer": cfg.get("infer"), "metric": cfg.get("metric"), "runtime": cfg.get("runtime", {}),
                    **({"custom_imports": cfg["custom_imports"]} if cfg.get("custom_imports") else {})},
         "label_names": label_names,
     }

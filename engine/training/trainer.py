@@ -91,8 +91,9 @@ class Plan:
     def __init__(self, train_cfg, batches_per_epoch):
         epochs, max_steps = train_cfg.epochs, train_cfg.max_steps
         if (epochs is None) == (max_steps is None):
+            unset = " (unset one with -o train.epochs=null or -o train.max_steps=null)" if epochs else ""
             raise ConfigError("train: give train.epochs or train.max_steps (not both); "
-                              f"got epochs={epochs}, max_steps={max_steps}")
+                              f"got epochs={epochs}, max_steps={max_steps}{unset}")
         if not train_cfg.save_interval and not train_cfg.save_steps:
             raise ConfigError("train.save_interval and train.save_steps are both 0: no checkpoint would be "
                               "written until the end, and a killed run could not resume; set one of them >= 1")
@@ -113,6 +114,10 @@ class Plan:
             return (self.batches - at.batch) + self.batches * (self.epochs - at.epoch - 1)
         return (self.max_steps - at.step) * self.accum
 
+    def done(self, at):
+        """Nothing left to train from `at` (a resumed finished run)."""
+        return at.step >= self.total_steps if self.max_steps else at.epoch >= self.epochs
+
     def finished(self, at):
         """After the last batch of epoch `at.epoch`, or at max_steps."""
         return at.step == self.max_steps or (self.max_steps is None and at.epoch + 1 == self.epochs)
@@ -132,6 +137,14 @@ def fit(session, output_dir, resume=None):
     at = run.resume(resume)
     cfg = session.cfg
     plan, loader, train_step, seed = run.plan, run.loader, run.train_step, cfg.runtime.seed
+    if plan.done(at):
+        log.info("%s is finished: its checkpoint %s is at the end (epoch %d, step %d of %d); nothing to train. "
+                 "Its weights are in %s; to train longer raise train.epochs or train.max_steps with --resume",
+                 output_dir, run.resumed_from, at.epoch, at.step, plan.total_steps,
+                 os.path.join(output_dir, "final"))
+        return run.model, run.evaluation.metrics
+    run.begin()
+    first_epoch = at.epoch
     for epoch in plan.epoch_range(at.epoch, at.step):
         run.sampler.set_epoch(epoch, at.batch)
         run.dataset.set_epoch(epoch)
@@ -139,7 +152,8 @@ def fit(session, output_dir, resume=None):
         if at.batch:
             checkpoint.restore_rng(run.rng, run.rank, run.world_size)  # inside an epoch: as it was at that batch
         train_step.net.train()
-        meter, tic, at = _Meter(len(loader)), time.perf_counter(), Progress(epoch, at.batch, at.step)
+        meter = _Meter(len(loader), warm=_Meter.WARMUP_STEPS if epoch == first_epoch else 0)
+        tic, at = time.perf_counter(), Progress(epoch, at.batch, at.step)
         for i, batch in enumerate(loader, at.batch):
             meter.data_time(time.perf_counter() - tic)
             if run.skip(batch, Progress(epoch, i, at.step)):
@@ -197,9 +211,6 @@ class _Training:
             metric = session.metric(val_set)
         _check_best_metric(t, metric)
         self.resolved = cfg.resolved(world_size=rt["world_size"])   # config.yaml and every checkpoint's state
-        if self.saves:
-            os.makedirs(output_dir, exist_ok=True)
-            C.dump(self.resolved, os.path.join(output_dir, "config.yaml"))
         if t.pretrained:
             session.load_weights(model, t.pretrained, t.weights_format, strict=False, log=log.info)
         if cfg.runtime.sync_bn:  # GPU only: refused above on CPU, where it has no kernel
@@ -217,10 +228,21 @@ class _Training:
         self.faults = self.dataset.data_faults()
         if self.faults["records_lost"]:
             log.warning("reader.train: %s", self.faults["summary"])
-        self.writer = _visualdl(output_dir) if rt["rank"] == 0 else None
+        self.writer = None   # begin(): a finished run resumed writes nothing
         self.evaluation = EvaluateHook(self, val, metric)
         self.hooks = [ReportHook(self), self.evaluation, CheckpointHook(self)]
-        self.rng = None
+        self.rng, self.resumed_from = None, None
+
+    def begin(self):
+        """The run's config.yaml and VisualDL log, once there is something to train."""
+        if self.saves:
+            os.makedirs(self.output_dir, exist_ok=True)
+            C.dump(self.resolved, os.path.join(self.output_dir, "config.yaml"))
+        self.writer = _visualdl(self.output_dir) if self.rank == 0 else None
+
+    def close(self):
+        if self.writer:
+            self.writer.close()
 
     def skip(self, batch, at):
         """Whether this batch is skipped: it is empty (every sample unreadable), or under data parallel
@@ -243,7 +265,9 @@ class _Training:
                                 self.session.trust_weights)
         at = Progress(state["epoch"], state.get("batch", 0), state["step"])
         self.evaluation.best, self.rng = state.get("best"), state["rng"]
-        log.info("resumed from %s (epoch %d, batch %d, step %d)", path, at.epoch + 1, at.batch, at.step)
+        self.evaluation.metrics, self.resumed_from = state.get("metrics") or {}, path
+        if not self.plan.done(at):   # fit says a finished run is finished instead
+            log.info("resumed from %s (epoch %d, batch %d, step %d)", path, at.epoch + 1, at.batch, at.step)
         return at
 
 
@@ -275,8 +299,7 @@ class ReportHook(Hook):
                         f"; {faults['summary']}" if faults["records_lost"] else "")
 
     def after_train(self):
-        if self.run.writer:
-            self.run.writer.close()
+        self.run.close()
 
 
 class EvaluateHook(Hook):
@@ -392,12 +415,17 @@ class _Meter:
     also where a non-finite loss is caught (outside fp16 loss scaling, which skips such steps).
     """
 
-    def __init__(self, batches):
-        self.batches, self.skipped = batches, 0
+    # the first steps of a process build the fused operators (once per machine), oneDNN's kernels and
+    # caches: the ETA leaves them out, and says "?" until there is a step to go by
+    WARMUP_STEPS = 2
+
+    def __init__(self, batches, warm=WARMUP_STEPS):
+        self.batches, self.skipped, self.warm = batches, 0, warm
         self._reset()
 
     def _reset(self):
         self.sums, self.n, self.samples, self.t_data, self.t_step = {}, 0, 0, 0.0, 0.0
+        self.t_eta, self.n_eta = 0.0, 0   # the steps past warm-up
         self.span = None   # Progress before the first of the batches summed
 
     def data_time(self, t):
@@ -413,6 +441,14 @@ class _Meter:
         self.samples += batch_size
         self.skipped += skipped
         self.t_step += step_time
+        if self.warm:
+            self.warm -= 1
+        else:
+            self.t_eta, self.n_eta = self.t_eta + step_time, self.n_eta + 1
+
+    def eta(self, remaining):
+        """The time left for `remaining` batches at the mean step time past warm-up ("?" before one)."""
+        return _duration(self.t_eta / self.n_eta * remaining) if self.n_eta else "?"
 
     def averages(self):
         keys = sorted(self.sums)
@@ -443,11 +479,11 @@ class _Meter:
             avg = dict(zip(sorted(avg), (t / world_size).tolist()))
         lr = train_step.optimizer.get_lr()
         if runtime.world()[1] == 0:
-            eta = self.t_step / self.n * remaining
+            eta = self.eta(remaining)
             log.info("epoch %d batch %d/%d step %d %s lr %.3g | %.1f samples/s reader %.0f%% of step | "
                      "eta %s | mem %.0f MB%s", at.epoch + 1, at.batch, self.batches, at.step, _fmt(avg), lr,
                      self.samples / max(self.t_step, 1e-9), 100 * self.t_data / max(self.t_step, 1e-9),
-                     _duration(eta), runtime.peak_memory_mb(),
+                     eta, runtime.peak_memory_mb(),
                      f" | skipped {self.skipped} bad samples" if self.skipped else "")
             if writer:
                 for k, v in avg.items():

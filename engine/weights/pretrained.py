@@ -15,6 +15,7 @@ import numpy as np
 import paddle
 from safetensors.numpy import load_file
 
+from engine.components import load_all
 from engine.model import ZooModel, unwrap
 from engine.errors import ConfigError, did_you_mean
 from engine.registry import MODELS, Registry
@@ -60,21 +61,40 @@ def _add(entry):
 WEIGHTS.add = _add
 
 
+_RULES = {}   # id(entry) -> (its key_map, its ignore_keys, their compiled rules)
+
+
+def _key_rules(entry):
+    """An entry's (ignore patterns, [(pattern, replacement)]), compiled once per entry (a key map of
+    hundreds of rules outgrows the re module's own cache)."""
+    cached = _RULES.get(id(entry))
+    if cached is None or cached[0] is not entry.key_map or cached[1] is not entry.ignore_keys:
+        rules = ([re.compile(p) for p in entry.ignore_keys], [(re.compile(p), repl) for p, repl in entry.key_map])
+        cached = _RULES[id(entry)] = (entry.key_map, entry.ignore_keys, rules)
+    return cached[2]
+
+
+def _map_name(key, rules):
+    """A source key under an entry's rules: our name, or None for a key the entry drops on purpose."""
+    ignore, renames = rules
+    if any(p.fullmatch(key) for p in ignore):
+        return None
+    for pattern, repl in renames:
+        m = pattern.fullmatch(key)
+        if m:
+            return m.expand(repl)
+    return key
+
+
 def map_keys(state, entry):
     """Apply an entry's key map; returns (mapped_state, ignored_source_keys)."""
-    ignore = [re.compile(p) for p in entry.ignore_keys]
-    rules = [(re.compile(p), repl) for p, repl in entry.key_map]
+    rules = _key_rules(entry)
     out, ignored = {}, []
     for key, value in state.items():
-        if any(p.fullmatch(key) for p in ignore):
+        new = _map_name(key, rules)
+        if new is None:
             ignored.append(key)
             continue
-        new = key
-        for pattern, repl in rules:
-            m = pattern.fullmatch(key)
-            if m:
-                new = m.expand(repl)
-                break
         if new in out:
             raise ConfigError(f"key map of '{entry.name}' sends two source keys to '{new}'")
         out[new] = value
@@ -112,7 +132,8 @@ def _first(keys, n=4):
     return ", ".join(keys[:n]) + (", ..." if len(keys) > n else "")
 
 
-def load_state(model, state, head_keys=(), strict=False, log=print, what="weights", layout=None, hint=""):
+def load_state(model, state, head_keys=(), strict=False, log=print, what="weights", layout=None, hint="",
+               source=None):
     """Load a state dict (already in our key names) into `model`, or raise one line saying why not.
 
     strict (eval, infer, resume): every key of the model and of the file must match, names and shapes.
@@ -120,7 +141,9 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
     absent from the file (they keep their initial values, logged) or have another shape (a head for
     another num_classes: dropped, logged); any other difference is an error too, so a file read in
     the wrong layout never lets a run start from scratch unnoticed. Nothing is loaded when it raises.
-    `layout` and `hint` only go into the messages. Returns the report.
+    `layout` and `hint` only go into the messages; `source` (the file's state as read, before any key
+    map; default `state`) only serves to tell, when the keys do not fit, which zoo model the file is
+    of (`identify_file`). Returns the report.
     """
     own = model.state_dict(use_hook=False)   # the tensors as they are (an AMP O2 model's: fp16/bf16)
     # tied tensors appear under several keys (paddle.nn.LSTM does this): the first key loaded wins
@@ -128,6 +151,14 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
     heads = [re.compile(p) for p in head_keys]
     is_head = lambda key: any(p.fullmatch(key) for p in heads)  # noqa: E731
     where = f"{what} (layout '{layout}')" if layout else what
+    tail = f"; {hint}" if hint else ""
+
+    def fail(message, facts):
+        """`message`: what to say when the file is of the model's own kind; `facts`: the same, short,
+        after the words that name the model the file looks like when it is of another."""
+        raise ConfigError(_explain_mismatch(model, state if source is None else source, what, message,
+                                            facts + tail))
+
     report = {"missing": [], "unexpected": [], "dropped_head": [], "aliases_skipped": [], "loaded": 0}
     to_load, loaded_groups = {}, set()
     for key, value in state.items():
@@ -143,11 +174,10 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
             if is_head(key) and not strict:
                 report["dropped_head"].append(key)
                 continue
+            shapes = f"{key} has shape {list(arr.shape)}, the model expects {list(want)}"
             if is_head(key) and arr.ndim:
-                raise ConfigError(f"{what}: {key} has shape {list(arr.shape)}, the model expects {list(want)} "
-                                  f"(num_classes differs? set model.num_classes: {arr.shape[-1]})")
-            raise ConfigError(f"{where}: {key} has shape {list(arr.shape)}, the model expects "
-                              f"{list(want)}: these weights are for another model or config")
+                fail(f"{what}: {shapes} (num_classes differs? set model.num_classes: {arr.shape[-1]})", shapes)
+            fail(f"{where}: {shapes}: these weights are for another model or config", shapes)
         to_load[key] = arr
         loaded_groups.add(group[key])
     missing = [k for k in own if group[k] not in loaded_groups and k not in report["dropped_head"]]
@@ -155,15 +185,22 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
     bad_missing = missing if strict else [k for k in missing if not is_head(k)]
     unexpected = report["unexpected"]
     if bad_missing or unexpected:
-        parts = []
+        parts, facts = [], []
         if bad_missing:
             parts.append(f"{len(bad_missing)} of the model's {len(own)} keys missing from the file "
                          f"({_first(bad_missing)})")
+            facts.append(f"none of the model's {len(own)} keys in it" if len(bad_missing) == len(own) else
+                         f"{len(bad_missing)} of the model's {len(own)} keys missing ({_first(bad_missing, 3)})")
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected key{'s' if len(unexpected) > 1 else ''} in the file "
                          f"({_first(unexpected)})")
+            facts.append(f"{len(unexpected)} unexpected ({_first(unexpected, 3)})")
         mode = " (strict loading: every key must match)" if strict else ""
-        raise ConfigError(f"{where}: {' and '.join(parts)}{mode}{'; ' + hint if hint else ''}")
+        inner = unwrap(model)
+        told = inner.weights_hint(list(bad_missing), list(unexpected)) if isinstance(inner, ZooModel) else None
+        if told:   # the model knows this difference: the file is its own kind, read in the right layout
+            raise ConfigError(f"{where}: {' and '.join(parts)}: {told}")
+        fail(f"{where}: {' and '.join(parts)}{mode}{tail}", ", ".join(facts))
     if report["dropped_head"]:
         shapes = ", ".join(f"{k} {list(_shape(state[k]))} vs {list(own[k].shape)}" for k in report["dropped_head"])
         log(f"{what}: dropped head keys of another shape (file vs model; num_classes differs): {shapes}")
@@ -177,6 +214,116 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
     return report
 
 
+# ---------------------------------------------------------------- which zoo model a file is of (errors only)
+
+_ZOO_KEYS = {}   # (registered model names, entry names) -> [(name, frozenset of its keys, [Layout])]
+
+
+def _zoo_key_sets():
+    """Every registered model built with its constructor's defaults under paddle.LazyGuard (names and
+    shapes, no memory for values), as (name, its keys, the layouts of its files: native, its
+    pretrained entries', its `weights().layouts`); once per process (again if a model or entry is
+    registered since). A model whose defaults do not build is left out."""
+    load_all()
+    stamp = (tuple(MODELS.names()), tuple(WEIGHTS.names()))
+    if stamp not in _ZOO_KEYS:
+        out = []
+        for name in MODELS.names():
+            try:
+                with warnings.catch_warnings(), paddle.utils.unique_name.guard(), paddle.LazyGuard():
+                    warnings.simplefilter("ignore")
+                    model = MODELS.get(name)()
+                    keys = frozenset(model.state_dict(use_hook=False))
+                    own = model.weights()
+            except Exception:  # noqa: BLE001  (a model whose defaults do not build: not a candidate)
+                continue
+            foreign = list(own.foreign_keys)
+            layouts = [Layout("native", foreign_keys=foreign)]
+            layouts += [Layout(e.name, e, foreign_keys=foreign) for e in WEIGHTS.values() if e.model == name]
+            layouts += [Layout(e.name, e, foreign_keys=foreign) for e in own.layouts]
+            out.append((name, keys, layouts))
+        _ZOO_KEYS.clear()
+        _ZOO_KEYS[stamp] = out
+    return _ZOO_KEYS[stamp]
+
+
+def _fit(keys, own, layouts):
+    """How a file's `keys` fit a model whose keys are `own`, in the best of `layouts`: (share of the
+    file's keys that are the model's, share of the model's keys the file has, how many of the file's
+    keys are the model's, layout). Keys a layout drops on purpose (aliases, another task's head)
+    count as the model's when the layout finds any of the model's keys at all."""
+    best = (0.0, 0.0, 0, None)
+    for layout in layouts:
+        try:
+            names = layout.names(keys)
+        except Exception:  # noqa: BLE001  (a key map that cannot read these names: not this layout)
+            continue
+        found = {n for n in names if n is not None and n in own}
+        belong = sum(1 for n in names if n is not None and n in own)
+        if found:
+            belong += names.count(None)
+        score = (belong / max(len(keys), 1), len(found) / max(len(own), 1), belong, layout)
+        if score[:2] > best[:2]:
+            best = score
+    return best
+
+
+def identify_file(model, keys):
+    """Which zoo model a file with these `keys` (its names as read, before any key map) is of, for an
+    error that says so: ("own", ...) when it is of `model`'s kind (the model, the models whose files
+    it reads, its backbone), ("other", name, how many of its keys are that model's, layout name) when
+    another registered model's keys make up most of it, ("none", ...) when no model's do. Models
+    are compared by key names: `model` as it is, the others built with their defaults (a recipe's
+    depth may differ, so the share of the file's keys decides, then the share of the model's)."""
+    keys = list(keys)
+    inner = unwrap(model)
+    own = inner.weights()
+    family = {MODELS.name_of(type(inner)), *own.layout_models}
+    if own.backbone is not None:
+        family.add(MODELS.name_of(type(own.backbone)))
+    family.discard(None)
+    mine = _fit(keys, frozenset(inner.state_dict(use_hook=False)), list(model_layouts(inner).values()))
+    best, best_name = mine, None
+    for name, model_keys, layouts in _zoo_key_sets():
+        fit = _fit(keys, model_keys, layouts)
+        if fit[:2] > best[:2]:
+            best, best_name = fit, name
+    share, _, count, layout = best
+    if share > 0.5:
+        if best_name is None or best_name in family:
+            return ("own", None, count, layout.name)
+        return ("other", best_name, count, layout.name)
+    if mine[1] > 0.5:   # most of the model is in the file: its own kind in a larger config (a deeper trunk)
+        return ("own", None, mine[2], mine[3].name)
+    return ("none", None, 0, None)
+
+
+def _article(name):
+    return "an" if name[:1].upper() in "AEIOU" else "a"
+
+
+def _explain_mismatch(model, source, what, message, facts):
+    """The error for a file whose keys or shapes do not fit `model`: `message` when the file is of the
+    model's own kind, else words that say which zoo model the file looks like (or that it is of none)
+    followed by `facts`. Only on the error path: the first call builds every registered model (LazyGuard)."""
+    inner = unwrap(model)
+    if not isinstance(inner, ZooModel) or not source:
+        return message
+    try:
+        verdict, other, count, layout = identify_file(inner, list(source))
+    except Exception:  # noqa: BLE001  (naming the file is a courtesy: never hide the real error behind another)
+        return message
+    if verdict == "own":
+        return message
+    if verdict == "none":
+        return f"{what} matches none of the zoo's models: {facts}"
+    mine = MODELS.name_of(type(inner)) or type(inner).__name__
+    names = f" in the names of '{layout}'" if layout != "native" else ""
+    share = f"all {count} of its keys" if count == len(source) else f"{count} of its {len(source)} keys"
+    return (f"{what} looks like {_article(other)} {other} checkpoint{names} ({share} are {other}'s), "
+            f"not {_article(mine)} {mine}: {facts}")
+
+
 def load_entry_state(model, state, entry, strict=False, log=print):
     """Map a source state dict with `entry` and load it; returns the report (with ignored keys).
 
@@ -185,7 +332,7 @@ def load_entry_state(model, state, entry, strict=False, log=print):
     own = unwrap(model).weights()
     mapped, ignored = Layout(entry.name, entry, foreign_keys=list(own.foreign_keys)).map(state)
     report = load_state(model, mapped, list(entry.head_keys) or list(own.head_keys),
-                        strict=strict, log=log, what=entry.name, layout=entry.name)
+                        strict=strict, log=log, what=entry.name, layout=entry.name, source=state)
     report["ignored"] = ignored
     return report
 
@@ -215,6 +362,20 @@ class Layout:
             del mapped[key]
             ignored.append(key)
         return mapped, ignored
+
+    def names(self, keys):
+        """What `map` makes of a file's key names, one per key: our name, or None for a key dropped
+        on purpose (ignored by the entry, or foreign). The entry's `convert` is not run (it needs the
+        values), so a name it would change is left as mapped."""
+        rules = _key_rules(self.entry) if self.entry is not None else ((), ())
+        foreign = [re.compile(p) for p in self.foreign_keys]
+        out = []
+        for key in keys:
+            new = _map_name(key, rules)
+            if new is not None and self.entry is not None:
+                new = self.prefix + new
+            out.append(None if new is None or any(p.fullmatch(new) for p in foreign) else new)
+        return out
 
     def describe(self):
         if self.entry is None:
@@ -442,8 +603,9 @@ def load_pretrained(model, spec, strict=False, log=print, progress=True, weights
         raise ConfigError(f"cannot load weights into a {type(inner).__name__}: it is not an engine.model.ZooModel "
                           f"(the contract that says which layouts and heads its files may have; derive the model from it)")
     layouts = model_layouts(inner)
-    hint = ("if the file has another layout, name it with --weights-format / train.weights_format: "
-            + ", ".join(layouts))
+    names = list(layouts)
+    hint = ("another layout? name it with --weights-format / train.weights_format ("
+            + (f"{_first(names, 2)} {len(names)} in all" if len(names) > 2 else ", ".join(names)) + ")")
     if weights_format is not None and weights_format not in layouts:
         raise ConfigError(f"weights format '{weights_format}' is not a layout of {type(inner).__name__} "
                           f"weights{did_you_mean(weights_format, layouts)}; choose one of: {', '.join(layouts)}")
@@ -479,7 +641,7 @@ def load_pretrained(model, spec, strict=False, log=print, progress=True, weights
         log(f"{what}: dropped {len(dropped)} keys of another task's head, which {type(inner).__name__} "
             f"declares foreign ({_first(dropped)})")
     report = load_state(model, mapped, layout.head_keys, strict=strict, log=log, what=what,
-                        layout=layout.name, hint=hint)
+                        layout=layout.name, hint=hint, source=state)
     report["ignored"] = ignored
     report["path"] = path
     report["entry"] = entry.name if entry else None

@@ -6,9 +6,11 @@ Facts carried over from PaddleNLP (`paddlenlp/transformers/transformer/modeling.
 Normal(0, d_model**-0.5), with `padding_idx` = the pad id (0 = `<s>` there, so `<s>` embeds to zeros);
 a sinusoid table in an `nn.Embedding` (tensor2tensor layout: sin in the first half of the channels,
 cos in the second) whose output is stop-gradient, so it is a parameter that never changes; pad
-positions get position 0; pre-norm layers (`normalize_before`) or the paper's post-norm, each stack
-ending in a LayerNorm as paddle.nn.Transformer builds it in both modes (`final_norm: false` drops it:
-the paper's post-norm exactly); weight sharing ties source and target embeddings and the output
+positions get position 0; pre-norm layers (`normalize_before`) or the paper's post-norm; a LayerNorm
+after each stack (`final_norm`): paddle.nn.Transformer builds one in both modes, PaddleNLP's
+TransformerModel only with pre-norm (its post-norm passes stacks without one as custom_encoder /
+custom_decoder), so a PaddleNLP post-norm file loads with `final_norm: false` (the paper's post-norm
+exactly; see `Transformer`); weight sharing ties source and target embeddings and the output
 projection (`logits = h @ E^T`); label-smoothed cross entropy over the non-pad tokens,
 q = (1 - eps) * one_hot + eps / V.
 
@@ -268,8 +270,15 @@ class Transformer(ZooModel):
     """Encoder-decoder Transformer; defaults are the base model with PaddleNLP's WMT14 en-de layout
     (pre-norm, shared 33712-entry vocabulary, position table of 257 = max_length 256 + 1).
 
-    `final_norm`: the LayerNorm after each stack, which paddle.nn.Transformer (and so PaddleNLP) has
-    with pre-norm and post-norm layers alike; the paper's post-norm has none (false).
+    `final_norm`: the LayerNorm after each stack (keys `transformer.{encoder,decoder}.norm.*`).
+    paddle.nn.Transformer builds it with pre-norm and post-norm layers alike (Paddle
+    python/paddle/nn/layer/transformer.py, `Transformer.__init__`: `encoder_norm = LayerNorm(d_model)`
+    whatever `normalize_before`); PaddleNLP's TransformerModel has it only with pre-norm (its released
+    models): with `normalize_before=False` it hands paddle.nn.Transformer its own TransformerEncoder /
+    TransformerDecoder stacks built without a norm (paddlenlp/transformers/transformer/modeling.py,
+    `encoder_with_post_norm`, in 2.8.1). So a PaddleNLP post-norm file needs `final_norm: false`,
+    which is also the paper's post-norm; a strict load that misses only these keys says so
+    (`weights_hint`).
 
     Batch keys: `src_ids` [B, S] (source tokens + `<e>`), `tgt_in` [B, T] (`<s>` + target) and
     `tgt_out` [B, T] (target + `<e>`), padded with `pad_id`, with the `<key>_mask` a PadSequences
@@ -282,6 +291,20 @@ class Transformer(ZooModel):
     with `alpha`, `max_len_a`, `max_len_b`; None takes the search's default, and a key of the other
     search is refused (an override that did nothing would mislead).
     """
+
+    FINAL_NORMS = tuple(f"transformer.{stack}.norm.{p}" for stack in ("encoder", "decoder")
+                        for p in ("weight", "bias"))
+
+    def weights_hint(self, missing, unexpected):
+        """A file that lacks only the stacks' final LayerNorms is laid out as PaddleNLP's post-norm
+        TransformerModel (which builds none): say which setting reads it."""
+        if not self.final_norm or unexpected or not missing or not set(missing) <= set(self.FINAL_NORMS):
+            return None
+        fact = "the file has no final LayerNorm after the encoder/decoder stacks (PaddleNLP's post-norm layout)"
+        if self.normalize_before:   # PaddleNLP's pre-norm files have them: a post-norm file in a pre-norm recipe
+            return (f"{fact}: if it was trained post-norm, set model.normalize_before: false and "
+                    f"model.final_norm: false")
+        return f"{fact}: set model.final_norm: false (-o model.final_norm=false)"
 
     def data_agreement(self):   # the target vocabulary is the classes of the reader (padded)
         return DataAgreement(num_classes=self.trg_vocab_size, num_classes_key="trg_vocab_size")
@@ -312,6 +335,7 @@ class Transformer(ZooModel):
         self.beam_search_version, self.max_out_len, self.alpha, self.max_len_a, self.max_len_b = \
             search_options(beam_search_version, max_out_len, alpha, max_len_a, max_len_b, max_length)
         self.use_cache = use_cache
+        self.final_norm, self.normalize_before = final_norm, normalize_before
         self.src_word_embedding = WordEmbedding(src_vocab_size, d_model, pad_id)
         self.src_pos_embedding = PositionalEmbedding(d_model, max_length)
         if weight_sharing:

@@ -1,14 +1,15 @@
 // Fused CPU training kernels for the layers whose Paddle CPU kernels are slow on our machines
-// (reference/platform.md "CPU speed"): bias + activation, bias + dropout + residual (+ LayerNorm),
-// LayerNorm, scaled softmax + additive mask + dropout, BatchNorm (+ residual) + ReLU. Forward and
-// backward, float32, contiguous row-major tensors; OpenMP across rows or channels, inner loops
-// written for the compiler's vectoriser (no libm calls inside them: exp and erf are our own
-// polynomial approximations, accurate to a few float ulps / 1.5e-7 absolute for erf).
+// (`python benchmarks/peers.py --run NAME --side ours --profile` shows a step's operators): bias +
+// activation, bias + dropout + residual (+ LayerNorm), LayerNorm, scaled softmax + additive mask +
+// dropout, BatchNorm (+ residual) + ReLU. Forward and backward, float32, contiguous row-major
+// tensors; OpenMP across rows or channels, inner loops written for the compiler's vectoriser (no
+// libm calls inside them: exp and erf are our own polynomial approximations, accurate to a few
+// float ulps / 1.5e-7 absolute for erf).
 //
 // No kernel writes a subnormal float (|v| < 2^-126) where the exact result is below float32's normal
 // range: it writes 0 instead (`flush`, and `fast_exp` is 0 below ln 2^-126). Intel cores compute on
 // subnormal operands 70-100x slower, and one such value in a softmax row reaches every GEMM after it
-// (reference/platform.md "Denormals"). Inputs that already are subnormal pass through unchanged; the
+// (benchmarks/denormals.py measures it). Inputs that already are subnormal pass through unchanged; the
 // process-wide guard (flush-to-zero and denormals-are-zero, `runtime.flush_denormals`, engine/cpu.py)
 // treats those, and is applied to the calling thread on every operator call (`zoo_apply_fp_mode`).
 //
