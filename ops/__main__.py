@@ -1,6 +1,7 @@
 """`make ops`, or `python -m ops`: build the fused operators' library now (or find it cached) and say
 where; on failure one `error:` line and exit 1 (training would then take the reference path)."""
 import argparse
+import logging
 import sys
 import warnings
 
@@ -12,6 +13,11 @@ def main(argv=None):
     p.add_argument("--verbose", action="store_true", help="print the g++ commands")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore", message="No ccache found")   # paddle's cpp_extension, not ours to act on
+    log = logging.getLogger("zoo")   # the build's own lines ("compiling ... / compiled in N s") on stdout, plain
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.handlers[:], log.propagate = [handler], False
+    log.setLevel(logging.INFO)
     try:
         path = library.build(verbose=args.verbose)
     except RuntimeError as e:
