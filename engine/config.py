@@ -237,10 +237,10 @@ def load(path, overrides=(), validate_config=True):
 def from_data(data, where, overrides=()):
     """A recipe held as data (the config an export records in its infer_cfg.yml), with `-o` overrides
     and validation as `load` gives a file; `where` names it in messages."""
-    origins = {}
-    cfg = copy.deepcopy(data)
-    _mark(cfg, origins, where, "")
-    return _finish(cfg, {k.lstrip("."): v for k, v in origins.items()}, where, overrides, True)
+    origins, cfg = {}, copy.deepcopy(data)
+    for key, value in cfg.items():
+        _mark(value, origins, where, key)
+    return _finish(cfg, origins, where, overrides, True)
 
 
 def _finish(cfg, origins, path, overrides, validate_config):
