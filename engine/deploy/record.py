@@ -54,8 +54,16 @@ def read_infer_cfg(export_dir):
         raise ConfigError(f"export directory not found: {export_dir}")
     if not os.path.isfile(path):
         raise ConfigError(f"{export_dir}: no {INFER_CFG} (not a directory written by tools/export.py)")
-    with open(path, encoding="utf-8") as f:
-        record = yaml.safe_load(f) or {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = yaml.safe_load(f) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else path
+        raise ConfigError(f"{where}: not a readable record ({getattr(e, 'problem', None) or e}); "
+                          f"export the model again with tools/export.py") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{path}: not a record of tools/export.py (a mapping); export the model again")
     version = record.get("zoo_export_version")
     if version != EXPORT_VERSION:
         raise ConfigError(f"{path}: export format version {version!r}, this code reads version "
