@@ -2,6 +2,7 @@
 (switched off, exported or traced by to_static, non-float32 or non-CPU tensors, no library), and
 what the tests compare the kernels with. Plain paddle ops only, so every program exports."""
 import paddle
+import paddle.compat.nn.functional as compat_F
 import paddle.nn.functional as F
 
 # the activations the layers take by name; the fused kernels cover None, relu and gelu (exact erf)
@@ -21,13 +22,25 @@ def bias_act(x, bias, act=None, p=0.0, training=True, keep=None):
     return dropout(ACTIVATIONS[act](x + bias), p, training, keep)
 
 
+def on_device(x):
+    """A dynamic-graph tensor off the CPU (a GPU's, or another accelerator's). A program being traced
+    (export) has no place yet: it keeps what it traced before."""
+    return paddle.in_dynamic_mode() and not x.place.is_cpu_place()
+
+
+def on_gpu(x):
+    return paddle.in_dynamic_mode() and x.place.is_gpu_place()
+
+
 def linear(x, weight, bias=None):
-    """x @ weight + bias. With gradients the bias rides inside the matmul (a ones column on the input,
-    the bias as an extra weight row; the parameters are unchanged): paddle's CPU bias gradient is a
-    slow row sum, and this halves the cost of a Linear layer's forward + backward (platform notes)."""
+    """x @ weight + bias. On CPU tensors with gradients the bias rides inside the matmul (a ones column
+    on the input, the bias as an extra weight row; the parameters are unchanged): paddle's CPU bias
+    gradient is a slow row sum, and this halves the cost of a Linear layer's forward + backward. On a
+    GPU it would cost two copies per layer and an odd K for the tensor cores: F.linear (cuBLAS's bias
+    epilogue), as the kits run it."""
     if bias is None:
         return paddle.matmul(x, weight)
-    if not paddle.is_grad_enabled() or (x.stop_gradient and weight.stop_gradient):
+    if on_device(x) or not paddle.is_grad_enabled() or (x.stop_gradient and weight.stop_gradient):
         return F.linear(x, weight, bias)
     lead, d = x.shape[:-1], x.shape[-1]
     x2 = x.reshape([-1, d])
@@ -56,8 +69,12 @@ def softmax_dropout(scores, mask, scale=1.0, p=0.0, training=True, keep=None):
 
 
 def attention(q, k, v, mask, p=0.0, training=True):
-    """softmax(q k^T / sqrt(d) + mask) v over [B, heads, S, d]: on our CPUs this beats
-    F.scaled_dot_product_attention."""
+    """softmax(q k^T / sqrt(d) + mask) v over [B, heads, S, d] (`mask` additive, broadcast over heads
+    and queries). On a GPU paddle's scaled_dot_product_attention (flash or memory-efficient attention
+    where the GPU has them; the compat API takes this layout, and has no `training`: dropout is
+    passed only when training). On our CPUs the matmuls below beat it."""
+    if on_gpu(q):
+        return compat_F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p if training else 0.0)
     scores = paddle.matmul(q * (q.shape[-1] ** -0.5), k, transpose_y=True)
     if mask is not None:
         scores = scores + mask

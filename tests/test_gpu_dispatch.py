@@ -1,0 +1,109 @@
+"""Linear and attention as GPU kits run them (issue 38, item 1), proven on the CPU: a tensor whose
+place says GPU (Place.is_gpu_place / is_cpu_place patched: the test's stand-in for a GPU tensor)
+takes F.linear (no bias-in-matmul concat) and paddle's scaled_dot_product_attention; real CPU
+tensors keep the CPU path, and SDPA's fp32 math on the CPU equals our reference attention."""
+import numpy as np
+import paddle
+import pytest
+
+from ops import functional as fn
+from ops import layers, reference
+
+Place = type(paddle.zeros([1]).place)
+
+
+@pytest.fixture
+def gpu_place(monkeypatch):
+    """Every dynamic-graph tensor reports a GPU place, with the fused CPU path off (the GPU's path)."""
+    monkeypatch.setattr(Place, "is_cpu_place", lambda self: False)
+    monkeypatch.setattr(Place, "is_gpu_place", lambda self: True)
+    with fn.enabled_as(False):
+        yield
+
+
+class _Counting:
+    """Wrap a function of a module and count its calls."""
+
+    def __init__(self, monkeypatch, module, name):
+        self.calls, original = 0, getattr(module, name)
+
+        def wrapped(*a, **k):
+            self.calls += 1
+            return original(*a, **k)
+        monkeypatch.setattr(module, name, wrapped)
+
+
+def _qkv(seed=0, b=2, h=4, s=5, t=7, d=8):
+    rng = np.random.default_rng(seed)
+    q, k, v = (paddle.to_tensor(rng.standard_normal(shape).astype("float32"), stop_gradient=False)
+               for shape in ((b, h, s, d), (b, h, t, d), (b, h, t, d)))
+    return q, k, v
+
+
+def _masks(b=2, s=5, t=7):
+    pad = np.zeros([b, 1, 1, t], np.float32)
+    pad[1, :, :, 5:] = -1e9                                  # a padded key row
+    causal = np.triu(np.full([s, t], -1e9, np.float32), 3)[None, None]   # a [1, 1, S, T] future mask
+    return [None, paddle.to_tensor(pad), paddle.to_tensor(causal)]
+
+
+@pytest.mark.parametrize("mask_id", [0, 1, 2])
+def test_sdpa_on_cpu_tensors_equals_the_reference_attention_forward_and_backward(mask_id):
+    import paddle.compat.nn.functional as compat_F
+    mask = _masks()[mask_id]
+    got, want = [], []
+    for f, out in ((lambda q, k, v: compat_F.scaled_dot_product_attention(q, k, v, attn_mask=mask), got),
+                   (lambda q, k, v: reference.attention(q, k, v, mask), want)):
+        q, k, v = _qkv()
+        y = f(q, k, v)
+        (y * paddle.arange(y.size, dtype="float32").reshape(y.shape) / y.size).sum().backward()
+        out += [y.numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy()]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+def test_a_gpu_tensor_takes_sdpa_and_f_linear_without_the_concat(gpu_place, monkeypatch):
+    import paddle.compat.nn.functional as compat_F
+    sdpa = _Counting(monkeypatch, compat_F, "scaled_dot_product_attention")
+    concat = _Counting(monkeypatch, paddle, "concat")
+    f_linear = _Counting(monkeypatch, paddle.nn.functional, "linear")
+    q, k, v = _qkv()
+    y = layers.attention(q, k, v, _masks()[1], p=0.1, training=False)   # eval: no dropout, as the reference
+    y.sum().backward()
+    assert sdpa.calls == 1
+    lin = paddle.nn.Linear(8, 6)
+    x = paddle.rand([3, 4, 8])
+    x.stop_gradient = False
+    out = layers.linear(x, lin, act="relu")
+    out.sum().backward()
+    assert concat.calls == 0 and f_linear.calls == 1 and lin.bias.grad is not None
+    monkeypatch.undo()   # the CPU again (patched functions restored): the same numbers
+    with fn.enabled_as(False):
+        np.testing.assert_allclose(layers.attention(q, k, v, _masks()[1]).numpy(), y.numpy(), atol=1e-6)
+        np.testing.assert_allclose(layers.linear(x, lin, act="relu").numpy(), out.numpy(), atol=1e-6)
+
+
+def test_cpu_tensors_keep_the_bias_in_the_matmul(monkeypatch):
+    """The trick measured to pay on our CPUs stays where it was (fused path off: the reference)."""
+    concat = _Counting(monkeypatch, paddle, "concat")
+    sdpa_calls = []
+    import paddle.compat.nn.functional as compat_F
+    monkeypatch.setattr(compat_F, "scaled_dot_product_attention", lambda *a, **k: sdpa_calls.append(1))
+    lin = paddle.nn.Linear(8, 6)
+    x = paddle.rand([3, 8])
+    x.stop_gradient = False
+    with fn.enabled_as(False):
+        layers.linear(x, lin).sum().backward()
+        layers.attention(*_qkv(), _masks()[1])
+    assert concat.calls == 2 and not sdpa_calls   # the ones column and the [W; b] weight
+
+
+def test_dropout_in_sdpa_only_when_training(gpu_place, monkeypatch):
+    import paddle.compat.nn.functional as compat_F
+    seen = []
+    monkeypatch.setattr(compat_F, "scaled_dot_product_attention",
+                        lambda q, k, v, attn_mask=None, dropout_p=0.0, **kw: seen.append(dropout_p) or q)
+    q, k, v = _qkv()
+    layers.attention(q, k, v, None, p=0.1, training=True)
+    layers.attention(q, k, v, None, p=0.1, training=False)
+    assert seen == [0.1, 0.0]
