@@ -107,3 +107,58 @@ def test_dropout_in_sdpa_only_when_training(gpu_place, monkeypatch):
     layers.attention(q, k, v, None, p=0.1, training=True)
     layers.attention(q, k, v, None, p=0.1, training=False)
     assert seen == [0.1, 0.0]
+
+
+# ------------------------------------------------------------------------------ GPU inference settings
+class _RecordingConfig:
+    """paddle.inference.Config's stand-in: records what the predictor asks of it."""
+    calls = []
+
+    def __init__(self, *files):
+        self.calls.append(("Config", tuple(files)))
+
+    def __getattr__(self, name):
+        return lambda *a, **k: self.calls.append((name, a))
+
+
+class _FakePredictor:
+    def __init__(self, names):
+        self.names = names
+
+    def get_input_names(self):
+        return self.names
+
+
+def _fake_export(tmp_path, precision="fp32"):
+    import yaml
+    spec = {"inputs": [{"name": "x", "shape": [-1, 8], "dtype": "float32"}], "outputs": ["logits"]}
+    record = {"zoo_export_version": 1, "format": "paddle", "precision": precision, "model": "AttentionLSTM",
+              **spec, "programs": {"model": {"method": None, **spec}}}
+    (tmp_path / "infer_cfg.yml").write_text(yaml.safe_dump(record))
+    (tmp_path / "model.json").write_text("{}")
+    (tmp_path / "model.pdiparams").write_bytes(b"")
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("precision, card", [("fp32", "0"), ("fp16", "3"), ("bf16", "1,5")])
+def test_gpu_inference_runs_on_this_processs_card_in_the_asked_precision(tmp_path, monkeypatch, precision, card):
+    import paddle.inference as pi
+    from engine.deploy import predictor
+    _RecordingConfig.calls = []
+    monkeypatch.setattr(predictor.pi, "Config", _RecordingConfig)
+    monkeypatch.setattr(predictor.pi, "create_predictor", lambda config: _FakePredictor(["x"]))
+    monkeypatch.setenv("FLAGS_selected_gpus", card)
+    monkeypatch.setenv("PADDLE_LOCAL_RANK", "1")
+    p = predictor.Predictor(_fake_export(tmp_path), device="gpu", precision=precision)
+    assert p.precision == precision
+    want = {"fp32": pi.PrecisionType.Float32, "fp16": pi.PrecisionType.Half, "bf16": pi.PrecisionType.Bfloat16}
+    card_id = {"0": 0, "3": 3, "1,5": 5}[card]   # a list is indexed by the local rank (1)
+    assert ("enable_use_gpu", (256, card_id, want[precision])) in _RecordingConfig.calls, _RecordingConfig.calls
+    assert not any(name in ("enable_mkldnn", "enable_mkldnn_bfloat16") for name, _ in _RecordingConfig.calls)
+
+
+def test_fp16_inference_on_a_cpu_is_one_line(tmp_path):
+    from engine.deploy import predictor
+    from engine.errors import ConfigError
+    with pytest.raises(ConfigError, match="fp16 runs on a GPU"):
+        predictor.Predictor(_fake_export(tmp_path), device="cpu", precision="fp16")

@@ -17,6 +17,7 @@ import os
 import paddle.inference as pi
 
 from engine import cpu
+from engine.runtime import selected_gpu
 from engine.components import import_custom, load_all
 from engine.deploy import onnx
 from engine.deploy.record import BACKEND_OF, as_numpy, check_shape, checked_feeds, programs_of, read_infer_cfg, \
@@ -24,6 +25,9 @@ from engine.deploy.record import BACKEND_OF, as_numpy, check_shape, checked_feed
 from engine.errors import ConfigError
 from engine.registry import MODELS
 
+
+_GPU_PRECISION = {"fp32": pi.PrecisionType.Float32, "fp16": pi.PrecisionType.Half,
+                  "bf16": pi.PrecisionType.Bfloat16}
 
 # Paddle 3.3.1 cannot run its oneDNN kernels of these ops in a PIR program (the interpolation's
 # `scale` attribute: "ConvertPirAttribute2RuntimeAttribute not support ArrayAttribute<DoubleAttribute>",
@@ -41,7 +45,9 @@ class Program:
     to bf16 throws (std::exception), so a call with an empty input (a decoder's first step, with no
     cache yet) runs on an fp32 predictor of the same program."""
 
-    def __init__(self, export_dir, name, spec, mkldnn=True, threads=None, device="cpu", bf16=False):
+    def __init__(self, export_dir, name, spec, mkldnn=True, threads=None, device="cpu", bf16=False,
+                 gpu_precision="fp32"):
+        self.gpu_precision = gpu_precision
         self.name, self.where = name, os.path.join(export_dir, name)
         self.inputs, self.outputs = spec["inputs"], list(spec["outputs"])
         self.settings, self.bf16, self._fp32 = (mkldnn, threads, device), bf16, None
@@ -55,8 +61,8 @@ class Program:
         mkldnn, threads, device = self.settings
         config = pi.Config(self.where + ".json", self.where + ".pdiparams")
         config.disable_glog_info()
-        if device == "gpu":
-            config.enable_use_gpu(256, 0)
+        if device == "gpu":   # this process's card (the launcher's FLAGS_selected_gpus), in its precision
+            config.enable_use_gpu(256, selected_gpu(), _GPU_PRECISION[self.gpu_precision])
             return pi.create_predictor(config)
         config.disable_gpu()
         if threads:
@@ -124,7 +130,8 @@ class Predictor:
         if backend == "onnxruntime":
             make = lambda name, spec: onnx.Program(export_dir, name, spec, threads)  # noqa: E731
         else:
-            make = lambda name, spec: Program(export_dir, name, spec, mkldnn, threads, device, bf16)  # noqa: E731
+            make = lambda name, spec: Program(export_dir, name, spec, mkldnn, threads, device,  # noqa: E731
+                                              bf16 and device != "gpu", gpu_precision=self.precision)
         self.programs = {name: (wrap or (lambda p: p))(make(name, spec))
                          for name, spec in programs_of(self.record).items()}
         if uses_runner(self.record):
@@ -145,11 +152,15 @@ class Predictor:
             if want != have:
                 raise ConfigError(f"{self.export_dir} holds a {have} export; INT8 is a model tools/quantize.py wrote")
             return want
-        if want not in ("fp32", "bf16"):
-            raise ConfigError(f"precision '{want}': one of fp32, bf16")
+        if want not in ("fp32", "bf16", "fp16"):
+            raise ConfigError(f"precision '{want}': one of fp32, bf16, fp16 (GPU)")
+        if device == "gpu" and backend == "inference":   # Paddle Inference's mixed precision on the card
+            return want
+        if want == "fp16":
+            raise ConfigError("precision fp16 runs on a GPU (Paddle Inference); on a CPU use bf16")
         if want == "bf16":
             why = ("ONNX Runtime has no bf16 CPU kernels" if backend != "inference" else
-                   "runs on the GPU" if device == "gpu" else "oneDNN is off" if not mkldnn else
+                   "oneDNN is off" if not mkldnn else
                    None if cpu.has_bf16() else "this CPU has no native bf16 (avx512_bf16, amx_bf16)")
             if why:
                 print(f"note: {self.export_dir}: bf16 asked for, but {why}: running fp32", flush=True)
