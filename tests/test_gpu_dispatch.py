@@ -162,3 +162,27 @@ def test_fp16_inference_on_a_cpu_is_one_line(tmp_path):
     from engine.errors import ConfigError
     with pytest.raises(ConfigError, match="fp16 runs on a GPU"):
         predictor.Predictor(_fake_export(tmp_path), device="cpu", precision="fp16")
+
+
+# ------------------------------------------------------------------------------ no host round trips
+def test_the_transformers_training_forward_reads_nothing_back_to_the_host(monkeypatch):
+    """The source-length check reads the lengths only when the padded width exceeds the position table
+    (no source is longer than its batch's width), and the sample index only for that message."""
+    from engine.errors import ConfigError
+    from tests.helpers import peaked_transformer
+    model, src = peaked_transformer()   # max_length 30
+    model.train()
+    reads = []
+    original = paddle.Tensor.numpy
+    monkeypatch.setattr(paddle.Tensor, "numpy", lambda self, *a, **k: reads.append(self.shape) or original(self))
+    batch = {"src_ids": paddle.to_tensor(src), "tgt_in": paddle.to_tensor(src), "tgt_out": paddle.to_tensor(src),
+             "index": paddle.to_tensor(np.arange(6))}
+    out = model(batch)
+    out["loss"].backward()
+    assert reads == []
+    wide = np.full((6, 33), 3)
+    wide[:, -1] = 1
+    wide[2, 31:] = [1, 0]   # sample 2: 32 tokens with <e>; the others 33
+    batch = {"src_ids": paddle.to_tensor(wide), "index": paddle.to_tensor(np.arange(10, 16))}
+    with pytest.raises(ConfigError, match=r"source of sample 10 has 33 tokens"):
+        model(batch)

@@ -368,7 +368,9 @@ class Transformer(ZooModel):
 
     def encode(self, src_ids, src_mask, index=None):
         """(memory [B, S, D], memory bias [B, 1, 1, S]); the source must fit the position table."""
-        if paddle.in_dynamic_mode():    # an exported program sees sizes as tensors: its runner checks
+        # an exported program sees sizes as tensors: its runner checks. No source is longer than the
+        # padded width, so the lengths are read (a device-to-host copy on a GPU) only when it is too wide
+        if paddle.in_dynamic_mode() and src_mask.shape[1] > self.max_length:
             check_source_lengths(src_mask.sum(axis=1).numpy(), self.max_length, index)
         bias = ((1.0 - src_mask.astype("float32")) * NEG).unsqueeze([1, 2])
         x = self._embed(self.src_word_embedding, self.src_pos_embedding, src_ids, src_mask)
@@ -389,8 +391,7 @@ class Transformer(ZooModel):
     # ------------------------------------------------------------------------------- forward
     def forward(self, batch):
         src, src_mask = batch["src_ids"], _mask(batch, "src_ids", self.pad_id)
-        index = batch.get("index")
-        index = index.numpy() if isinstance(index, paddle.Tensor) else index
+        index = batch.get("index")   # only for a message naming the sample: read on the host then
         memory, memory_bias = self.encode(src, src_mask, index)
         out = {}
         if "tgt_out" in batch:
@@ -527,6 +528,7 @@ def check_source_lengths(lengths, max_length, index=None):
     if not len(lengths) or lengths.max() <= max_length:
         return
     i = int(np.argmax(lengths))
+    index = index.numpy() if isinstance(index, paddle.Tensor) else index
     which = f"sample {int(index[i])}" if index is not None else f"row {i}"
     raise ConfigError(f"Transformer: source of {which} has {int(lengths[i])} tokens (with <e>), more than the "
                       f"position table holds (model.max_length {max_length}); split the sentence or use a model "
