@@ -318,16 +318,18 @@ _REST = "_zoo_rest"
 
 def _pack(batch):
     """In a worker: arrays travel through paddle's shared memory, everything else (ragged arrays,
-    metadata, the key order) as one pickled byte array."""
+    metadata, the key order) pickled into one `bytes` value. paddle's DataLoader passes `bytes` with
+    the batch's structure, not as a tensor: on a GPU the loader puts its tensors on the card, and
+    metadata sent there would have to come back (a device sync every batch)."""
     arrays = {k: v for k, v in batch.items() if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"}
     rest = {k: v for k, v in batch.items() if k not in arrays}
     rest["_order"] = list(batch)
-    arrays[_REST] = np.frombuffer(pickle.dumps(rest, protocol=pickle.HIGHEST_PROTOCOL), np.uint8).copy()
+    arrays[_REST] = pickle.dumps(rest, protocol=pickle.HIGHEST_PROTOCOL)
     return arrays
 
 
 def _unpack(received):
-    rest = pickle.loads(received.pop(_REST).numpy().tobytes())
+    rest = pickle.loads(received.pop(_REST))
     order = rest.pop("_order")
     tensors = dict(received)
     rest = finalize(rest)
@@ -345,7 +347,7 @@ class WorkerLoader:
         def guarded(samples):
             failed = [s for s in samples if isinstance(s, SampleFailure)]
             if failed:
-                return {"sample_error": np.frombuffer(failed[0].message.encode(), dtype=np.uint8).copy()}
+                return {"sample_error": failed[0].message}
             return _pack(collate_fn(samples))
 
         self.dataset, self.batch_sampler = dataset, batch_sampler
@@ -358,5 +360,5 @@ class WorkerLoader:
     def __iter__(self):
         for batch in self.loader:
             if "sample_error" in batch:
-                raise SampleError(bytes(batch["sample_error"].numpy()).decode())
+                raise SampleError(batch["sample_error"])
             yield _unpack(batch)

@@ -368,13 +368,15 @@ class BertForPretraining(_BertTask):
         B, S = ids.shape
         positions = _tensor(batch["masked_lm_positions"]).astype("int64")
         labels = _tensor(batch["masked_lm_ids"]).astype("int64")
-        valid = labels >= 0
-        flat = positions + paddle.arange(B, dtype="int64").unsqueeze(1) * S
-        sel = paddle.masked_select(flat, valid)
-        target = paddle.masked_select(labels, valid)
-        mlm_logits, nsp_logits = self.heads(seq, pooled, sel)
-        n = paddle.clip(valid.astype("float32").sum(), min=1.0)   # a tensor: exported programs trace this
-        mlm_loss = softmax_ce(mlm_logits, target.unsqueeze(1)).sum() / n
+        # Every slot of [B, P] goes through the head, the padded ones (label < 0) with weight 0: fixed
+        # shapes, so the step never waits for the device to count the masked tokens (masked_select
+        # would, on a GPU). The padding is the few slots under max_predictions_per_seq.
+        valid = (labels >= 0).astype("float32")
+        flat = (positions + paddle.arange(B, dtype="int64").unsqueeze(1) * S).reshape([-1])
+        target = paddle.where(labels >= 0, labels, paddle.zeros_like(labels)).reshape([-1, 1])
+        mlm_logits, nsp_logits = self.heads(seq, pooled, flat)
+        n = paddle.clip(valid.sum(), min=1.0)   # a tensor: exported programs trace this
+        mlm_loss = (softmax_ce(mlm_logits, target).reshape([-1]) * valid.reshape([-1])).sum() / n
         out = {"mlm_loss": mlm_loss}
         loss = mlm_loss
         if "next_sentence_label" in batch:
@@ -384,13 +386,9 @@ class BertForPretraining(_BertTask):
         out["loss"] = loss
         if self.training:
             return out
-        hit = (mlm_logits.argmax(axis=-1) == target).astype("float32")
-        owner = paddle.floor_divide(sel, paddle.full_like(sel, S))      # the sample of each masked token
-        # hits summed per sample as a product with the owner's one-hot rows (exact: sums of 0/1), not a
-        # scatter-add, which paddle2onnx 2.1.0 converts to a ScatterND of the wrong shape
-        owns = (paddle.arange(B, dtype="int64").unsqueeze(1) == owner.unsqueeze(0)).astype("float32")
-        out.update(mlm_correct=paddle.matmul(owns, hit.unsqueeze(1)).squeeze(1),
-                   mlm_total=valid.astype("float32").sum(axis=1), nsp_logits=nsp_logits)
+        hit = (mlm_logits.argmax(axis=-1) == target.reshape([-1])).astype("float32")
+        hit = paddle.reshape(hit, paddle.shape(labels)) * valid     # [B, P]; B and P may be dynamic (export)
+        out.update(mlm_correct=hit.sum(axis=1), mlm_total=valid.sum(axis=1), nsp_logits=nsp_logits)
         return out
 
 
