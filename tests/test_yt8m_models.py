@@ -375,3 +375,33 @@ def test_attention_cluster_train_decreases_loss():
     model = AttentionCluster(**dict(SMALL_AC, drop_rate=0.0))
     losses = train_losses(model, make_batch([5, 5, 5, 5], seed=2), steps=6)
     assert all(math.isfinite(v) for v in losses) and losses[-1] < 0.8 * losses[0], losses
+
+
+def test_nextvlad_training_bn_equals_paddles_bn_over_the_real_frames_alone():
+    """The masked statistics (fixed shapes, no device sync) against paddle's own BatchNorm1D run on
+    the gathered real frames: outputs, running averages and input gradients."""
+    from models.video.nextvlad import NeXtVLADLayer
+    paddle.seed(3)
+    layer = NeXtVLADLayer(16, 4, 2, 2)
+    layer.train()
+    bn = layer.cluster_bn
+    bn.weight.set_value(paddle.rand(bn.weight.shape) + 0.5)
+    bn.bias.set_value(paddle.rand(bn.bias.shape))
+    ref_bn = paddle.nn.BatchNorm1D(bn.weight.shape[0])
+    ref_bn.set_state_dict(bn.state_dict())
+    ref_bn.train()
+    act = paddle.randn([3, 7, bn.weight.shape[0]])
+    mask = paddle.to_tensor(np.array([[1] * 7, [1] * 2 + [0] * 5, [1] * 4 + [0] * 3], np.float32))
+    a1, a2 = act.clone(), act.clone()
+    a1.stop_gradient = a2.stop_gradient = False
+    ours = layer._cluster_bn(a1, mask)
+    flat = a2.reshape([21, -1])
+    idx = paddle.to_tensor(np.flatnonzero(mask.numpy().reshape(-1)))
+    ref = paddle.scatter(paddle.zeros_like(flat), idx, ref_bn(paddle.gather(flat, idx))).reshape(act.shape)
+    np.testing.assert_allclose(ours.numpy(), ref.numpy(), atol=2e-6)
+    np.testing.assert_allclose(bn._mean.numpy(), ref_bn._mean.numpy(), atol=1e-7)
+    np.testing.assert_allclose(bn._variance.numpy(), ref_bn._variance.numpy(), atol=1e-6)
+    weights = paddle.randn(act.shape)
+    (ours * weights).sum().backward()
+    (ref * weights).sum().backward()
+    np.testing.assert_allclose(a1.grad.numpy(), a2.grad.numpy(), atol=1e-5)

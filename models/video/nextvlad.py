@@ -53,15 +53,30 @@ class NeXtVLADLayer(nn.Layer):
         return self.cluster_size * self.group_size
 
     def _cluster_bn(self, act, mask):
-        """BN over frames; in training its statistics come from the real frames alone."""
-        flat = act.reshape([-1, act.shape[-1]])
+        """BN over frames; in training its statistics come from the real frames alone.
+
+        Written as masked sums (fixed shapes) rather than BN over the gathered real frames: gathering
+        needs their count, which on a GPU waits for the device every step. Same statistics and
+        running averages as paddle's BatchNorm (biased variance, running = momentum * running +
+        (1 - momentum) * batch). A SyncBatchNorm (runtime.sync_bn) keeps the gather: its statistics
+        are reduced over the cards by its own kernel."""
+        bn, flat = self.cluster_bn, act.reshape([-1, act.shape[-1]])
         if not self.training:
-            return self.cluster_bn(flat).reshape(act.shape)
-        idx = paddle.nonzero(mask.reshape([-1]) > 0).reshape([-1])
-        if idx.shape[0] == 0:
-            raise ConfigError("NeXtVLAD: the training batch has no real frame (all masks are 0)")
-        normed = self.cluster_bn(paddle.gather(flat, idx))
-        return paddle.scatter(paddle.zeros_like(flat), idx, normed).reshape(act.shape)
+            return bn(flat).reshape(act.shape)
+        real = mask.reshape([-1, 1]).astype(flat.dtype)
+        if isinstance(bn, nn.SyncBatchNorm):
+            idx = paddle.nonzero(real.reshape([-1]) > 0).reshape([-1])
+            return paddle.scatter(paddle.zeros_like(flat), idx, bn(paddle.gather(flat, idx))).reshape(act.shape)
+        count = paddle.clip(real.sum(), min=1.0)
+        mean = (flat * real).sum(axis=0) / count
+        centred = flat - mean
+        var = (centred * centred * real).sum(axis=0) / count
+        with paddle.no_grad():
+            m = bn._momentum
+            paddle.assign(bn._mean * m + mean * (1.0 - m), bn._mean)
+            paddle.assign(bn._variance * m + var * (1.0 - m), bn._variance)
+        normed = centred * paddle.rsqrt(var + bn._epsilon) * bn.weight + bn.bias
+        return (normed * real).reshape(act.shape)
 
     def forward(self, x, mask):
         B, T = x.shape[0], x.shape[1]
