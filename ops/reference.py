@@ -3,6 +3,7 @@
 what the tests compare the kernels with. Plain paddle ops only, so every program exports."""
 import paddle
 import paddle.compat.nn.functional as compat_F
+import paddle.incubate.nn.functional as incubate_F
 import paddle.nn.functional as F
 
 # the activations the layers take by name; the fused kernels cover None, relu and gelu (exact erf)
@@ -53,7 +54,18 @@ def bias_dropout_residual(x, bias, residual, p=0.0, training=True, keep=None):
     return residual + dropout(x if bias is None else x + bias, p, training, keep)
 
 
+# dtypes of paddle's fused_bias_dropout_residual_layer_norm GPU kernel (paddle/phi/kernels/fusion/gpu/
+# fused_bias_dropout_residual_layer_norm_kernel.cu: float, double, float16; no bfloat16)
+_FUSED_LN_DTYPES = (paddle.float32, paddle.float16)
+
+
 def bias_dropout_residual_ln(x, bias, residual, weight, norm_bias, p=0.0, eps=1e-5, training=True, keep=None):
+    """On a GPU paddle's fused kernel (PaddleNLP's FusedBiasDropoutResidualLayerNorm), one pass for
+    the add, dropout, residual and LayerNorm, where it has the dtype (not bf16: composed ops then)."""
+    if keep is None and on_gpu(x) and x.dtype in _FUSED_LN_DTYPES and residual.dtype == x.dtype:
+        return incubate_F.fused_bias_dropout_residual_layer_norm(
+            x, residual, bias, weight, norm_bias, dropout_rate=p if training else 0.0, ln_epsilon=eps,
+            training=training, mode="upscale_in_train")
     h = bias_dropout_residual(x, bias, residual, p, training, keep)
     return F.layer_norm(h, h.shape[-1:], weight, norm_bias, eps)
 

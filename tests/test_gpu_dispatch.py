@@ -109,6 +109,34 @@ def test_dropout_in_sdpa_only_when_training(gpu_place, monkeypatch):
     assert seen == [0.1, 0.0]
 
 
+def test_post_norm_add_and_norm_takes_paddles_fused_kernel_on_a_gpu(gpu_place, monkeypatch):
+    """fused_bias_dropout_residual_layer_norm (GPU kernel: float32, float16; it has no CPU kernel, so
+    only its call is checked here) with the layer's own arguments; bf16 and CPU tensors compose."""
+    import paddle.incubate.nn.functional as incubate_F
+    seen = []
+
+    def fake(x, residual, bias=None, ln_scale=None, ln_bias=None, dropout_rate=0.5, ln_epsilon=1e-5,
+             training=True, mode="upscale_in_train", name=None):
+        seen.append((x, residual, bias, ln_scale, ln_bias, dropout_rate, ln_epsilon, training, mode))
+        return x
+    monkeypatch.setattr(incubate_F, "fused_bias_dropout_residual_layer_norm", fake)
+    x, r = paddle.rand([2, 3, 8]), paddle.rand([2, 3, 8])
+    b, w, nb = paddle.rand([8]), paddle.rand([8]), paddle.rand([8])
+    fn.bias_dropout_residual_ln(x, b, r, w, nb, p=0.1, eps=1e-12, training=True)
+    fn.bias_dropout_residual_ln(x, None, r, w, nb, p=0.1, eps=1e-12, training=False)
+    assert [s[5:] for s in seen] == [(0.1, 1e-12, True, "upscale_in_train"), (0.0, 1e-12, False, "upscale_in_train")]
+    assert seen[0][0] is x and seen[0][1] is r and seen[0][2] is b and seen[0][3] is w and seen[0][4] is nb
+    assert seen[1][2] is None
+    composed = []   # (the CPU has no bf16 add to run the composition itself)
+    monkeypatch.setattr(reference, "bias_dropout_residual", lambda *a, **k: composed.append(1) or x)
+    fn.bias_dropout_residual_ln(x.astype("bfloat16"), None, r.astype("bfloat16"), w, nb, training=False)
+    assert len(seen) == 2 and composed == [1]
+    monkeypatch.setattr(Place, "is_gpu_place", lambda self: False)
+    monkeypatch.setattr(Place, "is_cpu_place", lambda self: True)
+    fn.bias_dropout_residual_ln(x, b, r, w, nb, training=False)
+    assert len(seen) == 2 and composed == [1, 1]
+
+
 # ------------------------------------------------------------------------------ GPU inference settings
 class _RecordingConfig:
     """paddle.inference.Config's stand-in: records what the predictor asks of it."""

@@ -270,3 +270,52 @@ def test_iteration_based_recipes_as_published():
     assert bert.lr_at(5000) == pytest.approx(0.5e-4)
     assert bert.lr_at(10000) == pytest.approx(1e-4)
     assert bert.lr_at(505000) == pytest.approx(1e-4 * 0.5)      # (1M - 505k) / (1M - 10k)
+
+
+def _small_net():
+    paddle.seed(0)
+    return paddle.nn.Sequential(paddle.nn.Linear(8, 6), paddle.nn.LayerNorm(6), paddle.nn.Linear(6, 3))
+
+
+@pytest.mark.parametrize("cfg", [{"name": "Momentum", "momentum": 0.9, "weight_decay": 1e-4},
+                                 {"name": "Momentum", "momentum": 0.9, "use_nesterov": True},
+                                 {"name": "Adam", "weight_decay": 1e-3}])
+def test_on_a_gpu_momentum_and_adam_take_the_merged_kernels_with_the_same_updates(cfg, monkeypatch):
+    """Parameters on a GPU (Place patched while the optimizer is built) select use_multi_tensor; the
+    merged kernels (which paddle also has on the CPU) then give the per-parameter updates (Momentum
+    exactly, Adam within float rounding), and their state dicts load into each other (a run trained
+    on a GPU resumes on a CPU)."""
+    place = type(paddle.zeros([1]).place)
+    results, states = [], []
+
+    def by_position(state, net):   # accumulator keys start with paddle's unique parameter names
+        names = sorted(((p.name, str(i)) for i, p in enumerate(net.parameters())), key=lambda t: -len(t[0]))
+        out = set()
+        for k in state:
+            if k != "LR_Scheduler":
+                out.add(next((i + k[len(n):] for n, i in names if k.startswith(n + "_")), k))
+        return out
+    for gpu in (False, True):
+        net = _small_net()
+        with monkeypatch.context() as m:
+            if gpu:
+                m.setattr(place, "is_cpu_place", lambda self: False)
+            opt = build_optimizer(dict(cfg), net, 0.1)
+        assert opt._use_multi_tensor is gpu
+        for i in range(4):
+            loss = net(paddle.full([5, 8], 0.5 * i - 1.0)).square().sum()
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+        results.append([p.numpy() for p in net.parameters()])
+        states.append((opt.state_dict(), by_position(opt.state_dict(), net)))
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 if cfg["name"] == "Adam" else 0)
+    assert states[0][1] == states[1][1] and len(states[0][1]) >= len(results[0])
+
+
+def test_adamw_has_no_merged_kernel_and_updates_per_parameter(monkeypatch):
+    place = type(paddle.zeros([1]).place)
+    monkeypatch.setattr(place, "is_cpu_place", lambda self: False)
+    opt = build_optimizer({"name": "AdamW", "weight_decay": 0.01}, _small_net(), 0.1)
+    assert not getattr(opt, "_use_multi_tensor", False)

@@ -36,6 +36,7 @@ from paddle.optimizer.lr import LRScheduler
 from engine.model import NormLayer
 from engine.errors import ConfigError
 from engine.registry import LR_SCHEDULES, OPTIMIZERS
+from ops.reference import on_device
 
 
 # ----------------------------------------------------------------------------- learning rate
@@ -317,15 +318,22 @@ def param_groups(model, weight_decay, no_decay, decoupled):
 # ----------------------------------------------------------------------------- optimizers
 
 class _Optimizer:
+    """`multi_tensor`: Momentum and Adam update all parameters of a group in one merged kernel
+    (paddle's merged_momentum / merged_adam) when the parameters are on a GPU, where one launch per
+    parameter costs more than the update; on a CPU the per-parameter kernels run (same values:
+    tests/test_optim.py). paddle 3.3.1's AdamW has no multi-tensor form (its fused_adam op is a GPU
+    kernel without a public optimizer), so AdamW updates per parameter everywhere."""
     decoupled = False
 
     def __init__(self, weight_decay=0.0, no_decay=("bias", "norm")):
         if weight_decay < 0:
             raise ConfigError(f"optimizer.weight_decay must be >= 0, got {weight_decay}")
         self.weight_decay, self.no_decay = weight_decay, list(no_decay)
+        self.multi_tensor = False
 
     def create(self, model, lr):
         groups = param_groups(model, self.weight_decay, self.no_decay, self.decoupled)
+        self.multi_tensor = on_device(groups[0]["params"][0])
         return self.make(lr, groups)
 
 
@@ -347,7 +355,7 @@ class Momentum(_Optimizer):
 
     def make(self, lr, groups):
         return paddle.optimizer.Momentum(learning_rate=lr, momentum=self.momentum, parameters=groups,
-                                         use_nesterov=self.use_nesterov)
+                                         use_nesterov=self.use_nesterov, use_multi_tensor=self.multi_tensor)
 
 
 @OPTIMIZERS.register("Adam")
@@ -359,7 +367,7 @@ class Adam(_Optimizer):
 
     def make(self, lr, groups):
         return paddle.optimizer.Adam(learning_rate=lr, beta1=self.beta1, beta2=self.beta2,
-                                     epsilon=self.epsilon, parameters=groups)
+                                     epsilon=self.epsilon, parameters=groups, use_multi_tensor=self.multi_tensor)
 
 
 @OPTIMIZERS.register("AdamW")
