@@ -135,6 +135,10 @@ def test_post_norm_add_and_norm_takes_paddles_fused_kernel_on_a_gpu(gpu_place, m
     monkeypatch.setattr(Place, "is_cpu_place", lambda self: True)
     fn.bias_dropout_residual_ln(x, b, r, w, nb, training=False)
     assert len(seen) == 2 and composed == [1, 1]
+    monkeypatch.setattr(Place, "is_gpu_place", lambda self: True)   # the layer-level entry reaches it too
+    norm, proj = paddle.nn.LayerNorm(8, epsilon=1e-12), paddle.nn.Linear(8, 8)
+    layers.linear_add_norm(x, proj, r, norm, p=0.1, training=True)
+    assert len(seen) == 3 and seen[2][2] is proj.bias and seen[2][3] is norm.weight and seen[2][5:7] == (0.1, 1e-12)
 
 
 # ------------------------------------------------------------------------------ GPU inference settings
