@@ -225,7 +225,6 @@ def polygons_to_mask(polygons, height, width):
     return mask_util.decode(mask_util.merge(rles))
 
 
-
 def rasterize_polygons(xy, counts, height, width):
     """Masks [F, height, width] (uint8) of F polygon sets, equal to pycocotools' frPyObjects +
     merge + decode (maskApi.c rleFrPoly, which PaddleDetection's targets use), in tensor operators.
@@ -239,8 +238,20 @@ def rasterize_polygons(xy, counts, height, width):
     step directly: an x-major edge has exactly one candidate step, a y-major one is found in a window
     of 4 steps around the real crossing and checked with rleFrPoly's own double-precision formula,
     so the work is [F, V, width] whatever the polygons' extent. Parts are OR-ed (merge, no intersect).
-    float64 throughout: the truncations must see rleFrPoly's doubles bit for bit.
+    float64 throughout: the truncations must see rleFrPoly's doubles bit for bit (small tensors:
+    at most `EDGE_ROWS` x width x 5 values per chunk of sets).
     """
+    step = max(1, EDGE_ROWS // max(1, xy.shape[1]))
+    if xy.shape[0] > step:                                  # bounded memory: chunks of sets (host-known sizes)
+        return paddle.concat([_rasterize(xy[i:i + step], counts[i:i + step], height, width)
+                              for i in range(0, xy.shape[0], step)])
+    return _rasterize(xy, counts, height, width)
+
+
+EDGE_ROWS = 1 << 15     # sets x vertices rasterised at once
+
+
+def _rasterize(xy, counts, height, width):
     f, v, _ = xy.shape
     k = counts.shape[1]
     h, w = int(height), int(width)
