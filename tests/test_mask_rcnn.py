@@ -59,7 +59,7 @@ def test_encode_by_hand_and_round_trip():
     tgt = np.concatenate([rng.uniform(0, 50, (20, 2)), rng.uniform(60, 120, (20, 2))], 1)
     for weights in ((1, 1, 1, 1), (10, 10, 5, 5)):
         deltas = box_ops.encode(src, tgt, weights)
-        back = box_ops.decode(paddle.to_tensor(deltas), paddle.to_tensor(src.astype("float32")), weights)
+        back = box_ops.decode(deltas, paddle.to_tensor(src.astype("float32")), weights)   # encode gives a tensor
         np.testing.assert_allclose(back.numpy()[:, 0], tgt, atol=1e-3)
     # class-specific: 2 classes per row decode against the same box
     two = box_ops.decode(paddle.to_tensor(np.concatenate([d, np.zeros((1, 4), "float32")], 1)),
