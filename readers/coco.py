@@ -16,7 +16,9 @@ unreadable sample (SampleError naming the file; skipped and counted with `skip_b
 Sample: `image` uint8 [H, W, 3] RGB, `gt_boxes` float32 [N, 4] (x1, y1, x2, y2), `gt_classes`
 int64 [N], `gt_crowd` int32 [N], `gt_polygons` (per instance a list of float32 [K, 2] parts),
 `image_id` int64, `orig_size` int64 [2] (h, w), `scale_factor` float32 [2] (sy, sx; 1 until a
-resize), all declared for the geometric transforms.
+resize), all declared for the geometric transforms; after the transforms, the polygons packed into
+arrays for the model's device: `gt_poly_points` float32 [N, V, 2], `gt_poly_counts` int32 [N, P]
+(`pack_polygons`; list them in the collate's ragged keys).
 """
 import contextlib
 import io
@@ -97,6 +99,25 @@ def clean_polygons(segmentation):
         if len(p) >= 6 and len(p) % 2 == 0 and np.isfinite(p).all():
             parts.append(p.reshape(-1, 2))
     return parts
+
+
+def pack_polygons(instances):
+    """One image's polygons (per instance a list of [K, 2] parts) as two arrays, which the collate
+    keeps ragged and the model reads on its device (Mask R-CNN's targets): points float32 [N, V, 2],
+    each instance's parts' vertices one after the other, zero padded; counts int32 [N, P], the
+    vertices of each part, 0 padded. Parts of fewer than 3 vertices are left out: pycocotools
+    cannot draw them (models/vision/mask_rcnn/roi_heads.py polygons_to_mask skips them too)."""
+    kept = [[np.asarray(p, np.float32).reshape(-1, 2) for p in parts if len(p) >= 3] for parts in instances]
+    v = max([sum(len(p) for p in parts) for parts in kept] + [1])
+    k = max([len(parts) for parts in kept] + [1])
+    points = np.zeros((len(kept), v, 2), np.float32)
+    counts = np.zeros((len(kept), k), np.int32)
+    for i, parts in enumerate(kept):
+        if parts:
+            flat = np.concatenate(parts)
+            points[i, :len(flat)] = flat
+            counts[i, :len(parts)] = [len(p) for p in parts]
+    return points, counts
 
 
 @DATASETS.register("COCO")
@@ -193,6 +214,14 @@ class COCODataset(SampleDataset):
 
     def aspect_ratios(self):
         return np.array([float(it[1]["width"]) / float(it[1]["height"]) for it in self.items])
+
+    def __getitem__(self, index):
+        """The sample after its transforms, plus its polygons packed for the model's device
+        (`gt_poly_points`, `gt_poly_counts`: see pack_polygons); `gt_polygons` stays as it is."""
+        sample = super().__getitem__(index)
+        if isinstance(sample, dict) and "gt_polygons" in sample:
+            sample["gt_poly_points"], sample["gt_poly_counts"] = pack_polygons(sample["gt_polygons"])
+        return sample
 
     def load(self, index):
         image_id, info, anns = self.items[index]

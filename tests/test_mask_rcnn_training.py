@@ -26,7 +26,7 @@ from engine.config import load
 from engine.weights.pretrained import WEIGHTS, load_entry_state
 from models.vision.mask_rcnn import box_ops, roi_heads
 from models.vision.mask_rcnn.model import MaskRCNN
-from readers.coco import COCODataset
+from readers.coco import COCODataset, pack_polygons
 
 load_all()
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -35,6 +35,11 @@ from golden_weights import golden_state_dict  # noqa: E402
 
 NUM_CLASSES = 80
 IMAGES = 3
+
+
+def host(x):
+    """A stage's tensor output as numpy, for the comparisons (the stages themselves stay on the device)."""
+    return x.numpy() if isinstance(x, paddle.Tensor) else np.asarray(x)
 
 
 def assert_close(ours, ref, what, rtol=1e-5):
@@ -117,14 +122,14 @@ def heads(model, ref):
     with paddle.no_grad():
         feats = model.features(paddle.to_tensor(ref["image"]))
         scores, deltas = model.rpn.head(feats)
-    anchors = np.concatenate(model.rpn.anchors([f.shape[-2:] for f in feats]))
+    anchors = model.rpn.anchors.concatenated([f.shape[-2:] for f in feats])
     return feats, scores, deltas, anchors
 
 
 def test_rpn_anchor_matching(model, ref, sidecar, heads):
     anchors = heads[3]
     for i, (boxes, _, crowd, _) in enumerate(ground_truth(ref, sidecar)):
-        matches, labels = model.rpn.match(anchors, boxes, crowd)
+        matches, labels = map(host, model.rpn.match(anchors, paddle.to_tensor(boxes), paddle.to_tensor(crowd)))
         assert_equal(labels, ref[f"rpn.{i}.match_labels"], f"image {i}: RPN anchor labels before sampling")
         pos = labels == 1
         assert_equal(matches[pos], ref[f"rpn.{i}.matches"][pos], f"image {i}: RPN positives' matched gt")
@@ -134,7 +139,7 @@ def test_rpn_sampling_and_targets(model, ref, sidecar, heads, monkeypatch):
     anchors = heads[3]
     monkeypatch.setattr(box_ops, "random_permutation", Replay(ref))
     for i, (boxes, _, crowd, _) in enumerate(ground_truth(ref, sidecar)):
-        labels, deltas = model.rpn.targets(anchors, boxes, crowd)
+        labels, deltas = map(host, model.rpn.targets(anchors, paddle.to_tensor(boxes), paddle.to_tensor(crowd)))
         assert_equal(labels, ref[f"rpn.{i}.labels"], f"image {i}: sampled RPN anchors (labels 1/0/-1)")
         assert_close(deltas[labels == 1], ref[f"rpn.{i}.pos_deltas"], f"image {i}: RPN regression targets")
 
@@ -190,8 +195,9 @@ def test_training_proposals_collected_per_image(model, ref, heads, monkeypatch):
 def test_roi_matching(model, ref, sidecar):
     r = model.roi_cfg
     for i, (boxes, _, crowd, _) in enumerate(ground_truth(ref, sidecar)):
-        candidates, matches, labels = roi_heads.match_rois(ref[f"proposals.{i}"], boxes, crowd, r["fg_thresh"],
-                                                           r["bg_thresh"], model.crowd_ignore_iou)
+        candidates, matches, labels = map(host, roi_heads.match_rois(
+            paddle.to_tensor(ref[f"proposals.{i}"]), paddle.to_tensor(boxes), paddle.to_tensor(crowd),
+            r["fg_thresh"], r["bg_thresh"], model.crowd_ignore_iou))
         assert_close(candidates[-len(boxes):], boxes, f"image {i}: every gt box (crowd too) joins the candidates")
         assert_equal(labels, ref[f"roi.{i}.match_labels"], f"image {i}: RoI candidates' labels before sampling")
         fg = labels == 1
@@ -207,9 +213,10 @@ def test_roi_sampling_and_box_targets(model, ref, sidecar, monkeypatch):
     r = model.roi_cfg
     monkeypatch.setattr(box_ops, "random_permutation", Replay(ref, start=_rpn_draws(ref)))
     for i, (boxes, classes, crowd, _) in enumerate(ground_truth(ref, sidecar)):
-        rois, labels, matched, target_boxes = roi_heads.sample_rois(
-            ref[f"proposals.{i}"], boxes, classes, crowd, NUM_CLASSES, r["batch_size_per_image"],
-            r["fg_fraction"], r["fg_thresh"], r["bg_thresh"], r["use_random"], model.crowd_ignore_iou)
+        rois, labels, matched, target_boxes = map(host, roi_heads.sample_rois(
+            paddle.to_tensor(ref[f"proposals.{i}"]), paddle.to_tensor(boxes), paddle.to_tensor(classes),
+            paddle.to_tensor(crowd), NUM_CLASSES, r["batch_size_per_image"], r["fg_fraction"], r["fg_thresh"],
+            r["bg_thresh"], r["use_random"], model.crowd_ignore_iou))
         assert_close(rois, ref[f"roi.{i}.rois"], f"image {i}: sampled RoIs (fg first, then bg)")
         assert_equal(labels, ref[f"roi.{i}.labels"], f"image {i}: sampled RoIs' classes (80 = background)")
         fg = labels < NUM_CLASSES
@@ -222,8 +229,12 @@ def test_mask_targets(ref, sidecar):
     rois = [ref[f"roi.{i}.rois"] for i in range(IMAGES)]
     labels = [ref[f"roi.{i}.labels"] for i in range(IMAGES)]
     matched = [ref[f"roi.{i}.gt_inds"] for i in range(IMAGES)]
-    fg_rois, classes, targets, empty = roi_heads.mask_targets(rois, labels, matched, [g[3] for g in gts],
-                                                              NUM_CLASSES, 28)
+    packed = [pack_polygons(g[3]) for g in gts]
+    fg_rois, classes, targets, empty = roi_heads.mask_targets(
+        [paddle.to_tensor(x) for x in rois], [paddle.to_tensor(x) for x in labels],
+        [paddle.to_tensor(x) for x in matched], [paddle.to_tensor(p) for p, _ in packed],
+        [paddle.to_tensor(c) for _, c in packed], NUM_CLASSES, 28)
+    fg_rois, classes, targets = [host(x) for x in fg_rois], host(classes), host(targets)
     # the official list also holds a fake RoI of weight 0 for each image without foreground (image 2)
     real = ref["mask.weights"] > 0
     per_image = np.split(real, np.cumsum(ref["mask.rois_num"])[:-1])
@@ -241,7 +252,9 @@ def _batch(ref, sidecar):
             "gt_boxes": [paddle.to_tensor(g[0]) for g in gts],
             "gt_classes": [paddle.to_tensor(g[1]) for g in gts],
             "gt_crowd": [paddle.to_tensor(g[2].astype(np.int32)) for g in gts],
-            "gt_polygons": [g[3] for g in gts]}
+            "gt_polygons": [g[3] for g in gts],
+            "gt_poly_points": [paddle.to_tensor(pack_polygons(g[3])[0]) for g in gts],
+            "gt_poly_counts": [paddle.to_tensor(pack_polygons(g[3])[1]) for g in gts]}
 
 
 def test_losses(model, ref, sidecar, monkeypatch):
@@ -265,13 +278,16 @@ def test_mask_loss_counts_the_official_fake_roi_of_an_image_without_foreground()
     x, t = logits[[0, 1], classes], targets.astype(np.float64)
     bce = np.maximum(x, 0) - x * t + np.log1p(np.exp(-np.abs(x)))
     for empty in (0, 1):
-        ours = roi_heads.mask_loss(paddle.to_tensor(logits), classes, targets, extra_rois=empty).item()
+        ours = roi_heads.mask_loss(paddle.to_tensor(logits), paddle.to_tensor(classes), paddle.to_tensor(targets),
+                                   extra_rois=empty).item()
         assert abs(ours - bce.sum() / ((2 + empty) * 16)) < 1e-6, f"{empty} image(s) without foreground"
     rois = [np.array([[0, 0, 8, 8]], np.float32), np.array([[0, 0, 4, 4], [1, 1, 5, 5]], np.float32)]
     square = [np.array([[0, 0], [8, 0], [8, 8], [0, 8]], np.float32)]
+    packed = [pack_polygons([square]), pack_polygons([])]
     fg_rois, fg_classes, fg_targets, empty = roi_heads.mask_targets(
-        rois, [np.array([2]), np.array([3, 3])], [np.array([0]), np.array([0, 0])], [[square], []], 3, 28)
-    assert empty == 1 and fg_classes.tolist() == [2] and fg_targets.shape == (1, 28, 28) and fg_targets.all()
+        rois, [np.array([2]), np.array([3, 3])], [np.array([0]), np.array([0, 0])], [p for p, _ in packed],
+        [c for _, c in packed], 3, 28)
+    assert empty == 1 and fg_classes.tolist() == [2] and fg_targets.shape == [1, 28, 28] and fg_targets.numpy().all()
 
 
 def test_coco_reader_leaves_crowd_regions_out_with_load_crowd_false(tmp_path):

@@ -6,8 +6,12 @@ The stages live beside this file: fpn.py, rpn.py (anchors, proposals, RPN target
 Batch (readers/coco.py with PadImages): `image` float32 [B, 3, H, W] padded to a multiple of 32,
 `image_size` int64 [B, 2] (the resized image inside the padding), `scale_factor` float32 [B, 2]
 (sy, sx: original -> input), `orig_size` int64 [B, 2]; for training, ragged per image:
-`gt_boxes` [N, 4] (input pixels), `gt_classes` [N] (0..C-1), `gt_crowd` [N], and `gt_polygons`
-(metadata: per image, per instance, a list of [K, 2] parts).
+`gt_boxes` [N, 4] (input pixels), `gt_classes` [N] (0..C-1), `gt_crowd` [N], and the polygons
+packed by the reader, `gt_poly_points` [N, V, 2] and `gt_poly_counts` [N, P] (readers/coco.py
+pack_polygons; else `gt_polygons`, metadata: per image, per instance, a list of [K, 2] parts).
+The train forward computes its targets in paddle operators on the device of the model's tensors
+and reads nothing back (tests/test_mask_rcnn_device.py); the waits for the device left are the
+samplers' paddle.nonzero (box_ops.subsample) and RoIAlign's per-level split.
 
 Train mode returns the losses (loss_rpn_cls, loss_rpn_reg, loss_bbox_cls, loss_bbox_reg,
 loss_mask and their sum `loss`). Eval mode returns, per image, `bbox_num` int64 [B], then lists of
@@ -123,8 +127,7 @@ class MaskRCNN(ZooModel):
         feats = self.features(batch["image"])
         targets = self._targets(batch)
         rois, rois_num, losses = self.rpn(feats, batch["image_size"], targets)
-        proposals = np.split(rois.numpy(), np.cumsum(rois_num.numpy())[:-1])
-        losses.update(self._roi_losses(feats[:4], proposals, targets))
+        losses.update(self._roi_losses(feats[:4], rois, rois_num, targets))
         losses["loss"] = paddle.add_n([v for k, v in losses.items()])
         return losses
 
@@ -249,46 +252,65 @@ class MaskRCNN(ZooModel):
 
     # ------------------------------------------------------------------------------ training
     def _targets(self, batch):
-        for key in ("gt_boxes", "gt_classes", "gt_polygons"):
+        """The ground truth as the device's tensors, per image. Read from the batch as it is: no
+        check of the class ids (it would read them back; the engine compares the dataset's
+        num_classes with the model's before the first step). Polygons come packed by the reader
+        (`gt_poly_points`, `gt_poly_counts`, readers/coco.py pack_polygons); a hand-made batch with
+        only `gt_polygons` is packed here, on the host."""
+        for key in ("gt_boxes", "gt_classes"):
             if key not in batch:
                 raise ConfigError(f"MaskRCNN: the training batch has no '{key}' (keys: {sorted(batch)}); "
-                                  f"list gt_boxes, gt_classes, gt_crowd as the collate's ragged keys")
-        boxes = [b.numpy().reshape(-1, 4) for b in batch["gt_boxes"]]
-        classes = [c.numpy().reshape(-1).astype(np.int64) for c in batch["gt_classes"]]
-        crowd = [c.numpy().reshape(-1).astype(bool) for c in batch["gt_crowd"]] if "gt_crowd" in batch \
-            else [np.zeros(len(b), bool) for b in boxes]
-        for c in classes:
-            if len(c) and (c.min() < 0 or c.max() >= self.num_classes):
-                raise ConfigError(f"MaskRCNN: a ground-truth class id {int(c.max())} is outside "
-                                  f"0..{self.num_classes - 1} (model.num_classes {self.num_classes})")
-        return {"boxes": boxes, "classes": classes, "crowd": crowd, "polygons": batch["gt_polygons"]}
+                                  f"list gt_boxes, gt_classes, gt_crowd, gt_poly_points, gt_poly_counts as the "
+                                  f"collate's ragged keys")
+        boxes = [b.reshape([-1, 4]) for b in _per_image(batch["gt_boxes"])]
+        classes = [c.reshape([-1]).astype("int64") for c in _per_image(batch["gt_classes"])]
+        crowd = [c.reshape([-1]).astype("bool") for c in _per_image(batch["gt_crowd"])] if "gt_crowd" in batch \
+            else [paddle.zeros([b.shape[0]], "bool") for b in boxes]
+        if "gt_poly_points" in batch and "gt_poly_counts" in batch:
+            points, counts = _per_image(batch["gt_poly_points"]), _per_image(batch["gt_poly_counts"])
+        elif "gt_polygons" in batch:
+            from readers.coco import pack_polygons  # noqa: PLC0415 (a batch the COCO reader did not make)
+            packed = [pack_polygons(p) for p in batch["gt_polygons"]]
+            points, counts = [paddle.to_tensor(p) for p, _ in packed], [paddle.to_tensor(c) for _, c in packed]
+        else:
+            raise ConfigError(f"MaskRCNN: the training batch has no polygons (gt_poly_points and gt_poly_counts, "
+                              f"or gt_polygons; keys: {sorted(batch)})")
+        return {"boxes": boxes, "classes": classes, "crowd": crowd, "points": points, "counts": counts}
 
-    def _roi_losses(self, feats, proposals, targets):
+    def _roi_losses(self, feats, rois, rois_num, targets):
+        """Box and mask losses of the batch's proposals (rois [M, 4] image by image, rois_num [B]),
+        sampled without splitting them per image on the host (roi_heads.sample_rois_batch)."""
         r, C = self.roi_cfg, self.num_classes
-        rois, classes, matched, target_boxes = [], [], [], []
-        for i, props in enumerate(proposals):
-            s = roi_heads.sample_rois(props, targets["boxes"][i], targets["classes"][i],
-                                      targets["crowd"][i], C, r["batch_size_per_image"], r["fg_fraction"],
-                                      r["fg_thresh"], r["bg_thresh"], r["use_random"], self.crowd_ignore_iou)
-            for acc, v in zip((rois, classes, matched, target_boxes), s):
-                acc.append(v)
-        all_rois, all_classes = np.concatenate(rois), np.concatenate(classes)
-        if not len(all_classes):
+        s = roi_heads.sample_rois_batch(rois, rois_num, targets["boxes"], targets["classes"], targets["crowd"], C,
+                                        r["batch_size_per_image"], r["fg_fraction"], r["fg_thresh"], r["bg_thresh"],
+                                        r["use_random"], self.crowd_ignore_iou)
+        if not s["classes"].shape[0]:
             zero = _zero_loss(self.box_head)
             return {"loss_bbox_cls": zero, "loss_bbox_reg": zero, "loss_mask": _zero_loss(self.mask_head)}
-        roi_feats = self.box_roi(feats, [paddle.to_tensor(x) for x in rois])
+        num_rois = paddle.to_tensor(s["num_rois"], "int32")          # host-known counts: host -> device
+        roi_feats = self.box_roi(feats, s["rois"], num_rois)
         logits, deltas = self.box_head(roi_feats)
-        losses = roi_heads.box_loss(logits, deltas, all_rois, all_classes, np.concatenate(target_boxes), C,
-                                    r["box_weights"])
-        # mask head: the foreground RoIs, targets rasterised from the matched instance's polygons
+        losses = roi_heads.box_loss(logits, deltas, s["rois"], s["classes"], s["target_boxes"], C, r["box_weights"])
+        # mask head: the foreground RoIs (each image's first rows), targets rasterised from the
+        # matched instance's polygons
+        starts = [sum(s["num_rois"][:i]) for i in range(len(s["num_rois"]))]
+        per_image = [paddle.arange(a, a + n, dtype="int64") for a, n in zip(starts, s["num_rois"])]
+        pick = lambda key: [paddle.gather(s[key], rows) for rows in per_image]  # noqa: E731
         fg_rois, fg_classes, fg_targets, empty = roi_heads.mask_targets(
-            rois, classes, matched, targets["polygons"], C, 2 * r["mask_resolution"])
-        if not len(fg_classes):
+            pick("rois"), pick("classes"), pick("matched"), targets["points"], targets["counts"], C,
+            2 * r["mask_resolution"], num_fg=s["num_fg"])
+        if not fg_classes.shape[0]:
             losses["loss_mask"] = _zero_loss(self.mask_head)
             return losses
-        mask_logits = self.mask_head(self.mask_roi(feats, [paddle.to_tensor(x) for x in fg_rois]))
+        fg_num = paddle.to_tensor(s["num_fg"], "int32")
+        mask_logits = self.mask_head(self.mask_roi(feats, paddle.concat(fg_rois), fg_num))
         losses["loss_mask"] = roi_heads.mask_loss(mask_logits, fg_classes, fg_targets, empty)
         return losses
+
+
+def _per_image(value):
+    """A ragged key's per-image tensors (a stacked tensor when the collate did not list it ragged)."""
+    return list(paddle.unbind(value)) if isinstance(value, paddle.Tensor) else list(value)
 
 
 def _numpy(value):

@@ -16,8 +16,9 @@ proposal_generator/target.py, configs/mask_rcnn/_base_/mask_rcnn_r50_fpn.yml):
   RoIs) and L1 on the foreground's class deltas summed, divided by the number of sampled RoIs;
 - mask head: RoIAlign 14x14 on the foreground RoIs, 4 x (3x3 conv 256 + ReLU), 2x2 stride-2 deconv
   + ReLU, 1x1 conv to C logits at 28x28 (no background channel); target: the matched instance's
-  polygons moved into the RoI, scaled to 28x28 and rasterised (pycocotools); loss: sigmoid
-  cross-entropy of the ground-truth class's channel, mean over pixels and RoIs.
+  polygons moved into the RoI, scaled to 28x28 and rasterised (pycocotools' rleFrPoly, which
+  `rasterize_polygons` computes in tensor operators); loss: sigmoid cross-entropy of the
+  ground-truth class's channel, mean over pixels and RoIs.
 """
 import numpy as np
 import paddle
@@ -119,13 +120,15 @@ def select_class(logits, classes):
 
 
 # ------------------------------------------------------------------------------------- targets
+# Tensor operators on the model's device, nothing read back to the host: the per-image samplers'
+# paddle.nonzero (box_ops.subsample) are the only waits for the device.
 
 def sample_rois(proposals, gt_boxes, gt_classes, gt_crowd, num_classes, batch_size_per_image=512,
                 fg_fraction=0.25, fg_thresh=0.5, bg_thresh=0.5, use_random=True, crowd_ignore_iou=-1.0):
-    """One image's RoIs for the heads (numpy): the proposals plus EVERY ground-truth box, crowd
-    regions included, matched to the non-crowd ones and sampled (foreground first). Returns (rois
-    [S, 4], classes [S] with num_classes = background, matched gt index [S], regression targets'
-    boxes [S, 4]).
+    """One image's RoIs for the heads: the proposals plus EVERY ground-truth box, crowd regions
+    included, matched to the non-crowd ones and sampled (foreground first). Returns (rois [S, 4],
+    classes [S] with num_classes = background, matched gt index [S], regression targets' boxes
+    [S, 4]); `sample_rois_batch` with one image.
 
     Crowd boxes join the candidates as in PaddleDetection's generate_proposal_target
     (ppdet/modeling/proposal_generator/target.py@666f597f, line 209: `bbox = paddle.concat([rpn_roi,
@@ -133,33 +136,88 @@ def sample_rois(proposals, gt_boxes, gt_classes, gt_crowd, num_classes, batch_si
     box is a candidate like a proposal (background unless it overlaps a non-crowd object) and never
     a match. (The official COCO recipe never loads crowd annotations at all: COCODataSet's
     load_crowd defaults to False, ppdet/data/source/coco.py lines 62 and 144.)"""
-    gt_boxes = np.asarray(gt_boxes, np.float32).reshape(-1, 4)
-    candidates, matches, labels = match_rois(proposals, gt_boxes, gt_crowd, fg_thresh, bg_thresh, crowd_ignore_iou)
-    fg, bg = box_ops.subsample(np.flatnonzero(labels == 1), np.flatnonzero(labels == 0),
-                               batch_size_per_image, fg_fraction, use_random)
-    keep = np.concatenate([fg, bg])
-    classes = np.full(len(keep), num_classes, np.int64)
-    if len(fg):
-        classes[:len(fg)] = np.asarray(gt_classes, np.int64).reshape(-1)[matches[fg]]
-    matched = matches[keep]
-    targets = gt_boxes[matched] if len(gt_boxes) else np.zeros((len(keep), 4), np.float32)
-    return candidates[keep], classes, matched, targets
+    proposals = box_ops.as_tensor(proposals, "float32").reshape([-1, 4])
+    out = sample_rois_batch(proposals, paddle.to_tensor([proposals.shape[0]], "int32"), [gt_boxes], [gt_classes],
+                            [gt_crowd], num_classes, batch_size_per_image, fg_fraction, fg_thresh, bg_thresh,
+                            use_random, crowd_ignore_iou)
+    return out["rois"], out["classes"], out["matched"], out["target_boxes"]
 
 
 def match_rois(proposals, gt_boxes, gt_crowd, fg_thresh=0.5, bg_thresh=0.5, crowd_ignore_iou=-1.0):
     """(candidates [P + G, 4]: the proposals, then all the ground-truth boxes; their best gt; their
     labels 1/0/-1) of one image, before sampling."""
-    gt_boxes = np.asarray(gt_boxes, np.float32).reshape(-1, 4)
-    candidates = np.concatenate([np.asarray(proposals, np.float32).reshape(-1, 4), gt_boxes])
-    iou = box_ops.box_iou(gt_boxes, candidates)
-    matches, labels = box_ops.match(iou, fg_thresh, bg_thresh, False, np.asarray(gt_crowd, bool).reshape(-1),
-                                    crowd_ignore_iou)
-    return candidates, matches, labels
+    proposals = box_ops.as_tensor(proposals, "float32").reshape([-1, 4])
+    m = _match_batch(proposals, paddle.zeros([proposals.shape[0]], "int64"), [gt_boxes], [gt_crowd],
+                     fg_thresh, bg_thresh, crowd_ignore_iou)
+    return m["candidates"], m["matches"], m["labels"]
+
+
+def _image_of(rois_num, rows):
+    """Each of `rows` RoIs' image from the per-image counts [B] (a tensor: no host read)."""
+    ends = paddle.cumsum(rois_num.astype("int64"))
+    return (paddle.arange(rows, dtype="int64").unsqueeze(1) >= ends.unsqueeze(0)).astype("int64").sum(1)
+
+
+def _match_batch(rois, roi_image, gt_boxes, gt_crowd, fg_thresh, bg_thresh, crowd_ignore_iou):
+    """The candidates of a batch (every image's proposals [M, 4] with their image [M], then every
+    image's gt boxes) matched within their image; matches are indices into that image's gt."""
+    gts = [box_ops.as_tensor(b, "float32").reshape([-1, 4]) for b in gt_boxes]
+    crowd = [box_ops.as_tensor(c, "bool").reshape([-1]) for c in gt_crowd]
+    sizes = [g.shape[0] for g in gts]                             # host-known: the ragged tensors' shapes
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    gt_all = paddle.concat(gts) if sum(sizes) else paddle.zeros([0, 4], "float32")
+    gt_image = paddle.concat([paddle.full([n], i, "int64") for i, n in enumerate(sizes)])
+    candidates = paddle.concat([rois, gt_all])
+    image = paddle.concat([roi_image.astype("int64"), gt_image])
+    iou = box_ops.box_iou(gt_all, candidates)
+    matches, labels = box_ops.match(iou, fg_thresh, bg_thresh, False,
+                                    paddle.concat(crowd) if sum(sizes) else None, crowd_ignore_iou,
+                                    same=gt_image.unsqueeze(1) == image.unsqueeze(0))
+    local = matches - paddle.gather(paddle.to_tensor(starts, "int64"), image) if sum(sizes) else matches
+    return {"candidates": candidates, "image": image, "matches": local, "global": matches, "labels": labels,
+            "gt_all": gt_all, "sizes": sizes}
+
+
+def sample_rois_batch(rois, rois_num, gt_boxes, gt_classes, gt_crowd, num_classes, batch_size_per_image=512,
+                      fg_fraction=0.25, fg_thresh=0.5, bg_thresh=0.5, use_random=True, crowd_ignore_iou=-1.0):
+    """Every image's sampled RoIs at once: rois [M, 4] of every image in order with rois_num [B]
+    (a tensor: the proposals are never split on the host), per image gt boxes, classes and crowd
+    flags. Matched in one IoU [G, M + G] of the whole batch (pairs of different images excluded),
+    sampled image by image (the draws in PaddleDetection's order). Returns a dict: rois [S, 4],
+    classes [S], matched [S] (index into the image's gt), target_boxes [S, 4], image [S], and the
+    host-known counts num_rois, num_fg per image (each image's foreground rows come first)."""
+    m = _match_batch(rois, _image_of(rois_num, rois.shape[0]), gt_boxes, gt_crowd, fg_thresh, bg_thresh,
+                     crowd_ignore_iou)
+    keep, num_rois, num_fg = [], [], []
+    for i in range(len(gt_boxes)):
+        labels = paddle.where(m["image"] == i, m["labels"], paddle.full_like(m["labels"], -1))
+        fg, bg = box_ops.subsample(labels, batch_size_per_image, fg_fraction, use_random)
+        keep += [fg, bg]
+        num_fg.append(fg.shape[0])
+        num_rois.append(fg.shape[0] + bg.shape[0])
+    keep = paddle.concat(keep)
+    if not keep.shape[0]:
+        return {"rois": paddle.zeros([0, 4], "float32"), "classes": paddle.zeros([0], "int64"),
+                "matched": keep, "target_boxes": paddle.zeros([0, 4], "float32"), "image": keep,
+                "num_rois": num_rois, "num_fg": num_fg}
+    fg_row = paddle.concat([paddle.arange(n, dtype="int64") < f for n, f in zip(num_rois, num_fg)])
+    matched = paddle.gather(m["global"], keep)
+    if sum(m["sizes"]):
+        classes = paddle.gather(paddle.concat([box_ops.as_tensor(c, "int64").reshape([-1]) for c in gt_classes]),
+                                matched)
+        target_boxes = paddle.gather(m["gt_all"], matched)
+    else:
+        classes, target_boxes = paddle.zeros_like(keep), paddle.zeros([keep.shape[0], 4], "float32")
+    return {"rois": paddle.gather(m["candidates"], keep),
+            "classes": paddle.where(fg_row, classes, paddle.full_like(classes, num_classes)),
+            "matched": paddle.gather(m["matches"], keep), "target_boxes": target_boxes,
+            "image": paddle.gather(m["image"], keep), "num_rois": num_rois, "num_fg": num_fg}
 
 
 def polygons_to_mask(polygons, height, width):
     """Rasterise one instance's polygons (list of [K, 2] parts, pixel coordinates) to a uint8 [h, w]
-    mask, as COCO does (pycocotools frPyObjects + merge + decode)."""
+    mask, as COCO does (pycocotools frPyObjects + merge + decode): the host reference of
+    `rasterize_polygons`, for readers and tests."""
     parts = [np.asarray(p, np.float64).reshape(-1) for p in polygons if len(p) >= 3]
     if not parts:
         return np.zeros((height, width), np.uint8)
@@ -167,54 +225,169 @@ def polygons_to_mask(polygons, height, width):
     return mask_util.decode(mask_util.merge(rles))
 
 
+def rasterize_polygons(xy, counts, height, width):
+    """Masks [F, height, width] (uint8) of F polygon sets, equal to pycocotools' frPyObjects +
+    merge + decode (maskApi.c rleFrPoly, which PaddleDetection's targets use), in tensor operators.
+
+    xy float64 [F, V, 2]: each set's parts, vertices concatenated part after part (padding after);
+    counts [F, K]: vertices of each part (0: no part; parts of fewer than 3 vertices are skipped,
+    as polygons_to_mask does). rleFrPoly scales the vertices by 5 and truncates
+    (x = (int)(5 x + .5)), walks each edge in unit steps of its longer axis and toggles, in column
+    c, the pixel row below every step between x = 5c + 2 and 5c + 3; the mask is the parity of the
+    toggles up to each pixel of the column-major image. Here every (edge, column) pair solves for its
+    step directly: an x-major edge has exactly one candidate step, a y-major one is found in a window
+    of 4 steps around the real crossing and checked with rleFrPoly's own double-precision formula,
+    so the work is [F, V, width] whatever the polygons' extent. Parts are OR-ed (merge, no intersect).
+    float64 throughout: the truncations must see rleFrPoly's doubles bit for bit (small tensors:
+    at most `EDGE_ROWS` x width x 5 values per chunk of sets).
+    """
+    step = max(1, EDGE_ROWS // max(1, xy.shape[1]))
+    if xy.shape[0] > step:                                  # bounded memory: chunks of sets (host-known sizes)
+        return paddle.concat([_rasterize(xy[i:i + step], counts[i:i + step], height, width)
+                              for i in range(0, xy.shape[0], step)])
+    return _rasterize(xy, counts, height, width)
+
+
+EDGE_ROWS = 1 << 15     # sets x vertices rasterised at once
+
+
+def _rasterize(xy, counts, height, width):
+    f, v, _ = xy.shape
+    k = counts.shape[1]
+    h, w = int(height), int(width)
+    if f == 0:
+        return paddle.zeros([0, h, w], "uint8")
+    counts = counts.astype("int64")
+    ends = paddle.cumsum(counts, axis=1)
+    j = paddle.arange(v, dtype="int64")
+    part = (j.reshape([1, v, 1]) >= ends.unsqueeze(1)).astype("int64").sum(2)      # [F, V], K: padding
+    part_c = part.clip(max=k - 1)
+    end_j = paddle.take_along_axis(ends, part_c, 1)
+    count_j = paddle.take_along_axis(counts, part_c, 1)
+    nxt = paddle.where(j + 1 == end_j, end_j - count_j, j + 1).clip(max=v - 1)
+    edge_ok = (part < k) & (count_j >= 3)
+    X = paddle.trunc(5.0 * xy[:, :, 0] + 0.5)
+    Y = paddle.trunc(5.0 * xy[:, :, 1] + 0.5)
+    Xe, Ye = paddle.take_along_axis(X, nxt, 1), paddle.take_along_axis(Y, nxt, 1)
+    dx, dy = paddle.abs(Xe - X), paddle.abs(Ye - Y)
+    x_major = dx >= dy
+    flip = (x_major & (X > Xe)) | (~x_major & (Y > Ye))
+    xs, xe = paddle.where(flip, Xe, X), paddle.where(flip, X, Xe)
+    ys, ye = paddle.where(flip, Ye, Y), paddle.where(flip, Y, Ye)
+    one = paddle.ones_like(dx)
+    col = paddle.arange(w, dtype="float64")                      # output columns c
+    u_lo = 5.0 * col + 2.0                                       # the step from 5c + 2 to 5c + 3
+    e = lambda t: t.unsqueeze(2)  # noqa: E731  [F, V] -> [F, V, 1]
+    # x-major edges: u = xs + t, v = (int)(ys + s t + .5) for t = 0..dx; the step t -> t + 1 at t = 5c + 2 - xs
+    s = (ye - ys) / paddle.where(dx > 0, dx, one)
+    t = u_lo - e(xs)                                             # [F, V, W]
+    v0 = paddle.trunc(e(ys) + e(s) * t + 0.5)
+    v1 = paddle.trunc(e(ys) + e(s) * (t + 1.0) + 0.5)
+    ok_a = e(edge_ok & x_major & (dx > 0)) & (t >= 0) & (t <= e(dx) - 1.0)
+    row_a = paddle.minimum(v0, v1)
+    # y-major edges: v = ys + t, u = (int)(xs + s t + .5) for t = 0..dy (|s| < 1, u monotone)
+    s = (xe - xs) / paddle.where(dy > 0, dy, one)
+    s_safe = paddle.where(s != 0, s, one)
+    t0 = ((u_lo + 0.5) - e(xs)) / e(s_safe)                      # xs + s t + .5 = 5c + 3
+    t0 = paddle.floor(paddle.minimum(t0.clip(min=-4.0), e(dy) + 4.0))   # NaN-free, no overflow
+    T = t0.unsqueeze(3) + paddle.to_tensor([-2.0, -1.0, 0.0, 1.0], dtype="float64")   # [F, V, W, 4]
+    ee = lambda t: t.unsqueeze(2).unsqueeze(3)  # noqa: E731
+    u0 = paddle.trunc(ee(xs) + ee(s) * T + 0.5)
+    u1 = paddle.trunc(ee(xs) + ee(s) * (T + 1.0) + 0.5)
+    ok_b = (ee(edge_ok & ~x_major & (s != 0)) & (T >= 0) & (T <= ee(dy) - 1.0)
+            & (paddle.minimum(u0, u1) == u_lo.reshape([1, 1, w, 1])) & (paddle.abs(u1 - u0) == 1.0))
+    row_b = ee(ys) + T
+    # toggle rows: ceil(clip((v + .5) / 5 - .5, 0, h)); flat column-major position c h + row
+    rows = paddle.concat([row_a.unsqueeze(3), row_b], 3)
+    ok = paddle.concat([ok_a.unsqueeze(3), ok_b], 3)
+    rows = paddle.ceil(((rows + 0.5) / 5.0 - 0.5).clip(0.0, float(h)))
+    pos = (col.reshape([1, 1, w, 1]) * h + rows).astype("int64")
+    slot = (paddle.arange(f, dtype="int64").unsqueeze(1) * k + part_c).reshape([f, v, 1, 1])
+    size = h * w + 1
+    index = paddle.where(ok, slot * size + pos, paddle.zeros_like(pos)).reshape([-1, 1])
+    hist = paddle.scatter_nd_add(paddle.zeros([f * k * size], "int32"), index, ok.astype("int32").reshape([-1]))
+    inside = paddle.cumsum(hist.reshape([f, k, size]), axis=2)[:, :, :h * w] % 2
+    return (inside.sum(1) > 0).astype("uint8").reshape([f, w, h]).transpose([0, 2, 1])
+
+
+def polygons_in_boxes(points, counts, boxes, resolution):
+    """The resolution x resolution targets [F, R, R] uint8 of F RoIs `boxes` [F, 4]: each its
+    instance's polygons (points [F, V, 2] float32, part vertex counts [F, K]) moved into the box and
+    scaled to the grid (PaddleDetection's rasterize_polygons_within_box). The box size and scale are
+    float32 numbers (the RoI is a float32 tensor), the moved polygons float64, as pycocotools gets
+    them there: a point landing on a pixel boundary rasterises the same way."""
+    boxes = boxes.astype("float32")
+    x0, y0 = boxes[:, 0:1], boxes[:, 1:2]
+    sx = float(resolution) / paddle.maximum(boxes[:, 2:3] - x0, paddle.full_like(x0, 0.1))
+    sy = float(resolution) / paddle.maximum(boxes[:, 3:4] - y0, paddle.full_like(y0, 0.1))
+    origin = paddle.concat([x0, y0], 1).astype("float64").unsqueeze(1)
+    scale = paddle.concat([sx, sy], 1).astype("float64").unsqueeze(1)
+    return rasterize_polygons((points.astype("float64") - origin) * scale, counts, resolution, resolution)
+
+
 def mask_target(polygons, box, resolution):
-    """The resolution x resolution target of one RoI: its instance's polygons moved into the box
-    and scaled to the grid (PaddleDetection's rasterize_polygons_within_box). Its box size and scale
-    are float32 numbers (the RoI comes from a float32 tensor), the polygons float64: the same here,
-    so that a point landing on a pixel boundary rasterises the same way."""
-    x0, y0, x1, y1 = (np.float32(v) for v in box)
-    sx = np.float32(resolution) / max(x1 - x0, np.float32(0.1))
-    sy = np.float32(resolution) / max(y1 - y0, np.float32(0.1))
-    moved = [(np.asarray(p, np.float64) - [float(x0), float(y0)]) * [float(sx), float(sy)] for p in polygons]
-    return polygons_to_mask(moved, resolution, resolution)
+    """One RoI's target (numpy [R, R]) from a list of [K, 2] parts: `polygons_in_boxes` for one box."""
+    parts = [np.asarray(p, np.float32).reshape(-1, 2) for p in polygons if len(p) >= 3]
+    points = np.concatenate(parts)[None] if parts else np.zeros((1, 1, 2), np.float32)
+    counts = np.array([[len(p) for p in parts] or [0]], np.int32)
+    t = polygons_in_boxes(paddle.to_tensor(points), paddle.to_tensor(counts),
+                          paddle.to_tensor(np.asarray(box, np.float32).reshape(1, 4)), resolution)
+    return t[0].numpy()
 
 
-def mask_targets(rois, classes, matched, polygons, num_classes, resolution):
-    """The mask head's inputs over a batch (lists per image of the sampled RoIs, their classes
-    and matched gt indices; polygons per image, per instance): (foreground RoIs per image, their
-    classes [F], targets [F, R, R] uint8, images without foreground). Such an image still counts
-    one RoI in the official loss's mean (generate_mask_target adds a fake RoI of weight 0)."""
+def mask_targets(rois, classes, matched, points, counts, num_classes, resolution, num_fg=None):
+    """The mask head's inputs over a batch (lists per image: the sampled RoIs, their classes and
+    matched gt indices, the image's packed polygons `points` [N, V, 2] and `counts` [N, P], see
+    readers/coco.py pack_polygons): (foreground RoIs per image, their classes [F], targets [F, R, R] uint8,
+    images without foreground). Such an image still counts one RoI in the official loss's mean
+    (generate_mask_target adds a fake RoI of weight 0). `num_fg`: per image the number of foreground
+    rows, which the sampler puts first (known on the host: no search for them)."""
     fg_rois, fg_classes, fg_targets, empty = [], [], [], 0
     for i in range(len(rois)):
-        fg = np.flatnonzero((classes[i] >= 0) & (classes[i] < num_classes))
-        empty += not len(fg)
-        fg_rois.append(rois[i][fg])
-        fg_classes.append(classes[i][fg])
-        fg_targets += [mask_target(polygons[i][g], box, resolution) for g, box in zip(matched[i][fg], rois[i][fg])]
-    targets = np.stack(fg_targets) if fg_targets else np.zeros((0, resolution, resolution), np.uint8)
-    return fg_rois, np.concatenate(fg_classes), targets, empty
+        r, c, g = (box_ops.as_tensor(rois[i], "float32").reshape([-1, 4]),
+                   box_ops.as_tensor(classes[i], "int64").reshape([-1]),
+                   box_ops.as_tensor(matched[i], "int64").reshape([-1]))
+        if num_fg is None:
+            fg = paddle.nonzero((c >= 0) & (c < num_classes)).reshape([-1])
+        else:
+            fg = paddle.arange(num_fg[i], dtype="int64")
+        empty += not fg.shape[0]
+        if not fg.shape[0]:
+            fg_rois.append(paddle.zeros([0, 4], "float32"))
+            continue
+        fg_rois.append(paddle.gather(r, fg))
+        fg_classes.append(paddle.gather(c, fg))
+        inst = paddle.gather(g, fg)
+        fg_targets.append(polygons_in_boxes(paddle.gather(box_ops.as_tensor(points[i]), inst),
+                                            paddle.gather(box_ops.as_tensor(counts[i]), inst), fg_rois[-1],
+                                            resolution))
+    if not fg_targets:
+        return fg_rois, paddle.zeros([0], "int64"), paddle.zeros([0, resolution, resolution], "uint8"), empty
+    return fg_rois, paddle.concat(fg_classes), paddle.concat(fg_targets), empty
 
 
 # ---------------------------------------------------------------------------------------- losses
 
 def box_loss(logits, deltas, rois, classes, target_boxes, num_classes, weights):
-    """Cross-entropy over the sampled RoIs + L1 on the foreground's class deltas / sampled RoIs."""
-    n = len(classes)
-    loss_cls = F.cross_entropy(logits, paddle.to_tensor(classes), reduction="mean")
-    fg = np.flatnonzero(classes < num_classes)
-    if not len(fg):
-        return {"loss_bbox_cls": loss_cls, "loss_bbox_reg": deltas.sum() * 0.0}
-    cols = (4 * classes[fg])[:, None] + np.arange(4)                       # [F, 4] columns of 4C
-    flat = (fg[:, None] * deltas.shape[1] + cols).reshape(-1)
-    pred = paddle.gather(deltas.reshape([-1]), paddle.to_tensor(flat)).reshape([-1, 4])
-    target = box_ops.encode(rois[fg], target_boxes[fg], weights)
-    loss_reg = paddle.abs(pred - paddle.to_tensor(target)).sum() / float(n)
+    """Cross-entropy over the sampled RoIs + L1 on the foreground's class deltas / sampled RoIs.
+    The foreground is a mask, not a search: background rows get a zero difference."""
+    classes = box_ops.as_tensor(classes, "int64").reshape([-1])
+    rois, target_boxes = box_ops.as_tensor(rois, "float32"), box_ops.as_tensor(target_boxes, "float32")
+    n = classes.shape[0]
+    loss_cls = F.cross_entropy(logits, classes, reduction="mean")
+    fg = (classes < num_classes).unsqueeze(1)
+    cols = 4 * classes.clip(max=num_classes - 1).unsqueeze(1) + paddle.arange(4, dtype="int64")    # [N, 4] of 4C
+    pred = paddle.take_along_axis(deltas, cols, 1)
+    unit = paddle.to_tensor([[0.0, 0.0, 1.0, 1.0]], "float32")     # background rows: a finite 0 target
+    target = box_ops.encode(paddle.where(fg, rois, unit), paddle.where(fg, target_boxes, unit), weights)
+    loss_reg = (paddle.abs(pred - target) * fg.astype(pred.dtype)).sum() / float(n)
     return {"loss_bbox_cls": loss_cls, "loss_bbox_reg": loss_reg}
 
 
 def mask_loss(logits, classes, targets, extra_rois=0):
     """Sigmoid cross-entropy of each RoI's class channel, mean over pixels and RoIs; `extra_rois`
     zero-weight RoIs join the count (PaddleDetection's fake RoI of an image without foreground)."""
-    pred = select_class(logits, paddle.to_tensor(classes))
-    loss = F.binary_cross_entropy_with_logits(pred, paddle.to_tensor(targets.astype(np.float32)), reduction="sum")
-    return loss / float((len(classes) + extra_rois) * targets.shape[1] * targets.shape[2])
+    pred = select_class(logits, box_ops.as_tensor(classes, "int64"))
+    targets = box_ops.as_tensor(targets).astype(pred.dtype)
+    loss = F.binary_cross_entropy_with_logits(pred, targets, reduction="sum")
+    return loss / float((classes.shape[0] + extra_rois) * targets.shape[1] * targets.shape[2])

@@ -95,6 +95,14 @@ class AnchorGenerator:
         shifts = paddle.stack([xx, yy, xx, yy], axis=1)
         return (shifts.unsqueeze(1) + paddle.to_tensor(self.cells[level]).unsqueeze(0)).reshape([-1, 4])
 
+    def concatenated(self, shapes):
+        """All levels' anchors [sum(H W A), 4] as one tensor on the current device, cached by the
+        feature-map sizes (the training targets' anchors: built there, never copied from the host)."""
+        key = ("all",) + tuple((int(h), int(w)) for h, w in shapes)
+        if key not in self._cache:
+            self._cache[key] = paddle.concat([self.tensor(lv, h, w) for lv, (h, w) in enumerate(key[1:])])
+        return self._cache[key]
+
 
 @paddle.no_grad()
 def generate(anchors, scores, deltas, image_size, pre, per_level, post, nms_thresh, min_size):
@@ -166,7 +174,7 @@ class RPN(nn.Layer):
         rois, rois_num = self.proposals(scores, deltas, image_size)
         if not self.training:
             return rois, rois_num, {}
-        anchors = self.anchors([f.shape[-2:] for f in feats])
+        anchors = self.anchors.concatenated([f.shape[-2:] for f in feats])
         return rois, rois_num, self.loss(scores, deltas, anchors, targets)
 
     def proposals(self, scores, deltas, image_size):
@@ -182,48 +190,60 @@ class RPN(nn.Layer):
                 "post_nms_top_n": self.test_top_n[1], "nms_thresh": self.nms_thresh, "min_size": self.min_size}
 
     def match(self, anchors, gt_boxes, gt_crowd):
-        """(best gt [N], labels [N] int8 in {1, 0, -1}) of one image's anchors, before sampling."""
+        """(best gt [N], labels [N] int32 in {1, 0, -1}) of one image's anchors, before sampling."""
         iou = box_ops.box_iou(gt_boxes, anchors)
         return box_ops.match(iou, self.positive_overlap, self.negative_overlap, True, gt_crowd,
                              self.crowd_ignore_iou)
 
-    def targets(self, anchors, gt_boxes, gt_crowd):
-        """(labels [N] int8 in {1, 0, -1}, regression targets [N, 4]) of one image's anchors."""
+    def sample(self, anchors, gt_boxes, gt_crowd):
+        """(sampled positive anchors [F], negative ones [S - F], their regression targets [F, 4]) of
+        one image; int64 indices into `anchors`."""
+        anchors, gt_boxes = box_ops.as_tensor(anchors, "float32"), box_ops.as_tensor(gt_boxes, "float32")
         matches, match_labels = self.match(anchors, gt_boxes, gt_crowd)
-        fg, bg = box_ops.subsample(np.flatnonzero(match_labels == 1), np.flatnonzero(match_labels == 0),
-                                   self.batch_size_per_image, self.fg_fraction, self.use_random)
-        labels = np.full(len(anchors), -1, np.int8)
-        labels[bg] = 0
-        labels[fg] = 1
-        deltas = np.zeros((len(anchors), 4), np.float32)
-        if len(fg):
-            deltas[fg] = box_ops.encode(anchors[fg], np.asarray(gt_boxes)[matches[fg]])
-        return labels, deltas
+        fg, bg = box_ops.subsample(match_labels, self.batch_size_per_image, self.fg_fraction, self.use_random)
+        if not fg.shape[0]:
+            return fg, bg, paddle.zeros([0, 4], "float32")
+        target = paddle.gather(gt_boxes, paddle.gather(matches, fg))
+        return fg, bg, box_ops.encode(paddle.gather(anchors, fg), target)
+
+    def targets(self, anchors, gt_boxes, gt_crowd):
+        """(labels [N] int32 in {1, 0, -1}, regression targets [N, 4], 0 off the positives) of one
+        image's anchors."""
+        fg, bg, deltas = self.sample(anchors, gt_boxes, gt_crowd)
+        n = anchors.shape[0]
+        labels = paddle.full([n], -1, "int32")
+        if bg.shape[0]:
+            labels = paddle.scatter(labels, bg, paddle.zeros([bg.shape[0]], "int32"))
+        out = paddle.zeros([n, 4], "float32")
+        if fg.shape[0]:
+            labels = paddle.scatter(labels, fg, paddle.ones([fg.shape[0]], "int32"))
+            out = paddle.scatter(out, fg, deltas)
+        return labels, out
 
     def loss(self, scores, deltas, anchors, targets):
-        all_anchors = np.concatenate(anchors)
-        # [B, sum(H W A)] logits and [B, sum(H W A), 4] deltas, in the anchors' order
+        """Sigmoid cross-entropy on the sampled anchors, L1 on the positives' deltas, both summed over
+        the batch and divided by batch_size_per_image x images; only the sampled rows are gathered."""
+        n = anchors.shape[0]
+        # [B * sum(H W A)] logits and [B * sum(H W A), 4] deltas, image by image in the anchors' order
         logits = paddle.concat([s.transpose([0, 2, 3, 1]).reshape([s.shape[0], -1]) for s in scores], axis=1)
         pred = paddle.concat([d.transpose([0, 2, 3, 1]).reshape([d.shape[0], -1, 4]) for d in deltas], axis=1)
-        labels, regs = [], []
-        for boxes, crowd in zip(targets["boxes"], targets["crowd"]):
-            lab, reg = self.targets(all_anchors, boxes, crowd)
-            labels.append(lab)
-            regs.append(reg)
-        labels, regs = np.stack(labels).reshape(-1), np.stack(regs).reshape(-1, 4)
-        norm = float(self.batch_size_per_image * len(targets["boxes"]))
-        valid = np.flatnonzero(labels >= 0)
-        pos = np.flatnonzero(labels == 1)
         flat_logits, flat_pred = logits.reshape([-1]), pred.reshape([-1, 4])
-        if len(valid):
-            loss_cls = F.binary_cross_entropy_with_logits(
-                paddle.gather(flat_logits, paddle.to_tensor(valid)),
-                paddle.to_tensor(labels[valid].astype(np.float32)), reduction="sum") / norm
+        rows, labels, pos, regs = [], [], [], []
+        for i, (boxes, crowd) in enumerate(zip(targets["boxes"], targets["crowd"])):
+            fg, bg, reg = self.sample(anchors, boxes, crowd)
+            rows += [fg + i * n, bg + i * n]
+            labels += [paddle.ones([fg.shape[0]], "float32"), paddle.zeros([bg.shape[0]], "float32")]
+            pos.append(fg + i * n)
+            regs.append(reg)
+        norm = float(self.batch_size_per_image * len(targets["boxes"]))
+        rows, pos = paddle.concat(rows), paddle.concat(pos)
+        if rows.shape[0]:
+            loss_cls = F.binary_cross_entropy_with_logits(paddle.gather(flat_logits, rows), paddle.concat(labels),
+                                                          reduction="sum") / norm
         else:
             loss_cls = flat_logits.sum() * 0.0
-        if len(pos):
-            loss_reg = paddle.abs(paddle.gather(flat_pred, paddle.to_tensor(pos))
-                                  - paddle.to_tensor(regs[pos])).sum() / norm
+        if pos.shape[0]:
+            loss_reg = paddle.abs(paddle.gather(flat_pred, pos) - paddle.concat(regs)).sum() / norm
         else:
             loss_reg = flat_pred.sum() * 0.0
         return {"loss_rpn_cls": loss_cls, "loss_rpn_reg": loss_reg}
