@@ -44,7 +44,17 @@ DEMOS = {
 
 # Operators whose output shape depends on the data: the host needs the count, so on a GPU each one
 # waits for the device like a read. The ones a step may call, by call site, and why they stay.
-DATA_DEPENDENT_OK = {}
+DATA_DEPENDENT_OK = {
+    "models/vision/mask_rcnn/box_ops.py:nonzero":
+        "subsample: the positive and negative candidates of each image, whose counts size the random "
+        "permutation drawn over them (PaddleDetection's subsample_labels draws the same way)",
+    "models/vision/mask_rcnn/roi_heads.py:nonzero":
+        "MultiScaleRoIAlign: the RoIs of each FPN level, which roi_align takes as one tensor per level "
+        "(paddle's distribute_fpn_proposals has the same data-dependent output)",
+    "models/vision/mask_rcnn/rpn.py:nonzero":
+        "best_per_image: each image's best post_nms_top_n proposals, after generate_proposals, whose "
+        "output count depends on NMS already",
+}
 
 
 class HostReads:
