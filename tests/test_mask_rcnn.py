@@ -18,6 +18,7 @@ from models.vision.mask_rcnn import box_ops, postprocess, roi_heads
 from models.vision.mask_rcnn.model import MaskRCNN
 from models.vision.mask_rcnn.rpn import RPN, cell_anchors, grid_anchors
 from ops import functional, library
+from readers.coco import pack_polygons
 from tests.helpers import golden_close as close, golden_stats_close as stats_close, ROOT, counting_fused_ops
 
 load_all()
@@ -448,7 +449,9 @@ def _batch(with_objects=True):
             "gt_boxes": [paddle.to_tensor(boxes), paddle.to_tensor(np.zeros((0, 4), "float32"))],
             "gt_classes": [paddle.to_tensor(np.array([2] * len(boxes), "int64")), paddle.to_tensor(np.zeros(0, "int64"))],
             "gt_crowd": [paddle.to_tensor(np.zeros(len(boxes), "int32")), paddle.to_tensor(np.zeros(0, "int32"))],
-            "gt_polygons": [[square] if with_objects else [], []]}
+            "gt_polygons": [[square] if with_objects else [], []],
+            **{key: [paddle.to_tensor(pack_polygons(p)[i]) for p in ([[square]] if with_objects else [[]]) + [[]]]
+               for i, key in enumerate(("gt_poly_points", "gt_poly_counts"))}}
 
 
 @pytest.mark.parametrize("with_objects", [True, False])

@@ -255,8 +255,7 @@ class MaskRCNN(ZooModel):
         """The ground truth as the device's tensors, per image. Read from the batch as it is: no
         check of the class ids (it would read them back; the engine compares the dataset's
         num_classes with the model's before the first step). Polygons come packed by the reader
-        (`gt_poly_points`, `gt_poly_counts`, readers/coco.py pack_polygons); a hand-made batch with
-        only `gt_polygons` is packed here, on the host."""
+        (`gt_poly_points`, `gt_poly_counts`, readers/coco.py pack_polygons), before the step."""
         for key in ("gt_boxes", "gt_classes"):
             if key not in batch:
                 raise ConfigError(f"MaskRCNN: the training batch has no '{key}' (keys: {sorted(batch)}); "
@@ -266,15 +265,10 @@ class MaskRCNN(ZooModel):
         classes = [c.reshape([-1]).astype("int64") for c in _per_image(batch["gt_classes"])]
         crowd = [c.reshape([-1]).astype("bool") for c in _per_image(batch["gt_crowd"])] if "gt_crowd" in batch \
             else [paddle.zeros([b.shape[0]], "bool") for b in boxes]
-        if "gt_poly_points" in batch and "gt_poly_counts" in batch:
-            points, counts = _per_image(batch["gt_poly_points"]), _per_image(batch["gt_poly_counts"])
-        elif "gt_polygons" in batch:
-            from readers.coco import pack_polygons  # noqa: PLC0415 (a batch the COCO reader did not make)
-            packed = [pack_polygons(p) for p in batch["gt_polygons"]]
-            points, counts = [paddle.to_tensor(p) for p, _ in packed], [paddle.to_tensor(c) for _, c in packed]
-        else:
-            raise ConfigError(f"MaskRCNN: the training batch has no polygons (gt_poly_points and gt_poly_counts, "
-                              f"or gt_polygons; keys: {sorted(batch)})")
+        if "gt_poly_points" not in batch or "gt_poly_counts" not in batch:
+            raise ConfigError(f"MaskRCNN: the training batch has no packed polygons gt_poly_points and gt_poly_counts "
+                              f"(readers/coco.py pack_polygons makes them from gt_polygons; keys: {sorted(batch)})")
+        points, counts = _per_image(batch["gt_poly_points"]), _per_image(batch["gt_poly_counts"])
         return {"boxes": boxes, "classes": classes, "crowd": crowd, "points": points, "counts": counts}
 
     def _roi_losses(self, feats, rois, rois_num, targets):
