@@ -449,7 +449,10 @@ class Transformer(ZooModel):
                                          "outputs": ["memory_bias"] + list(kv("memory"))},
                              "decoder_step": {"method": self.export_decoder_step, "inputs": step_inputs,
                                               "outputs": ["logp"] + list(kv("cache"))}},
-                "settings": dict(self.search_settings(), layers=len(layers), heads=h, head_dim=dh)}
+                "settings": dict(self.search_settings(), layers=len(layers), heads=h, head_dim=dh),
+                # the first step's cache holds no position yet
+                "tensorrt": {"shapes": {"decoder_step": {f"cache_{w}{i}": {"min": [1, h, 0, dh]}
+                                                         for i in layers for w in "kv"}}}}
 
     def export_encoder(self, batch):
         memory, bias = self.encode(batch["src_ids"], batch["src_ids_mask"])
