@@ -143,14 +143,31 @@ def test_a_bad_tensorrt_section_is_one_line_naming_file_and_key(tmp_path, change
     assert __import__("re").search(message, line), line
 
 
-def test_trt_flags_need_trt_and_the_paddle_format(tmp_path):
+def test_export_trt_through_the_tool_and_its_one_line_refusals(tmp_path):
     from tests.helpers import tools_in_one_process, one_error_line
     from tests.conftest import ATTENTION_LSTM_DEMO
-    runs = [("export", ["-c", ATTENTION_LSTM_DEMO, "--output", str(tmp_path / "a"), "--trt", "--format", "onnx"], {}),
-            ("export", ["-c", ATTENTION_LSTM_DEMO, "--output", str(tmp_path / "b"), "--trt-precision", "fp16"], {})]
-    lines = [one_error_line(r) for r in tools_in_one_process(runs)]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"nope": {"max": [4, 8]}}')
+    base = ["-c", ATTENTION_LSTM_DEMO, "--output"]
+    runs = [("export", [*base, tmp_path / "ok", "--trt", "--trt-precision", "fp16", "--trt-max-batch", "4",
+                        "--trt-static"], {}),
+            ("export", [*base, tmp_path / "a", "--trt", "--format", "onnx"], {}),
+            ("export", [*base, tmp_path / "b", "--trt-precision", "fp16"], {}),
+            ("export", [*base, tmp_path / "c", "--trt", "--trt-shapes", bad], {})]
+    results = tools_in_one_process(runs)
+    assert results[0]["code"] == 0, results[0]["stderr"][-2000:]
+    assert "(paddle, fp32, TensorRT)" in results[0]["stdout"]
+    record = read_infer_cfg(str(tmp_path / "ok"))
+    trt = record["tensorrt"]
+    assert (trt["precision"], trt["max_batch_size"], trt["use_static"], trt["min_subgraph_size"]) == ("fp16", 4, True, 3)
+    for spec in record["inputs"]:   # every dimension of every input has a range, batch up to 4
+        r = trt["shapes"]["model"][spec["name"]]
+        assert r["min"][0] == 1 and r["max"][0] == 4 and len(r["opt"]) == len(spec["shape"]), (spec, r)
+    lines = [one_error_line(r) for r in results[1:]]
     assert lines == ["error: --trt with --format onnx: TensorRT runs a --format paddle export (Paddle Inference)",
-                     "error: --trt-precision needs --trt"]
+                     "error: --trt-precision needs --trt",
+                     f"error: --trt-shapes {bad}: program model has no input 'nope' (inputs: "
+                     + ", ".join(s["name"] for s in record["inputs"]) + ")"]
 
 
 # ------------------------------------------------------------------------------ tensors between programs
