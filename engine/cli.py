@@ -27,6 +27,13 @@ def parser(description, config_required=True):
     return p
 
 
+def trt_flag(p):
+    """--trt / --no-trt, as infer and eval take them (engine/deploy/predictor.py, `tensorrt`)."""
+    p.add_argument("--trt", action=argparse.BooleanOptionalAction, default=None,
+                   help="TensorRT for an export of tools/export.py --trt (default: on where the export records it "
+                        "and the device is a GPU; --trt on a CPU is an error)")
+
+
 def weights_args(p, required=False, help=None):
     """--weights and --weights-format, as eval, infer and export take them."""
     p.add_argument("--weights", required=required,

@@ -73,7 +73,9 @@ class ZooModel(paddle.nn.Layer):
 
     @classmethod
     def exported_runner(cls, programs, settings):
-        """`run(feeds) -> predictions` (numpy) over the exported `programs` of a spec with "programs".
+        """`run(feeds) -> predictions` (numpy) over the exported `programs` of a spec with "programs";
+        `programs[name](feeds)` takes numpy or paddle.Tensor feeds and gives the same kind back (tensors
+        stay on the device: engine/deploy/predictor.Program).
         Default: `run_exported` around them (`pipeline_runner`), or None where the model has none."""
         return None if cls.run_exported is None else pipeline_runner(cls.run_exported, programs, settings)
 
@@ -85,11 +87,12 @@ class NormLayer(paddle.nn.Layer):
 
 def pipeline_runner(pipeline, programs, settings):
     """The predictor's runner for a model whose prediction is `pipeline(run, batch, settings)`: the
-    same Python, with `run(name, inputs) -> {output: tensor}` running the exported program `name`
-    (`programs[name](numpy feeds) -> {output: numpy}`). Predictions come back as numpy (a list of
-    arrays where the model gives one tensor per image)."""
+    same Python, with `run(name, inputs) -> {output: tensor}` running the exported program `name` on
+    tensors (`programs[name](tensor feeds) -> {output: tensor}`: one program's outputs reach the next
+    without a copy through the host). Predictions come back as numpy (a list of arrays where the
+    model gives one tensor per image)."""
     def run(name, inputs):
-        return {k: paddle.to_tensor(v) for k, v in programs[name]({k: _numpy(v) for k, v in inputs.items()}).items()}
+        return programs[name]({k: v if isinstance(v, paddle.Tensor) else paddle.to_tensor(v) for k, v in inputs.items()})
 
     def runner(feeds):
         with paddle.no_grad():

@@ -90,10 +90,11 @@ class Session:
             self.load_weights(model, weights, weights_format, strict, log)
         return model
 
-    def runnable(self, weights, weights_format=None, backend=None, mkldnn=True):
+    def runnable(self, weights, weights_format=None, backend=None, mkldnn=True, tensorrt=None):
         """What eval and infer run: an export directory's programs (engine.deploy.predictor.Predictor) on
         `backend`, by default the one its infer_cfg.yml records (said in one line); else the recipe's
-        model with `weights` loaded (backend None or "dynamic")."""
+        model with `weights` loaded (backend None or "dynamic"). `tensorrt`: Predictor's (None: on a GPU where
+        the export records it)."""
         if is_export(weights) and backend in (None, "dynamic"):
             if backend == "dynamic":
                 raise ConfigError(f"--weights {weights} is an export of tools/export.py, which --backend dynamic "
@@ -105,7 +106,7 @@ class Session:
         if backend in (None, "dynamic"):
             return self.model(weights, weights_format)
         return Predictor(weights, mkldnn=mkldnn, threads=self.rt["threads"], device=self.rt["device"],
-                         model_name=self.cfg["model"]["name"], backend=backend)
+                         model_name=self.cfg["model"]["name"], backend=backend, tensorrt=tensorrt)
 
     def load_weights(self, model, weights, weights_format=None, strict=True, log=print):
         if os.path.isdir(weights) and os.path.isfile(os.path.join(weights, "model.pdparams")):

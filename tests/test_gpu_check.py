@@ -1,6 +1,7 @@
 """tools/gpu_check.py on this CPU: the rows a CPU can run (fp32, bf16 O1) pass through train, resume,
 eval with AMP on and off, export and infer; every fp16, O2 and 2-card cell says "needs a GPU", never
-passed; a step that fails is a FAILED cell with its error line and exit code 1."""
+passed; the TensorRT rows say "needs a GPU with TensorRT" (and on a GPU export with --trt and infer
+with it); a step that fails is a FAILED cell with its error line and exit code 1."""
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import gpu_check  # noqa: E402  (tools/gpu_check.py)
 
 CPU_ROWS = ("fp32", "bf16-O1")
 GPU_ROWS = ("bf16-O2", "fp16-O1", "fp16-O2")
+TRT_ROWS = ("trt-fp32", "trt-fp16")
 
 
 def _table(stdout):
@@ -43,7 +45,7 @@ def test_gpu_check_runs_what_a_cpu_can_and_marks_the_rest(yt8m_demo, tmp_path):
     assert "paddle 3." in head
     rows, table = _table(proc.stdout)
     demo = "attention_lstm_demo"
-    assert set(rows) == {(demo, m, 1) for m in CPU_ROWS + GPU_ROWS} | {(demo, "fp32 + fastest AMP", 2)}
+    assert set(rows) == {(demo, m, 1) for m in CPU_ROWS + GPU_ROWS + TRT_ROWS} | {(demo, "fp32 + fastest AMP", 2)}
     for mode in CPU_ROWS:
         label, cells = rows[(demo, mode, 1)]
         assert all(c.startswith("ok ") for c in cells), (mode, cells)
@@ -54,6 +56,8 @@ def test_gpu_check_runs_what_a_cpu_can_and_marks_the_rest(yt8m_demo, tmp_path):
             assert label == mode and not any("ran fp32" in c for c in cells), (label, cells)
     for key in [(demo, m, 1) for m in GPU_ROWS] + [(demo, "fp32 + fastest AMP", 2)]:
         assert rows[key][1] == [gpu_check.NEEDS_GPU] * len(gpu_check.STEPS), (key, rows[key])
+    for mode in TRT_ROWS:
+        assert rows[(demo, mode, 1)][1] == ["needs a GPU with TensorRT"] * len(gpu_check.STEPS), rows[(demo, mode, 1)]
     # the JSON says what the table says
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["header"] == head and report["table"] == table
@@ -93,3 +97,36 @@ def test_a_failing_step_is_a_failed_cell_with_its_error_line_and_exit_code_1(tmp
     assert gpu_check.exit_code([ok_row, gpu_row]) == 0
     assert gpu_check.exit_code([ok_row, gpu_row, row]) == 1
     assert "| nope_demo | fp32 | 1 | FAILED: error: config file not found: " in gpu_check.markdown([row])
+
+
+def test_trt_rows_export_with_trt_and_infer_with_it_where_paddle_has_tensorrt(tmp_path, monkeypatch):
+    """The TensorRT rows' commands on a (pretended) GPU with TensorRT: trained in fp32, exported with
+    --trt --trt-precision, inferred with --trt; without TensorRT in paddle, or on a CPU, nothing runs."""
+    cmds = []
+
+    def fake_step(cmd, log_path, timeout, verify=None, worker_logs=None):
+        cmds.append([str(c) for c in cmd])
+        if cmd[1].endswith("train.py"):   # the weights the later steps look for
+            folder = cmd[cmd.index("--output") + 1]
+            os.makedirs(os.path.join(folder, "final"), exist_ok=True)
+            open(os.path.join(folder, "final", "model.pdparams"), "w").close()
+        return {"status": "ok", "text": "ok 0.0 s", "seconds": 0.0, "output": "wrote x"}
+    monkeypatch.setattr(gpu_check, "run_step", fake_step)
+    gpu = {"kind": "gpu", "gpus": 1, "bf16": False, "tensorrt": "8.6.1"}
+    rows = gpu_check.check_all([ATTENTION_LSTM_DEMO], list(TRT_ROWS), gpu, 1, str(tmp_path), 60, progress=lambda _: None)
+    assert [(r["mode"], r["cards"]) for r in rows] == [("trt-fp32", 1), ("trt-fp16", 1), ("fp32 + fastest AMP", 2)]
+    assert all(c["status"] == "ok" for r in rows[:2] for c in r["cells"].values())
+    by_tool = {}
+    for cmd in cmds:
+        by_tool.setdefault(os.path.basename(cmd[1]), []).append(cmd)
+    assert len(by_tool["export.py"]) == len(by_tool["infer.py"]) == 2
+    for precision, export_cmd, infer_cmd in zip(("fp32", "fp16"), by_tool["export.py"], by_tool["infer.py"]):
+        assert export_cmd[-3:] == ["--trt", "--trt-precision", precision], export_cmd
+        assert infer_cmd[-1] == "--trt", infer_cmd
+    assert all("train.amp.enable=false" in cmd for cmd in by_tool["train.py"])
+    for dev, text in ((dict(gpu, tensorrt=None), "needs paddle with TensorRT"),
+                      ({"kind": "cpu", "gpus": 0, "bf16": False, "tensorrt": None}, "needs a GPU with TensorRT")):
+        cmds.clear()
+        rows = gpu_check.check_all([ATTENTION_LSTM_DEMO], list(TRT_ROWS), dev, 1, str(tmp_path), 60,
+                                   progress=lambda _: None)
+        assert not cmds and [r["cells"]["export"]["text"] for r in rows[:2]] == [text, text]

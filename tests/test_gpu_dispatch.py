@@ -149,8 +149,8 @@ class _RecordingConfig:
     def __init__(self, *files):
         self.calls.append(("Config", tuple(files)))
 
-    def __getattr__(self, name):
-        return lambda *a, **k: self.calls.append((name, a))
+    def __getattr__(self, name):   # (name, positional args), with a dict of keyword args where given
+        return lambda *a, **k: self.calls.append((name, a, k) if k else (name, a))
 
 
 class _FakePredictor:

@@ -13,6 +13,7 @@ def main():
                         "else output/<config name>/eval)")
     p.add_argument("--split", default=None, help="reader split to evaluate (default: test if defined and "
                                                  "labelled, else val)")
+    cli.trt_flag(p)
     args = p.parse_args()
 
     from engine import runtime  # after parsing: --help needs no paddle
@@ -23,7 +24,7 @@ def main():
     rt = s.setup()
     output = args.output or cli.default_output(args.config or args.weights, args.weights, "eval")
     runtime.setup_logging(output if rt["rank"] == 0 else None, rt["rank"])
-    model = s.runnable(args.weights, args.weights_format)   # an export runs on its recorded backend
+    model = s.runnable(args.weights, args.weights_format, tensorrt=args.trt)   # an export runs on its recorded backend
     loader, dataset = s.scored_loader(args.split)
     metrics = evaluate(model, loader, s.metric(dataset), s.eval_amp)
     if rt["rank"] == 0:

@@ -11,6 +11,13 @@ settings of the model's Python between its networks). Run it with
 (the files are the fp32 program's; where the CPU has no native bf16 it runs fp32 and says so).
 `--format onnx` converts each program to DIR/<program>.onnx (paddle2onnx, opset 16; the packages of
 requirements-onnx.txt) beside the same infer_cfg.yml; run it with `--backend onnxruntime`.
+
+`--trt` (--format paddle) records TensorRT settings in infer_cfg.yml for Paddle Inference on a GPU:
+dynamic shape ranges per program input (derived from the input specs and the example batch; the
+image sides --trt-min-shape/--trt-opt-shape/--trt-max-shape as PaddleDetection names them; any input
+by --trt-shapes FILE), --trt-precision, --trt-min-subgraph-size, --trt-workspace, --trt-max-batch and
+--trt-static (serialized engines in DIR/trt_cache). tools/infer.py and eval.py then run TensorRT on a
+GPU (--no-trt: without). engine/deploy/tensorrt.py says what only a GPU can confirm.
 """
 import _bootstrap  # noqa: F401  (environment before paddle)
 
@@ -28,7 +35,27 @@ def main():
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16 (--format paddle): Paddle Inference runs oneDNN's bf16 kernels where the CPU has "
                         "native bf16 (AVX512_BF16, AMX), else fp32 with a note; INT8 is tools/quantize.py")
+    trt = p.add_argument_group("TensorRT (--format paddle; used on a GPU)")
+    trt.add_argument("--trt", action="store_true", help="record TensorRT settings (the tensorrt section of infer_cfg.yml)")
+    trt.add_argument("--trt-precision", choices=["fp32", "fp16"], default=None, help="TensorRT's precision (default fp32)")
+    trt.add_argument("--trt-min-subgraph-size", type=int, default=None,
+                     help="fewest operators per TensorRT engine (default: the model's, else 3)")
+    trt.add_argument("--trt-workspace", type=int, default=None, help="workspace bytes (default 1<<30)")
+    trt.add_argument("--trt-max-batch", type=int, default=None, help="largest batch (default 32)")
+    trt.add_argument("--trt-static", action="store_true", default=None,
+                     help="serialize the built engines to DIR/trt_cache and reuse them")
+    trt.add_argument("--trt-min-shape", type=int, default=None, help="smallest image side (default 32)")
+    trt.add_argument("--trt-opt-shape", type=int, default=None, help="image side to tune for (default: the example's, else 640)")
+    trt.add_argument("--trt-max-shape", type=int, default=None, help="largest image side (default 1344)")
+    trt.add_argument("--trt-shapes", metavar="FILE", default=None,
+                     help="YAML/JSON {program: {input: {min, opt, max}}} replacing derived ranges")
     args = p.parse_args()
+    trt_args = [a for a in ("trt_precision", "trt_min_subgraph_size", "trt_workspace", "trt_max_batch", "trt_static",
+                            "trt_min_shape", "trt_opt_shape", "trt_max_shape", "trt_shapes") if getattr(args, a) is not None]
+    if trt_args and not args.trt:
+        raise ConfigError(f"--{trt_args[0].replace('_', '-')} needs --trt")
+    if args.trt and args.format != "paddle":
+        raise ConfigError(f"--trt with --format {args.format}: TensorRT runs a --format paddle export (Paddle Inference)")
 
     from engine import runtime  # after parsing: --help needs no paddle
     from engine.deploy import export, onnx
@@ -40,10 +67,23 @@ def main():
     runtime.setup_logging(None)
     model = s.model(args.weights, args.weights_format)
     spec = export.export(model, s.cfg, args.output, label_names=s.label_names(), example=_example(s),
-                         fmt=args.format, precision=args.precision)
-    print(f"exported {s.cfg['model']['name']} ({args.format}, {args.precision}) to {args.output}: inputs "
+                         fmt=args.format, precision=args.precision, trt=_trt_settings(args))
+    print(f"exported {s.cfg['model']['name']} ({args.format}, {args.precision}{', TensorRT' if args.trt else ''}) "
+          f"to {args.output}: inputs "
           + ", ".join(f"{n} {list(sp.shape)}" for n, sp in spec["inputs"].items())
           + f"; outputs {', '.join(spec['outputs'])}")
+
+
+def _trt_settings(args):
+    """export.export's `trt` from the flags (None without --trt); the image sides default per unset flag."""
+    if not args.trt:
+        return None
+    from engine.deploy.tensorrt import IMAGE_SIDES
+    sides = tuple(d if v is None else v for v, d in zip((args.trt_min_shape, args.trt_opt_shape, args.trt_max_shape),
+                                                       IMAGE_SIDES))
+    return {"precision": args.trt_precision, "min_subgraph_size": args.trt_min_subgraph_size,
+            "workspace_size": args.trt_workspace, "max_batch_size": args.trt_max_batch, "use_static": args.trt_static,
+            "image_sides": sides, "shapes_file": args.trt_shapes}
 
 
 def _example(session):

@@ -15,8 +15,9 @@ for a FAILED cell, also that step's log, DIR/<demo>/<mode>/logs/<step>.log. On o
 default run (fp32 and bf16-O1 rows) takes ~22 minutes.
 
 For each recipe (default: every configs/**/*_demo.yaml; its demo data is generated first with
-data/make_demo.py) and each mode (fp32, bf16-O1, bf16-O2, fp16-O1, fp16-O2), one row; each of its
-cells is one tool run in a subprocess, as a user would type it:
+data/make_demo.py) and each mode (fp32, bf16-O1, bf16-O2, fp16-O1, fp16-O2; trt-fp32 and trt-fp16:
+trained in fp32, exported with --trt --trt-precision fp32|fp16 and inferred with --trt, TensorRT on
+the GPU), one row; each of its cells is one tool run in a subprocess, as a user would type it:
   train         tools/train.py, --steps optimizer steps, train.clip_grad_norm=1.0, a checkpoint each step
   resume        tools/train.py --resume auto to twice the steps, from the newest checkpoint of the first run
   eval amp on   tools/eval.py on the final weights, eval.amp as trained
@@ -25,8 +26,9 @@ cells is one tool run in a subprocess, as a user would type it:
   infer         tools/infer.py --backend inference on the export, with a demo input
 Where two GPUs exist, a 2-card row per recipe (fp32 and the fastest AMP mode of the 1-card rows:
 train, resume and eval through `python -m paddle.distributed.launch --devices 0,1`).
-A cell is "ok" (with its seconds), "FAILED: <the step's last error line>", "needs a GPU", or
-"not run" (an earlier step of the row failed). Exit code 1 if a cell FAILED.
+A cell is "ok" (with its seconds), "FAILED: <the step's last error line>", "needs a GPU" ("needs a
+GPU with TensorRT", "needs paddle with TensorRT" for the trt rows), or "not run" (an earlier step of
+the row failed). Exit code 1 if a cell FAILED.
 """
 import _bootstrap  # noqa: F401  (environment before paddle)
 
@@ -45,10 +47,13 @@ from engine import cli, cpu
 ROOT = _bootstrap.ROOT
 # mode -> (train.amp.dtype, train.amp.level), None: fp32
 MODES = {"fp32": None, "bf16-O1": ("bfloat16", "O1"), "bf16-O2": ("bfloat16", "O2"),
-         "fp16-O1": ("float16", "O1"), "fp16-O2": ("float16", "O2")}
+         "fp16-O1": ("float16", "O1"), "fp16-O2": ("float16", "O2"), "trt-fp32": None, "trt-fp16": None}
+TRT_MODES = {"trt-fp32": "fp32", "trt-fp16": "fp16"}   # mode -> --trt-precision (trained in fp32)
 CPU_MODES = ("fp32", "bf16-O1")   # what runs on a CPU (runtime.resolve_amp: O2 would run as O1, fp16 not at all)
 STEPS = ("train", "resume", "eval amp on", "eval amp off", "export", "infer")
 NEEDS_GPU = "needs a GPU"
+NEEDS_TRT = "needs a GPU with TensorRT"
+NEEDS_TRT_BUILD = "needs paddle with TensorRT"
 # demo recipe -> (data/make_demo.py dataset, inputs for tools/infer.py), as tests/test_export.py picks them
 DEMO_INPUTS = {
     "attention_lstm_demo": ("youtube8m", ["data/youtube8m_demo/tfrecord/validate0000.tfrecord"]),
@@ -69,7 +74,7 @@ def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", metavar="CFG", help="recipes (default: every configs/**/*_demo.yaml)")
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
-                   help="precision modes (default: all five; on a CPU the fp16 and O2 rows print 'needs a GPU')")
+                   help="precision modes (default: all seven; on a CPU the fp16, O2 and trt rows print 'needs a GPU')")
     p.add_argument("--steps", type=int, default=4,
                    help="optimizer steps of the first run (the resume runs as many more)")
     p.add_argument("--output", default=os.path.join("output", "gpu_check"),
@@ -104,14 +109,17 @@ def main():
 
 def device():
     """What this machine offers: {'kind': 'gpu'|'cpu', 'name', 'gpus', 'bf16' (a CPU's native bf16),
-    'paddle', 'cuda', 'commit'}."""
+    'paddle', 'cuda', 'tensorrt' (the version paddle was built with, None: none), 'commit'}."""
     import paddle  # after parsing: --help needs no paddle
+    import paddle.inference as pi
     gpus = paddle.device.cuda.device_count() if paddle.device.is_compiled_with_cuda() else 0
+    trt = tuple(pi.get_trt_compile_version())
     dev = {"kind": "gpu" if gpus > 0 else "cpu", "gpus": gpus, "paddle": paddle.__version__,
-           "bf16": cpu.has_bf16(), "cpu": cpu.cpu_info()["model"], "cuda": None, "commit": _commit()}
+           "bf16": cpu.has_bf16(), "cpu": cpu.cpu_info()["model"], "cuda": None, "commit": _commit(),
+           "tensorrt": ".".join(map(str, trt)) if any(trt) else None}
     if gpus:
         dev["name"] = paddle.device.cuda.get_device_name()
-        dev["cuda"] = f"CUDA {paddle.version.cuda()}, cuDNN {paddle.version.cudnn()}"
+        dev["cuda"] = f"CUDA {paddle.version.cuda()}, cuDNN {paddle.version.cudnn()}, TensorRT {dev['tensorrt'] or 'none'}"
     else:
         dev["name"] = dev["cpu"]
     return dev
@@ -240,6 +248,8 @@ def check_row(config, mode, steps, folder, timeout, cards=1, progress=print):
     weights = os.path.join(folder, "final", "model.pdparams")
     export_dir = os.path.join(folder, "export")
     inputs = [os.path.join(ROOT, p) for p in DEMO_INPUTS.get(demo, (None, []))[1]]
+    trt_export = ["--trt", "--trt-precision", TRT_MODES[mode]] if mode in TRT_MODES else []
+    trt_infer = ["--trt"] if mode in TRT_MODES else []
 
     def resumed(out):
         if "resumed from" not in out:
@@ -259,10 +269,10 @@ def check_row(config, mode, steps, folder, timeout, cards=1, progress=print):
                         evaluated("eval_amp_on")),
         "eval amp off": ("eval", base + ["-o", "eval.amp.enable=false", "--weights", weights,
                                          "--output", os.path.join(folder, "eval_amp_off")], evaluated("eval_amp_off")),
-        "export": ("export", base + ["--weights", weights, "--output", export_dir],
+        "export": ("export", base + ["--weights", weights, "--output", export_dir] + trt_export,
                    _has(os.path.join(export_dir, "infer_cfg.yml"), "export/infer_cfg.yml")),
         "infer": ("infer", base + ["--backend", "inference", "--weights", export_dir, "--input", *inputs,
-                                   "--output", os.path.join(folder, "infer")],
+                                   "--output", os.path.join(folder, "infer")] + trt_infer,
                   lambda out: None if "wrote " in out else "exited 0 but wrote no predictions"),
     }
     cells = {}
@@ -337,9 +347,10 @@ def check_all(configs, modes, dev, steps, output, timeout, progress=None):
         demo_rows = []
         for mode in modes:
             row = {"config": name, "demo": demo, "mode": mode, "cards": 1, "note": None}
-            if dev["kind"] == "cpu" and mode not in CPU_MODES:
-                row["cells"] = skipped_row(NEEDS_GPU)
-                progress(f"{demo} {mode}: {NEEDS_GPU} (all steps)")
+            why = needs(mode, dev)
+            if why:
+                row["cells"] = skipped_row(why)
+                progress(f"{demo} {mode}: {why} (all steps)")
             else:
                 if dev["kind"] == "cpu" and MODES[mode] and MODES[mode][0] == "bfloat16" and not dev["bf16"]:
                     row["note"] = "no native bf16 on this CPU (ran fp32)"
@@ -351,6 +362,13 @@ def check_all(configs, modes, dev, steps, output, timeout, progress=None):
     return rows
 
 
+def needs(mode, dev):
+    """What the machine lacks for a mode's row (None: it runs)."""
+    if mode in TRT_MODES:
+        return NEEDS_TRT if dev["kind"] == "cpu" else NEEDS_TRT_BUILD if not dev.get("tensorrt") else None
+    return NEEDS_GPU if dev["kind"] == "cpu" and mode not in CPU_MODES else None
+
+
 def two_card_rows(config, name, demo, demo_rows, modes, dev, steps, output, timeout, progress):
     """fp32 and the fastest AMP mode (train samples/s of the 1-card rows) on 2 GPUs; 'needs a GPU' elsewhere."""
     row = {"config": name, "demo": demo, "cards": 2, "note": None}
@@ -358,7 +376,7 @@ def two_card_rows(config, name, demo, demo_rows, modes, dev, steps, output, time
         text = NEEDS_GPU if dev["gpus"] == 0 else "needs 2 GPUs (1 here)"
         progress(f"{demo} 2 cards: {text} (all steps)")
         return [dict(row, mode="fp32 + fastest AMP", cells=skipped_row(text))]
-    amp = [r for r in demo_rows if r["mode"] != "fp32" and r["cells"]["train"]["status"] == "ok"
+    amp = [r for r in demo_rows if MODES[r["mode"]] and r["cells"]["train"]["status"] == "ok"
            and r["cells"]["train"].get("samples_per_s")]
     chosen = (["fp32"] if "fp32" in modes else []) + \
         ([max(amp, key=lambda r: r["cells"]["train"]["samples_per_s"])["mode"]] if amp else [])

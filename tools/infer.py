@@ -22,6 +22,7 @@ def _parser():
                         "onnxruntime: an export of --format onnx run by ONNX Runtime on the CPU "
                         "(default: what the export records, or dynamic for weights)")
     p.add_argument("--no-mkldnn", action="store_true", help="inference backend on CPU without oneDNN")
+    cli.trt_flag(p)
     p.add_argument("--output", type=cli.check_output,
                    help="output directory (default: infer/ in the run folder of --weights, else "
                         "output/<config name>/infer)")
@@ -41,7 +42,7 @@ def main():
     runtime.setup_logging(None)
     split = args.split or s.cfg.eval_split()
     dataset = s.input_dataset(args.input, split)
-    model = s.runnable(args.weights, args.weights_format, args.backend, mkldnn=not args.no_mkldnn)
+    model = s.runnable(args.weights, args.weights_format, args.backend, mkldnn=not args.no_mkldnn, tensorrt=args.trt)
     model.eval()
     loader, _, _ = s.loader(split, dataset=dataset, batch_size=args.batch_size, sharded=False)
     writer.open(args.output or cli.default_output(args.config or args.weights, args.weights, "infer"), dataset,

@@ -14,6 +14,8 @@ names, so `tools/infer.py --backend inference` pre- and post-processes exactly a
 Optional keys of the spec:
 - `max_shape`: {input: ([max per dim, None for any], why)}: the largest input the program can take
   (a position table); the predictor rejects a larger one with one line naming `why`.
+- `tensorrt`: {"min_subgraph_size": n, "shapes": {program: {input: {min?, opt?, max?}}}}: what
+  `--trt` should record unless the user says otherwise (engine/deploy/tensorrt.py).
 - `programs`: {name: {"method": a bound method of the model, "inputs": {...}, "outputs": [...]}}:
   several programs instead of one (`name.json` + `name.pdiparams` each), for a model whose
   prediction is a Python loop over networks (beam search over an encoder and one decoder step).
@@ -39,8 +41,8 @@ import warnings
 
 import paddle
 
-from engine.deploy import onnx
-from engine.deploy.record import EXPORT_VERSION, FORMATS, OPSET, PRECISIONS, PROGRAM, write_infer_cfg
+from engine.deploy import onnx, tensorrt
+from engine.deploy.record import EXPORT_VERSION, FORMATS, INFER_CFG, OPSET, PRECISIONS, PROGRAM, write_infer_cfg
 from engine.errors import ConfigError
 from engine.model import unwrap
 
@@ -84,11 +86,15 @@ def _named(inputs):
     return {name: paddle.static.InputSpec(s.shape, s.dtype, name) for name, s in inputs.items()}
 
 
-def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle", precision="fp32"):
+def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle", precision="fp32", trt=None):
     """Write `output_dir/model.json`, `model.pdiparams` (or one pair per program; with fmt "onnx"
-    `model.onnx`, converted from them by paddle2onnx) and `infer_cfg.yml`; returns the spec."""
+    `model.onnx`, converted from them by paddle2onnx) and `infer_cfg.yml`; returns the spec.
+    `trt` (a dict, maybe empty: engine/deploy/tensorrt.section's settings, and `shapes_file`, a
+    --trt-shapes file) records the `tensorrt` section."""
     if fmt not in FORMATS:
         raise ConfigError(f"export format '{fmt}': one of {', '.join(FORMATS)}")
+    if trt is not None and fmt != "paddle":
+        raise ConfigError(f"--trt with --format {fmt}: TensorRT runs a --format paddle export (Paddle Inference)")
     if precision not in PRECISIONS[fmt] or precision == "int8":
         raise ConfigError(f"--precision {precision} with --format {fmt}: "
                           + ("INT8 is tools/quantize.py's" if precision == "int8" else
@@ -137,6 +143,16 @@ def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle",
                    **({"custom_imports": cfg["custom_imports"]} if cfg.get("custom_imports") else {})},
         "label_names": label_names,
     }
+    if trt is not None:
+        trt = dict(trt)
+        shapes_file = trt.pop("shapes_file", None)
+        overrides = tensorrt.read_overrides(shapes_file, recorded) if shapes_file else None
+        record["tensorrt"], guessed = tensorrt.section(recorded, record["inputs"], example, overrides,
+                                                       spec.get("tensorrt"), **trt)
+        tensorrt.check(os.path.join(output_dir, INFER_CFG), record)
+        if guessed:
+            print(f"note: TensorRT shape ranges of {', '.join(guessed)} are guesses (1 per varying size, at most "
+                  f"{tensorrt.DEFAULT_MAX_LENGTH}); check the tensorrt section of {INFER_CFG} or give --trt-shapes")
     write_infer_cfg(output_dir, record)
     return spec
 

@@ -89,7 +89,8 @@ def convert(prefix, onnx_path, opset=OPSET):
 
 class Program:
     """One program on ONNX Runtime: `program(feeds)` with numpy feeds by input name -> {output: numpy},
-    the interface of engine.deploy.predictor.Program."""
+    the interface of engine.deploy.predictor.Program (paddle.Tensor feeds -> tensors, through numpy:
+    ONNX Runtime runs on the CPU)."""
 
     def __init__(self, export_dir, name, spec, threads=None):
         import onnxruntime as ort  # optional: requirements-onnx.txt only
@@ -118,6 +119,8 @@ class Program:
         except Exception as e:
             raise ConfigError(f"the exported program {self.where} cannot take inputs {', '.join(shapes)}: "
                               f"{_summary(e)}") from None
+        if any(isinstance(feeds.get(s["name"]), paddle.Tensor) for s in self.inputs):   # as predictor.Program
+            return {k: paddle.to_tensor(v) for k, v in zip(self.outputs, outputs)}
         return dict(zip(self.outputs, outputs))
 
 

@@ -11,15 +11,20 @@ class's `exported_runner(programs, settings)`: the Python part of the prediction
 sliding windows, NMS) is the model's own code, the networks are the exported programs. Predictions
 are numpy arrays, or lists of them where the model gives one per image. `backend="onnxruntime"`
 runs an export of `--format onnx` (engine/deploy/onnx.py) the same way, on the CPU.
+
+TensorRT (`tensorrt`): None (the default) runs it on a GPU where the export records a `tensorrt`
+section (tools/export.py --trt) and not on a CPU; True requires it (one line on a CPU or without the
+section); False turns it off. engine/deploy/tensorrt.py says what only a GPU can confirm.
 """
 import os
 
+import paddle
 import paddle.inference as pi
 
 from engine import cpu
 from engine.runtime import selected_gpu
 from engine.components import import_custom, load_all
-from engine.deploy import onnx
+from engine.deploy import onnx, tensorrt
 from engine.deploy.record import BACKEND_OF, as_numpy, check_shape, checked_feeds, programs_of, read_infer_cfg, \
     uses_runner
 from engine.errors import ConfigError
@@ -37,7 +42,17 @@ _ONEDNN_BROKEN_OPS = ("bilinear_interp", "nearest_interp", "bicubic_interp", "li
 
 
 class Program:
-    """One exported program: `program(feeds)` with numpy feeds by input name -> {output name: numpy}.
+    """One exported program: `program(feeds)` with numpy feeds by input name -> {output name: numpy};
+    with paddle.Tensor feeds (any one of them) -> {output name: paddle.Tensor}, without a copy through
+    the host: Paddle Inference's `run(list of tensors)` shares the tensors' memory as its inputs (they
+    must be on the predictor's device: moved there if not) and returns its outputs as tensors on that
+    device, so a model's programs pass tensors to each other (the Transformer's cache, Mask R-CNN's
+    features). Paddle 3.3.1 (checked on this CPU build): the list is in `get_input_names()` order
+    (by name only when every tensor is named after an input), dtypes must match exactly (cast here),
+    outputs come in `get_output_names()` order and survive the next run. On a CPU the tensor path
+    gives the numpy path's numbers and took as long (within noise, Transformer decoder steps). On a
+    GPU the outputs are the predictor's buffers: our runners use a program's outputs before running it
+    again, in case a GPU run reuses them (not observed on the CPU; only a GPU can tell).
 
     bf16: Paddle 3.3.1's bf16 passes break two things we work around. Its fusion of an unsqueeze into
     the preceding operator loses the unsqueeze once the bf16 pass inserts its conversions (a 1x1 conv
@@ -46,8 +61,9 @@ class Program:
     cache yet) runs on an fp32 predictor of the same program."""
 
     def __init__(self, export_dir, name, spec, mkldnn=True, threads=None, device="cpu", bf16=False,
-                 gpu_precision="fp32"):
-        self.gpu_precision = gpu_precision
+                 gpu_precision="fp32", trt=None, trt_precision="fp32"):
+        self.gpu_precision, self.trt, self.trt_precision, self.export_dir = gpu_precision, trt, trt_precision, export_dir
+        self.device = device
         self.name, self.where = name, os.path.join(export_dir, name)
         self.inputs, self.outputs = spec["inputs"], list(spec["outputs"])
         self.settings, self.bf16, self._fp32 = (mkldnn, threads, device), bf16, None
@@ -63,6 +79,8 @@ class Program:
         config.disable_glog_info()
         if device == "gpu":   # this process's card (the launcher's FLAGS_selected_gpus), in its precision
             config.enable_use_gpu(256, selected_gpu(), _GPU_PRECISION[self.gpu_precision])
+            if self.trt:
+                tensorrt.configure(config, self.trt, self.name, _GPU_PRECISION[self.trt_precision], self.export_dir)
             return pi.create_predictor(config)
         config.disable_gpu()
         if threads:
@@ -81,24 +99,63 @@ class Program:
         return pi.create_predictor(config)
 
     def __call__(self, feeds):
+        if any(isinstance(feeds.get(s["name"]), paddle.Tensor) for s in self.inputs):
+            return self._run_tensors(feeds)
         values, shapes = checked_feeds(self.inputs, feeds, self.where)
-        predictor = self.predictor
-        if self.bf16 and any(v.size == 0 for _, v in values):
-            self._fp32 = self._fp32 or self._create(False)
-            predictor = self._fp32
+        predictor = self._predictor(v.size for _, v in values)
         for spec, value in values:
             handle = predictor.get_input_handle(spec["name"])
             handle.reshape(list(value.shape))
             handle.copy_from_cpu(value)
+        self._guarded(predictor.run, shapes)
+        outputs = [predictor.get_output_handle(n).copy_to_cpu() for n in predictor.get_output_names()]
+        return dict(zip(self.outputs, outputs))
+
+    def _run_tensors(self, feeds):
+        """The tensor path (class docstring): tensors in, tensors out, on the predictor's device."""
+        values, shapes = {}, []
+        for spec in self.inputs:
+            if spec["name"] not in feeds:
+                raise ConfigError(f"the exported program {self.where} needs input '{spec['name']}' "
+                                  f"(given: {', '.join(sorted(feeds))})")
+            value = feeds[spec["name"]]
+            value = value if isinstance(value, paddle.Tensor) else paddle.to_tensor(value)
+            check_shape(spec, value, self.where)
+            if str(value.dtype).replace("paddle.", "") != spec["dtype"]:
+                value = value.astype(spec["dtype"])
+            values[spec["name"]] = self._on_device(value)
+            shapes.append(f"{spec['name']} {list(value.shape)}")
+        predictor = self._predictor(v.size for v in values.values())
+        outputs = self._guarded(lambda: predictor.run([values[n] for n in predictor.get_input_names()]), shapes)
+        return dict(zip(self.outputs, outputs))
+
+    def _on_device(self, value):
+        if self.device == "gpu" and not value.place.is_gpu_place():   # only a GPU runs this line
+            return value.cuda(selected_gpu())
+        if self.device != "gpu" and not value.place.is_cpu_place():
+            return value.cpu()
+        return value
+
+    def _predictor(self, sizes):
+        """The fp32 predictor where a bf16 one cannot take an empty input (class docstring)."""
+        if self.bf16 and any(n == 0 for n in sizes):
+            self._fp32 = self._fp32 or self._create(False)
+            return self._fp32
+        return self.predictor
+
+    def _guarded(self, run, shapes):
         try:
-            predictor.run()
+            return run()
         except Exception as e:   # Paddle's multi-line C++ report: its summary line
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
             summary = next((ln for ln in lines if "Error" in ln or "error" in ln), lines[0] if lines else "")
             raise ConfigError(f"the exported program {self.where} cannot take inputs {', '.join(shapes)}: "
                               f"{summary}") from None
-        outputs = [predictor.get_output_handle(n).copy_to_cpu() for n in predictor.get_output_names()]
-        return dict(zip(self.outputs, outputs))
+
+
+def tensorrt_version():
+    """The TensorRT this paddle was compiled with, (0, 0, 0) for none."""
+    return tuple(pi.get_trt_compile_version())
 
 
 class Predictor:
@@ -109,7 +166,7 @@ class Predictor:
     training = False
 
     def __init__(self, export_dir, mkldnn=True, threads=None, device="cpu", model_name=None, backend="inference",
-                 wrap=None, precision=None):
+                 wrap=None, precision=None, tensorrt=None):
         self.export_dir = export_dir
         if backend not in self.BACKENDS:
             raise ConfigError(f"backend '{backend}': one of {', '.join(self.BACKENDS)}")
@@ -127,11 +184,17 @@ class Predictor:
         self.inputs = self.record["inputs"]
         self.precision = self._precision(precision or self.record.get("precision", "fp32"), backend, mkldnn, device)
         bf16 = self.precision == "bf16"
+        trt = self._tensorrt(tensorrt, device, backend)
+        trt_precision = precision or (trt or {}).get("precision", "fp32")
+        if trt and trt_precision not in ("fp32", "fp16", "bf16"):
+            raise ConfigError(f"precision {trt_precision} with TensorRT: fp32 or fp16 (INT8 TensorRT is not offered here)")
+        self.tensorrt = bool(trt)
         if backend == "onnxruntime":
             make = lambda name, spec: onnx.Program(export_dir, name, spec, threads)  # noqa: E731
         else:
             make = lambda name, spec: Program(export_dir, name, spec, mkldnn, threads, device,  # noqa: E731
-                                              bf16 and device != "gpu", gpu_precision=self.precision)
+                                              bf16 and device != "gpu", gpu_precision=self.precision, trt=trt,
+                                              trt_precision=trt_precision)
         self.programs = {name: (wrap or (lambda p: p))(make(name, spec))
                          for name, spec in programs_of(self.record).items()}
         if uses_runner(self.record):
@@ -144,6 +207,23 @@ class Predictor:
                                   f"{self.record['model']} has no exported_runner to drive them")
         else:
             self.run = next(iter(self.programs.values()))
+
+    def _tensorrt(self, want, device, backend):
+        """The record's `tensorrt` section where TensorRT runs (the module docstring), else None."""
+        have = self.record.get("tensorrt")
+        if want is False or (want is None and (device != "gpu" or backend != "inference" or not have)):
+            return None
+        if device != "gpu":
+            raise ConfigError(f"TensorRT runs on a GPU (runtime.device gpu, paddlepaddle-gpu built with TensorRT); "
+                              f"this run's device is {device}")
+        if not have:
+            raise ConfigError(f"{self.export_dir}: TensorRT asked for, but its infer_cfg.yml has no tensorrt "
+                              f"section; export the model again with tools/export.py --trt")
+        if tensorrt_version() == (0, 0, 0):
+            raise ConfigError("TensorRT asked for, but this paddle was built without it "
+                              "(paddle.inference.get_trt_compile_version() is 0.0.0); install a paddlepaddle-gpu "
+                              "with TensorRT, or run with --no-trt")
+        return have
 
     def _precision(self, want, backend, mkldnn, device):
         """The precision this predictor runs: `want`, or fp32 where bf16 cannot run (with one line)."""

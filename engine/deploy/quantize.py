@@ -23,7 +23,7 @@ from engine import cpu
 from engine.data import empty
 from engine.deploy import export
 from engine.deploy.predictor import Predictor
-from engine.deploy.record import FORMATS, programs_of, read_infer_cfg, write_infer_cfg
+from engine.deploy.record import FORMATS, as_numpy, programs_of, read_infer_cfg, write_infer_cfg
 from engine.errors import ConfigError
 from engine.training.evaluator import evaluate
 
@@ -47,7 +47,7 @@ class Recorder:
 
     def __call__(self, feeds):
         if len(self.feeds) < self.limit:
-            self.feeds.append({s["name"]: np.array(feeds[s["name"]], dtype=s["dtype"]) for s in self.inputs})
+            self.feeds.append({s["name"]: np.array(as_numpy(feeds[s["name"]]), dtype=s["dtype"]) for s in self.inputs})
         return self.program(feeds)
 
 

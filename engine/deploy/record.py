@@ -5,7 +5,8 @@ engine/deploy/quantize.py rewrites it as INT8) is a folder of programs (`name.js
 or `name.onnx`) beside `infer_cfg.yml`, the record of everything else the predictor needs: the format
 and precision, the model's name, its inputs (shapes with -1 where a size may vary, and the largest
 it takes) and outputs, its programs and their methods, the settings of its Python between them, and
-the recipe's reader, `infer` writer and class names. A program's feeds are checked here against the
+the recipe's reader, `infer` writer and class names; with `tools/export.py --trt`, the `tensorrt`
+section (engine/deploy/tensorrt.py). A program's feeds are checked here against the
 recorded inputs, whichever backend runs it.
 """
 import os
@@ -48,7 +49,7 @@ def programs_of(record):
 
 
 def read_infer_cfg(export_dir):
-    """The record of `export_dir`, checked: version, format, opset, precision, and every program's files."""
+    """The record of `export_dir`, checked: version, format, opset, precision, tensorrt, and every program's files."""
     path = os.path.join(export_dir, INFER_CFG)
     if not os.path.isdir(export_dir):
         raise ConfigError(f"export directory not found: {export_dir}")
@@ -80,6 +81,9 @@ def read_infer_cfg(export_dir):
     if precision not in PRECISIONS[fmt]:
         raise ConfigError(f"{path}: precision {precision!r}, a --format {fmt} export is one of "
                           f"{', '.join(PRECISIONS[fmt])}")
+    if "tensorrt" in record:
+        from engine.deploy import tensorrt
+        tensorrt.check(path, record)
     for program in programs_of(record):
         for name in (program + ext for ext in FORMATS[fmt]):
             if not os.path.isfile(os.path.join(export_dir, name)):

@@ -449,7 +449,10 @@ class Transformer(ZooModel):
                                          "outputs": ["memory_bias"] + list(kv("memory"))},
                              "decoder_step": {"method": self.export_decoder_step, "inputs": step_inputs,
                                               "outputs": ["logp"] + list(kv("cache"))}},
-                "settings": dict(self.search_settings(), layers=len(layers), heads=h, head_dim=dh)}
+                "settings": dict(self.search_settings(), layers=len(layers), heads=h, head_dim=dh),
+                # the first step's cache holds no position yet
+                "tensorrt": {"shapes": {"decoder_step": {f"cache_{w}{i}": {"min": [1, h, 0, dh]}
+                                                         for i in layers for w in "kv"}}}}
 
     def export_encoder(self, batch):
         memory, bias = self.encode(batch["src_ids"], batch["src_ids_mask"])
@@ -796,7 +799,10 @@ def _pack(hyps, pad_id):
 
 class ExportedTransformer:
     """The exported `encoder` and `decoder_step` programs driven by `BeamSearch`, as the predictor's
-    `run(feeds) -> {ids, ids_len, scores}` (numpy in and out, the dynamic model's eval outputs)."""
+    `run(feeds) -> {ids, ids_len, scores}` (numpy or tensor feeds; numpy out, the dynamic model's eval
+    outputs). The programs run on tensors: the memory and the growing cache stay on the predictor's
+    device between steps (rows gathered there); only each step's last tokens come from the host and
+    the search reads the log-probabilities it picks from, as the dynamic model's search does."""
 
     def __init__(self, programs, settings):
         self.encoder, self.decoder_step = programs["encoder"], programs["decoder_step"]
@@ -806,24 +812,24 @@ class ExportedTransformer:
         self.search = BeamSearch(**settings)
 
     def __call__(self, feeds):
-        src, mask = feeds["src_ids"], feeds["src_ids_mask"]
-        lengths = mask.sum(axis=1)
+        src, mask = (v if isinstance(v, paddle.Tensor) else paddle.to_tensor(v)
+                     for v in (feeds["src_ids"], feeds["src_ids_mask"]))
+        lengths = mask.sum(axis=1).numpy()
         check_source_lengths(lengths, self.search.max_length, feeds.get("index"))
         enc = self.encoder({"src_ids": src, "src_ids_mask": mask})
         n = src.shape[0]
         memory_kv = [(enc[f"memory_k{i}"], enc[f"memory_v{i}"]) for i in range(self.layers)]
-        empty = np.zeros((n, self.heads, 0, self.head_dim), np.float32)
-        steps = _CachedSteps(self._run, memory_kv, enc["memory_bias"], [(empty, empty)] * self.layers,
-                             lambda x, rows: x[rows])
+        empty = paddle.zeros([n, self.heads, 0, self.head_dim], "float32")
+        steps = _CachedSteps(self._run, memory_kv, enc["memory_bias"], [(empty, empty)] * self.layers, _take_rows)
         hyps = self.search.search(steps, n, lengths)
         return _pack([h[0] for h in hyps], self.search.pad_id)
 
     def _run(self, ids, memory_kv, memory_bias, caches):
-        feeds = {"ids": ids, "memory_bias": memory_bias}
+        feeds = {"ids": paddle.to_tensor(ids), "memory_bias": memory_bias}
         for i, ((mk, mv), (ck, cv)) in enumerate(zip(memory_kv, caches)):
             feeds.update({f"memory_k{i}": mk, f"memory_v{i}": mv, f"cache_k{i}": ck, f"cache_v{i}": cv})
         out = self.decoder_step(feeds)
-        return paddle.to_tensor(out["logp"]), [(out[f"cache_k{i}"], out[f"cache_v{i}"]) for i in range(self.layers)]
+        return out["logp"], [(out[f"cache_k{i}"], out[f"cache_v{i}"]) for i in range(self.layers)]
 
 
 # ---------------------------------------------------------------- pretrained entries (PaddleNLP releases)

@@ -195,7 +195,8 @@ class MaskRCNN(ZooModel):
                              "inputs": {**feats, "boxes": InputSpec([None, 4], "float32"),
                                         "boxes_num": InputSpec([None], "int32"), "labels": InputSpec([None], "int64")},
                              "outputs": ["mask_probs"]}},
-                "settings": self.pipeline_settings()}
+                "settings": self.pipeline_settings(),
+                "tensorrt": {"min_subgraph_size": 40}}   # PaddleDetection's TRT_MIN_SUBGRAPH for RCNN
 
     @staticmethod
     @paddle.no_grad()
