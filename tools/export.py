@@ -22,6 +22,7 @@ GPU (--no-trt: without). engine/deploy/tensorrt.py says what only a GPU can conf
 import _bootstrap  # noqa: F401  (environment before paddle)
 
 from engine import cli
+from engine.deploy.tensorrt import IMAGE_SIDES   # no paddle: --help stays fast
 from engine.errors import ConfigError
 
 
@@ -78,7 +79,6 @@ def _trt_settings(args):
     """export.export's `trt` from the flags (None without --trt); the image sides default per unset flag."""
     if not args.trt:
         return None
-    from engine.deploy.tensorrt import IMAGE_SIDES
     sides = tuple(d if v is None else v for v, d in zip((args.trt_min_shape, args.trt_opt_shape, args.trt_max_shape),
                                                        IMAGE_SIDES))
     return {"precision": args.trt_precision, "min_subgraph_size": args.trt_min_subgraph_size,

@@ -149,7 +149,7 @@ def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle",
         overrides = tensorrt.read_overrides(shapes_file, recorded) if shapes_file else None
         record["tensorrt"], guessed = tensorrt.section(recorded, record["inputs"], example, overrides,
                                                        spec.get("tensorrt"), **trt)
-        tensorrt.check(os.path.join(output_dir, INFER_CFG), record)
+        tensorrt.check(os.path.join(output_dir, INFER_CFG), record, recorded)
         if guessed:
             print(f"note: TensorRT shape ranges of {', '.join(guessed)} are guesses (1 per varying size, at most "
                   f"{tensorrt.DEFAULT_MAX_LENGTH}); check the tensorrt section of {INFER_CFG} or give --trt-shapes")

@@ -14,6 +14,7 @@ import os
 import numpy as np
 import yaml
 
+from engine.deploy import tensorrt
 from engine.errors import ConfigError
 
 EXPORT_VERSION = 1
@@ -82,8 +83,7 @@ def read_infer_cfg(export_dir):
         raise ConfigError(f"{path}: precision {precision!r}, a --format {fmt} export is one of "
                           f"{', '.join(PRECISIONS[fmt])}")
     if "tensorrt" in record:
-        from engine.deploy import tensorrt
-        tensorrt.check(path, record)
+        tensorrt.check(path, record, programs_of(record))
     for program in programs_of(record):
         for name in (program + ext for ext in FORMATS[fmt]):
             if not os.path.isfile(os.path.join(export_dir, name)):

@@ -136,7 +136,7 @@ def configure(config, trt, program, precision_mode, export_dir):
         config.set_optim_cache_dir(os.path.join(export_dir, TRT_CACHE))
 
 
-def check(path, record):
+def check(path, record, programs):
     """One line naming `path` and the key where the record's `tensorrt` section is not what this code reads."""
     trt = record["tensorrt"]
     where = f"{path}: tensorrt"
@@ -156,8 +156,6 @@ def check(path, record):
             raise ConfigError(f"{where}.{key}: {trt[key]!r}, an integer >= {least} is expected")
     if not isinstance(trt["use_static"], bool):
         raise ConfigError(f"{where}.use_static: {trt['use_static']!r}, true or false")
-    from engine.deploy.record import programs_of
-    programs = programs_of(record)
     shapes = trt["shapes"]
     if not isinstance(shapes, dict) or set(shapes) != set(programs):
         raise ConfigError(f"{where}.shapes: one entry per program ({', '.join(programs)}) is expected, got "
