@@ -347,7 +347,8 @@ class WorkerLoader:
         def guarded(samples):
             failed = [s for s in samples if isinstance(s, SampleFailure)]
             if failed:
-                return {"sample_error": failed[0].message}
+                # an array (paddle's loader needs a tensor in every batch), read back once before raising
+                return {"sample_error": np.frombuffer(failed[0].message.encode(), dtype=np.uint8).copy()}
             return _pack(collate_fn(samples))
 
         self.dataset, self.batch_sampler = dataset, batch_sampler
@@ -360,5 +361,5 @@ class WorkerLoader:
     def __iter__(self):
         for batch in self.loader:
             if "sample_error" in batch:
-                raise SampleError(batch["sample_error"])
+                raise SampleError(bytes(batch["sample_error"].numpy()).decode())
             yield _unpack(batch)

@@ -36,27 +36,9 @@ def main():
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16 (--format paddle): Paddle Inference runs oneDNN's bf16 kernels where the CPU has "
                         "native bf16 (AVX512_BF16, AMX), else fp32 with a note; INT8 is tools/quantize.py")
-    trt = p.add_argument_group("TensorRT (--format paddle; used on a GPU)")
-    trt.add_argument("--trt", action="store_true", help="record TensorRT settings (the tensorrt section of infer_cfg.yml)")
-    trt.add_argument("--trt-precision", choices=["fp32", "fp16"], default=None, help="TensorRT's precision (default fp32)")
-    trt.add_argument("--trt-min-subgraph-size", type=int, default=None,
-                     help="fewest operators per TensorRT engine (default: the model's, else 3)")
-    trt.add_argument("--trt-workspace", type=int, default=None, help="workspace bytes (default 1<<30)")
-    trt.add_argument("--trt-max-batch", type=int, default=None, help="largest batch (default 32)")
-    trt.add_argument("--trt-static", action="store_true", default=None,
-                     help="serialize the built engines to DIR/trt_cache and reuse them")
-    trt.add_argument("--trt-min-shape", type=int, default=None, help="smallest image side (default 32)")
-    trt.add_argument("--trt-opt-shape", type=int, default=None, help="image side to tune for (default: the example's, else 640)")
-    trt.add_argument("--trt-max-shape", type=int, default=None, help="largest image side (default 1344)")
-    trt.add_argument("--trt-shapes", metavar="FILE", default=None,
-                     help="YAML/JSON {program: {input: {min, opt, max}}} replacing derived ranges")
+    _trt_args(p)
     args = p.parse_args()
-    trt_args = [a for a in ("trt_precision", "trt_min_subgraph_size", "trt_workspace", "trt_max_batch", "trt_static",
-                            "trt_min_shape", "trt_opt_shape", "trt_max_shape", "trt_shapes") if getattr(args, a) is not None]
-    if trt_args and not args.trt:
-        raise ConfigError(f"--{trt_args[0].replace('_', '-')} needs --trt")
-    if args.trt and args.format != "paddle":
-        raise ConfigError(f"--trt with --format {args.format}: TensorRT runs a --format paddle export (Paddle Inference)")
+    _check_trt(args)
 
     from engine import runtime  # after parsing: --help needs no paddle
     from engine.deploy import export, onnx
@@ -73,6 +55,34 @@ def main():
           f"to {args.output}: inputs "
           + ", ".join(f"{n} {list(sp.shape)}" for n, sp in spec["inputs"].items())
           + f"; outputs {', '.join(spec['outputs'])}")
+
+
+def _trt_args(p):
+    """The TensorRT flags: PaddleDetection's --trt_*_shape names as image sides, the rest its Config."""
+    trt = p.add_argument_group("TensorRT (--format paddle; used on a GPU)")
+    trt.add_argument("--trt", action="store_true", help="record TensorRT settings (the tensorrt section of infer_cfg.yml)")
+    trt.add_argument("--trt-precision", choices=["fp32", "fp16"], default=None, help="TensorRT's precision (default fp32)")
+    trt.add_argument("--trt-min-subgraph-size", type=int, default=None,
+                     help="fewest operators per TensorRT engine (default: the model's, else 3)")
+    trt.add_argument("--trt-workspace", type=int, default=None, help="workspace bytes (default 1<<30)")
+    trt.add_argument("--trt-max-batch", type=int, default=None, help="largest batch (default 32)")
+    trt.add_argument("--trt-static", action="store_true", default=None,
+                     help="serialize the built engines to DIR/trt_cache and reuse them")
+    trt.add_argument("--trt-min-shape", type=int, default=None, help="smallest image side (default 32)")
+    trt.add_argument("--trt-opt-shape", type=int, default=None, help="image side to tune for (default: the example's, else 640)")
+    trt.add_argument("--trt-max-shape", type=int, default=None, help="largest image side (default 1344)")
+    trt.add_argument("--trt-shapes", metavar="FILE", default=None,
+                     help="YAML/JSON {program: {input: {min, opt, max}}} replacing derived ranges")
+
+
+def _check_trt(args):
+    """--trt-* without --trt, or --trt on an ONNX export: one line each."""
+    trt_args = [a for a in ("trt_precision", "trt_min_subgraph_size", "trt_workspace", "trt_max_batch", "trt_static",
+                            "trt_min_shape", "trt_opt_shape", "trt_max_shape", "trt_shapes") if getattr(args, a) is not None]
+    if trt_args and not args.trt:
+        raise ConfigError(f"--{trt_args[0].replace('_', '-')} needs --trt")
+    if args.trt and args.format != "paddle":
+        raise ConfigError(f"--trt with --format {args.format}: TensorRT runs a --format paddle export (Paddle Inference)")
 
 
 def _trt_settings(args):
