@@ -147,8 +147,8 @@ def make_coco(work, tmp):
     root = os.path.join(work, "data", "my_coco")
     os.makedirs(os.path.join(root, "annotations"))
     rng = np.random.default_rng(0)
-    names = iter(["a", "b", "c"] + [f"img_{i:04d}" for i in range(100)])
-    for split, num, first in (("train2017", 8, 1), ("val2017", 3, 1001)):
+    for split, num, first, named in (("train2017", 8, 1, ["a", "b"]), ("val2017", 3, 1001, ["c"])):
+        names = iter(named + [f"{split}_{i:04d}" for i in range(num)])
         demo_coco.write_split(root, split, num, rng, first)
         ann = os.path.join(root, "annotations", f"instances_{split}.json")
         with open(ann) as f:
@@ -361,10 +361,22 @@ def test_section_runs_on_its_format(name, tmp_path):
         f.write(body)
     plans = [planned(name, c) for c in sec["commands"]]
     made = time.time()
-    proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps([p[0] for p in plans])], cwd=work,
-                          capture_output=True, text=True, timeout=900, env=ENV)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    # data preparation first, each in its own process (a script may write to its real stderr); then
+    # the tools together in one
+    prep = [p for p, _ in plans if not p[0].startswith("tools/")]
+    assert [p for p, _ in plans[:len(prep)]] == prep, "a data-preparation command after a tool command"
+    results = []
+    for argv in prep:
+        proc = subprocess.run([sys.executable, *argv], cwd=work, capture_output=True, text=True, timeout=300, env=ENV)
+        results.append({"code": proc.returncode, "stdout": proc.stdout[-3000:], "stderr": proc.stderr[-3000:]})
+        if proc.returncode:
+            break
+    else:
+        tools = [p for p, _ in plans[len(prep):]]
+        proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(tools)], cwd=work,
+                              capture_output=True, text=True, timeout=900, env=ENV)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results += json.loads(proc.stdout.strip().splitlines()[-1])
     for (argv, expected), command, r in zip(plans, sec["commands"], results):
         assert r["code"] == 0, f"`{command}` failed ({r['code']}):\n{r['stdout']}\n{r['stderr']}"
         for p in expected:
