@@ -46,11 +46,15 @@ ALLOWED_NAMES = {
     "bbox.json", "segm.json", "detections.json",
     # files of a dataset or of a Hugging Face weights folder the user provides
     "instances_train2017.json", "instances_val2017.json", "label_names.txt", "kinetics400_label.txt",
-    "val.txt", "vocab.txt", "config.json",
+    "train.txt", "val.txt", "vocab.txt", "config.json",
     "ImageSets/Segmentation/aug.txt",   # inside the VOC folder (README: data/prepare_voc_sbd.py writes it)
     # other projects' scripts (PaddleVideo, google-research/bert, PaddleNLP's transformer example)
     "tf2pkl.py", "create_pretraining_data.py", "predict.py",
 }
+
+# The user's own recipes (docs/own-data.md): written by the user under configs/my/, their `_base_`
+# paths (../<domain>/<model>/x.yaml) relative to that folder.
+USER_CONFIGS = "configs/my/"
 
 # Files a worked example asks the reader to imagine or write; they do not exist on purpose.
 EXAMPLES = {
@@ -125,7 +129,7 @@ def _placeholder(token):
 def _allowed(path):
     if path in EXAMPLES or path in ALLOWED_NAMES:
         return True
-    if path.startswith(GENERATED_PREFIXES + UPSTREAM_PREFIXES):
+    if path.startswith(GENERATED_PREFIXES + UPSTREAM_PREFIXES + (USER_CONFIGS,)):
         return True
     parts = path.rstrip("/").split("/")
     # under data/, a folder (data/coco, data/youtube8m_demo/pkl/) is a dataset; a file is one of our scripts
@@ -137,7 +141,8 @@ def _allowed(path):
 def _exists(path, folder, names):
     bare = "/" not in path.rstrip("/")
     return (os.path.exists(os.path.join(folder, path)) or os.path.exists(os.path.join(ROOT, path))
-            or (bare and path in names))
+            or (bare and path in names)
+            or (path.startswith("../") and os.path.exists(os.path.normpath(os.path.join(ROOT, USER_CONFIGS, path)))))
 
 
 def path_mentions(text):

@@ -384,6 +384,12 @@ def test_section_runs_on_its_format(name, tmp_path):
             ok = os.path.isdir(full) and os.listdir(full) if p.endswith("/") else os.path.isfile(full)
             assert ok, f"`{command}` did not write {p}:\n{r['stdout']}\n{r['stderr']}"
     assert len(results) == len(plans), "a command did not run"
+    for argv, expected in plans:   # training and evaluation read every sample of the format
+        for p in expected:
+            if p.endswith("metrics.json"):
+                with open(os.path.join(work, p)) as f:
+                    metrics = json.load(f)
+                assert metrics["num_samples"] > 0 and metrics["num_skipped"] == 0, (p, metrics)
     missing = [p for p in tree_paths(*sec["tree"]) if not os.path.exists(os.path.join(work, p))]
     assert not missing, f"the page's tree names paths the format's data lacks: {missing}"
     DURATIONS[name] = (round(made - t0, 1), round(time.time() - made, 1))
