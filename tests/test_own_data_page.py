@@ -24,6 +24,7 @@ import time
 import cv2
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 
 from data import demo_bert, demo_coco, demo_kinetics, demo_segmentation, demo_translation, demo_youtube8m
@@ -46,6 +47,8 @@ def page_sections():
     for heading, body in zip(parts[1::2], parts[2::2]):
         blocks = [(m.group(1), (TITLE.search(m.group(2)) or [None, None])[1], m.group(3)) for m in BLOCK.finditer(body)]
         configs = [title for lang, title, _ in blocks if lang == "yaml" and title]
+        if not blocks:   # prose only
+            continue
         if len(configs) != 1:
             stray += [f"section '{heading}': {len(configs)} titled yaml configs"]
             continue
@@ -336,6 +339,69 @@ def planned(name, command):
     raise AssertionError(f"{command}: a tool this test has no check for")
 
 
+# what the page's config sets for the data: the overrides never change these
+DATA_KEYS = ("list_file", "files", "ann_file", "image_dir", "data_dir", "vocab_file", "spm_model", "src_file", "tgt_file",
+             "label_names", "labels", "num_classes", "format")
+
+
+def _inputs(work, argv):
+    """The files an infer command's --input names (folders searched recursively)."""
+    found = []
+    for path in argv[argv.index("--input") + 1:]:
+        if path.startswith("-"):
+            break
+        full = os.path.join(work, path)
+        found += [full] if os.path.isfile(full) else [os.path.join(d, f) for d, _, fs in os.walk(full) for f in fs]
+    return found
+
+
+def check_infer(work, name, argv, out):
+    """What tools/infer.py wrote answers each input, in the format's terms (class names of the data)."""
+    files, inputs = os.listdir(out), _inputs(work, argv)
+    names_file = os.path.join(work, "data", name, "label_names.txt")
+    if "predictions.json" in files:   # classification: top-k with the data's class names
+        with open(os.path.join(out, "predictions.json")) as f:
+            preds = json.load(f)
+        with open(names_file) as f:
+            names = f.read().split()
+        assert preds and {t["label"] for p in preds for t in p["top_k"]} <= set(names), preds[:1]
+        if name in ("my_videos", "my_frames"):   # one per video file / frame folder
+            videos = {os.path.dirname(i) if name == "my_frames" else i for i in inputs}
+            assert len(preds) == len(videos), (len(preds), len(videos))
+    elif "detections.json" in files:
+        with open(os.path.join(out, "detections.json")) as f:
+            dets = json.load(f)
+        with open(os.path.join(work, "data", name, "annotations", "instances_val2017.json")) as f:
+            cats = {c["name"] for c in json.load(f)["categories"]}
+        assert {d["label"] for d in dets} <= cats, dets[:1]
+    elif "translations.txt" in files:
+        with open(os.path.join(out, "translations.txt")) as f, open(inputs[0]) as g:
+            assert len(f.read().splitlines()) == len(g.read().splitlines())
+    elif name == "my_seg":   # a label PNG and an overlay per image
+        for image in inputs:
+            stem = os.path.splitext(os.path.basename(image))[0]
+            assert {stem + ".png", stem + "_overlay.png"} <= set(files), (stem, files)
+    elif name == "my_glue":
+        with open(os.path.join(out, "RTE.tsv")) as f, open(inputs[0]) as g:
+            assert len(f.read().splitlines()) == len(g.read().splitlines())
+    else:
+        assert files, out
+
+
+def _dotted(tree, prefix=""):
+    if not isinstance(tree, dict):
+        return [prefix[:-1]]
+    return [k for key, v in tree.items() for k in _dotted(v, f"{prefix}{key}.")]
+
+
+def test_the_overrides_leave_the_pages_data_settings_alone():
+    """The test shrinks models and runs; the data paths, formats and class counts are the page's."""
+    for name, sec in SECTIONS.items():
+        page_keys = {k for k in _dotted(yaml.safe_load(sec["config"][1])) if k.split(".")[-1] in DATA_KEYS}
+        touched = {o.split("=")[0] for o in OVERRIDES[name]} & page_keys
+        assert not touched, (name, touched)
+
+
 def test_every_block_of_the_page_is_run():
     assert not STRAY, STRAY
     assert set(SECTIONS) == set(GENERATORS), (sorted(SECTIONS), sorted(GENERATORS))
@@ -384,6 +450,9 @@ def test_section_runs_on_its_format(name, tmp_path):
             ok = os.path.isdir(full) and os.listdir(full) if p.endswith("/") else os.path.isfile(full)
             assert ok, f"`{command}` did not write {p}:\n{r['stdout']}\n{r['stderr']}"
     assert len(results) == len(plans), "a command did not run"
+    for argv, expected in plans:
+        if argv[0] == "tools/infer.py":
+            check_infer(work, name, argv, os.path.join(work, expected[0]))
     for argv, expected in plans:   # training and evaluation read every sample of the format
         for p in expected:
             if p.endswith("metrics.json"):
