@@ -95,7 +95,7 @@ def _write_lines(path, lines):
 VIDEO_CLASSES = ["jump", "run", "wave"]
 
 
-def make_videos(work):
+def make_videos(work, tmp):
     """data/my_videos/videos/<class>/clip_NNNN.mp4: 4 real mp4 videos a class (the page's prepare
     command writes the lists)."""
     folder = os.path.join(work, "data", "my_videos", "videos")
@@ -107,8 +107,8 @@ def make_videos(work):
             demo_kinetics.write_video(os.path.join(folder, cls, f"clip_{n:04d}.mp4"), frames, "mp4v")
 
 
-def make_frames(work):
-    """data/my_frames: 9 videos as JPEG frame folders (16 frames), 6 train / 3 val, `folder n label`."""
+def make_frames(work, tmp):
+    """data/my_frames: 9 videos as JPEG frame folders (16 frames), 6 train / 3 val, `folder n label` lines."""
     root = os.path.join(work, "data", "my_frames")
     rows = {"train": [], "val": []}
     for i in range(9):
@@ -117,7 +117,9 @@ def make_frames(work):
         os.makedirs(os.path.join(root, "frames", name))
         for t, frame in enumerate(frames, 1):
             cv2.imwrite(os.path.join(root, "frames", name, f"img_{t:05d}.jpg"), frame[:, :, ::-1])
-        rows["val" if i >= 6 else "train"].append(f"frames/{name} {len(frames)} {label}")
+        # the last training video without its frame count (`folder label`: the reader counts them)
+        rows["val" if i >= 6 else "train"].append(f"frames/{name} {len(frames)} {label}" if i != 5 else
+                                                  f"frames/{name} {label}")
     for split, lines in rows.items():
         _write_lines(os.path.join(root, f"{split}.list"), lines)
     _write_lines(os.path.join(root, "label_names.txt"), VIDEO_CLASSES)
@@ -420,8 +422,7 @@ def test_section_runs_on_its_format(name, tmp_path):
     sec = SECTIONS[name]
     t0 = time.time()
     work = working_folder(str(tmp_path))
-    make = GENERATORS[name]
-    make(work) if make.__code__.co_argcount == 1 else make(work, str(tmp_path))
+    GENERATORS[name](work, str(tmp_path))
     path, body = sec["config"]
     with open(os.path.join(work, path), "w", encoding="utf-8") as f:
         f.write(body)
