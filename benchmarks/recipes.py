@@ -1,6 +1,6 @@
 """One recipe timed on this machine: its reader alone, its train step and eval forward alone (on
 batches already in memory), or its prediction latency through each exported backend.
-tools/benchmark.py runs it on one config, benchmarks/tables.py on each row of a README table.
+tools/benchmark.py runs it on one config, benchmarks/tables.py on each row of a table of docs/performance.md.
 """
 import dataclasses
 import json
