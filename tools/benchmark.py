@@ -2,7 +2,7 @@
 
 python tools/benchmark.py -c CONFIG [-o k=v ...] [--steps N] [--batch-size B] [--workers 0 2]
                           [--synthetic] [--tokens KEY] [--drop-keys KEY ...] [--json PATH]
-python tools/benchmark.py --table     # the training table of docs/performance.md (BENCH_TABLE in benchmarks/tables.py), JSON per row
+python tools/benchmark.py --table     # the training table (BENCH_TABLE in benchmarks/tables.py), JSON per row
 python tools/benchmark.py --show [--docs] [--kind KIND]   # the same table from the committed JSON
 python tools/benchmark.py -c CONFIG --backend inference [--batch-sizes 1 8] [--weights W]
 python tools/benchmark.py --table --backend inference   # the latency table (INFER_TABLE)
