@@ -53,13 +53,13 @@ $(VENV)/.installed-peers: $(VENV)/.installed benchmarks/requirements.txt
 bench-peers-bf16: $(VENV)/.installed-peers
 	uptime
 	$(VPY) benchmarks/peers.py --mixed $(PEERS_ARGS)
-	$(VPY) benchmarks/peers.py --show --mixed --readme
+	$(VPY) benchmarks/peers.py --show --mixed --docs
 	uptime
 
 bench-peers: $(VENV)/.installed-peers
 	uptime
 	$(VPY) benchmarks/peers.py --reference $(PEERS_ARGS)
-	$(VPY) benchmarks/peers.py --show --readme
+	$(VPY) benchmarks/peers.py --show --docs
 	uptime
 
 clean:
