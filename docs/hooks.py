@@ -3,7 +3,8 @@ resolves to a copy of that file in the site, under repo/.
 
 Why: the pages point at recipes and code, and a built site must not hold dead links. Each such file is
 added to the site's files (so mkdocs' own link validation sees it), the link is rewritten to it, and a
-link to a missing file or to a folder is a warning, which `--strict` turns into a failed build.
+link to a missing file, a folder or a Markdown file outside docs/ (README.md would render as a page
+whose own links point nowhere) is a warning, which `--strict` turns into a failed build.
 """
 import logging
 import os
@@ -52,7 +53,7 @@ def on_files(files, config):
         with open(f.abs_src_path, encoding="utf-8") as fh:
             markdown = fh.read()
         for target, rel in _outside_targets(f.src_uri, markdown, config):
-            if rel is None or not os.path.isfile(os.path.join(root, rel)):
+            if rel is None or rel.endswith(".md") or not os.path.isfile(os.path.join(root, rel)):
                 continue
             uri = f"{PREFIX}/{rel}"
             if files.get_file_from_path(uri) is None:
@@ -67,6 +68,9 @@ def on_page_markdown(markdown, page, config, files):
         full = os.path.join(root, rel) if rel else None
         if rel is None:
             log.warning("%s: the link %s leaves the repository", page.file.src_uri, target)
+        elif rel.endswith(".md"):
+            log.warning("%s: the link %s is a Markdown file outside docs/: link the docs page that says it",
+                        page.file.src_uri, target)
         elif os.path.isdir(full):
             log.warning("%s: the link %s is a folder: link a file in it", page.file.src_uri, target)
         elif not os.path.isfile(full):

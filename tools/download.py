@@ -1,4 +1,4 @@
-"""Download pretrained weights into the cache, list the entries, or print the README model-zoo table.
+"""Download pretrained weights into the cache, list the entries, or print or write the model-zoo table.
 
     python tools/download.py --list
     python tools/download.py NAME [NAME ...] [--dir DIR]
@@ -135,7 +135,7 @@ def main(argv=None):
     parser.add_argument("names", nargs="*", metavar="NAME", help="pretrained entry names (or URLs)")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--list", action="store_true", help="list the pretrained entries")
-    what.add_argument("--markdown", action="store_true", help="print the README model-zoo table")
+    what.add_argument("--markdown", action="store_true", help="print the model-zoo table (Markdown)")
     what.add_argument("--docs", nargs="?", const=DOCS_PAGE, metavar="PATH",
                       help="rewrite the table of the docs page (default docs/model-zoo.md)")
     what.add_argument("--all", action="store_true", help="download every entry that has a release")
