@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 DEMO ?= configs/video/attention_lstm/attention_lstm_demo.yaml
 export GLOG_minloglevel := 2
 
-.PHONY: demo test ops bench bench-peers bench-peers-bf16 venv clean
+.PHONY: demo test docs ops bench bench-peers bench-peers-bf16 venv clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(VENV)/.installed: requirements.txt
 	$(VPY) -m pip install -q -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-onnx.txt
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-docs.txt requirements-onnx.txt
 	$(VPY) -m pip install -q -r requirements-test.txt
 	# tools/export.py --format onnx and tools/infer.py --backend onnxruntime (optional for users, tested here)
 	$(VPY) -m pip install -q -r requirements-onnx.txt
@@ -33,6 +33,10 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(VPY) -m pytest -q --durations=15 tests
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or anchor fails it.
+docs: $(VENV)/.installed-test
+	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict
+
 # Build the fused CPU operators now (ops/: the same cache and lock as their first use in training).
 ops: $(VENV)/.installed
 	$(VPY) -W "ignore:No ccache found" -m ops
@@ -49,13 +53,13 @@ $(VENV)/.installed-peers: $(VENV)/.installed benchmarks/requirements.txt
 bench-peers-bf16: $(VENV)/.installed-peers
 	uptime
 	$(VPY) benchmarks/peers.py --mixed $(PEERS_ARGS)
-	$(VPY) benchmarks/peers.py --show --mixed --readme
+	$(VPY) benchmarks/peers.py --show --mixed --docs
 	uptime
 
 bench-peers: $(VENV)/.installed-peers
 	uptime
 	$(VPY) benchmarks/peers.py --reference $(PEERS_ARGS)
-	$(VPY) benchmarks/peers.py --show --readme
+	$(VPY) benchmarks/peers.py --show --docs
 	uptime
 
 clean:

@@ -2,9 +2,9 @@
 
 python benchmarks/peers.py [--only BERT-base ...] [--rounds 2] [--steps 3] [--reference]
                            [--json PATH]                 # `make bench-peers`
-python benchmarks/peers.py --show [--readme] [--kind KIND]   # the table from the JSON (into README.md)
+python benchmarks/peers.py --show [--docs] [--kind KIND]   # the table from the JSON (into docs/performance.md)
 python benchmarks/peers.py --mixed [--only ...] [--rounds 2]   # bf16: ours vs torch.autocast, ours fp32 beside
-python benchmarks/peers.py --show --mixed [--readme]             # that table (peers_bf16.json)
+python benchmarks/peers.py --show --mixed [--docs]             # that table (peers_bf16.json)
 python benchmarks/peers.py --run NAME --side ours|theirs [--precision fp32|bf16] [--steps N] [--profile]
 
 Each (model, side) runs in its own process with the same environment (engine/cpu.py's settings for
@@ -19,8 +19,8 @@ our pure-Paddle path (`runtime.fast_ops: false`). `--profile` prints the per-op 
 convolutions), PyTorch's step under torch.autocast("cpu", bfloat16), and our fp32 step, alternating
 in the same way; each side's peak memory (ru_maxrss of its process) beside. JSON: peers_bf16.json.
 Results are per CPU kind (benchmarks/report.py): the JSON defaults to
-benchmarks/results/<kind>/peers.json of the machine at hand, and `--readme` replaces only that
-kind's table in README.md (`--kind` shows or writes another kind's JSON).
+benchmarks/results/<kind>/peers.json of the machine at hand, and `--docs` (alias `--readme`) replaces
+only that kind's table in docs/performance.md (`--kind` shows or writes another kind's JSON).
 Needs benchmarks/requirements.txt (torch, transformers) on top of the runtime requirements.
 """
 import argparse
@@ -343,13 +343,14 @@ def kind_of(result):
     return result.get("cpu_kind") or report.cpu_kind({"vendor": result.get("cpu_vendor")})
 
 
-def write_readme(result, path=None):
-    """Replace this JSON's CPU kind's bench-peers (or bench-peers-bf16) table in the README; other kinds' stay."""
+def write_page(result, path=None):
+    """Replace this JSON's CPU kind's bench-peers (or bench-peers-bf16) table in docs/performance.md;
+    other kinds' stay."""
     if result.get("mixed"):
-        report.write_readme("bench-peers-bf16", kind_of(result), table_lines(result),
-                            "benchmarks/peers.py --mixed --readme", path)
+        report.write_page("bench-peers-bf16", kind_of(result), table_lines(result),
+                          "benchmarks/peers.py --mixed --docs", path)
     else:
-        report.write_readme("bench-peers", kind_of(result), table_lines(result), "benchmarks/peers.py --readme", path)
+        report.write_page("bench-peers", kind_of(result), table_lines(result), "benchmarks/peers.py --docs", path)
 
 
 def show(result):
@@ -366,9 +367,10 @@ def main():
     p.add_argument("--baseline", metavar="CHECKOUT", help="also time ours from another checkout (e.g. a git "
                    "worktree of the previous commit), alternating: is a change faster or slower here?")
     p.add_argument("--json", help="default: benchmarks/results/<this CPU's kind>/peers.json")
-    p.add_argument("--kind", help="with --show/--readme: the results of this CPU kind (default: this machine's)")
+    p.add_argument("--kind", help="with --show/--docs: the results of this CPU kind (default: this machine's)")
     p.add_argument("--show", action="store_true")
-    p.add_argument("--readme", action="store_true", help="write the table from the JSON into README.md")
+    p.add_argument("--docs", "--readme", dest="docs", action="store_true",
+                   help="write the table from the JSON into docs/performance.md (--readme: the same)")
     p.add_argument("--mixed", action="store_true", help="bf16: ours and PyTorch's autocast, our fp32 beside")
     p.add_argument("--run", choices=list(PEERS), help="one side in this process; prints a JSON line")
     p.add_argument("--side", choices=["ours", "theirs"], default="ours")
@@ -376,23 +378,23 @@ def main():
     p.add_argument("--precision", choices=list(AMP), default="fp32", help="with --run: the side's precision")
     p.add_argument("--profile", action="store_true", help="with --run: per-op table of one step")
     args = p.parse_args()
-    if args.kind and not (args.show or args.readme):
-        p.error("--kind is for --show/--readme: a run measures this machine's kind")
+    if args.kind and not (args.show or args.docs):
+        p.error("--kind is for --show/--docs: a run measures this machine's kind")
     if not args.json:
         args.json = os.path.relpath(os.path.join(report.results_dir(args.kind),
                                                  "peers_bf16.json" if args.mixed else "peers.json"), ROOT)
     if args.run:
         print(json.dumps(run_one(args.run, args.side, args.steps, args.threads, not args.no_fast_ops, args.profile,
                                  args.precision)))
-    elif args.show or args.readme:
+    elif args.show or args.docs:
         path = os.path.join(ROOT, args.json)
         if not os.path.isfile(path):
             raise SystemExit(f"error: {args.json}: no results of this CPU kind yet (run make bench-peers here)")
         with open(path) as f:
             result = json.load(f)
         show(result)
-        if args.readme:
-            write_readme(result)
+        if args.docs:
+            write_page(result)
     elif args.mixed:
         mixed_table(args)
     else:

@@ -1,6 +1,6 @@
 """One recipe timed on this machine: its reader alone, its train step and eval forward alone (on
 batches already in memory), or its prediction latency through each exported backend.
-tools/benchmark.py runs it on one config, benchmarks/tables.py on each row of a README table.
+tools/benchmark.py runs it on one config, benchmarks/tables.py on each row of docs/performance.md's tables.
 """
 import dataclasses
 import json
@@ -100,8 +100,9 @@ def _time_model(cfg, batches, steps, train, amp, tokens=None):
 
 
 def bench(config_path, overrides, steps, batch_size, workers, synthetic, tokens=None, drop_keys=()):
-    """The JSON record of a README row: with the machine, versions, environment and AMP settings that
-    make its figures comparable, and the reader's share of a train step for each worker count."""
+    """The JSON record of a table row (docs/performance.md): with the machine, versions, environment and
+    AMP settings that make its figures comparable, and the reader's share of a train step for each
+    worker count."""
     s = Session.from_file(config_path, overrides)
     rt, cfg, seed = s.setup(), s.cfg, s.cfg.runtime.seed
     bs = batch_size or cfg["reader"]["train"].get("batch_size", 1)

@@ -1,4 +1,4 @@
-"""Benchmark results per CPU kind: where their JSON lives and the README block each kind owns.
+"""Benchmark results per CPU kind: where their JSON lives and the block each kind owns in docs/performance.md.
 
 Our machines are AMD EPYC on some days and Intel Xeon on others, and a speed figure holds for the
 kind it was measured on (the Intel cores pay 70-100x for subnormal floats, MKL takes another path on
@@ -7,12 +7,12 @@ some days (two 256-bit FMA pipes: a 1024x512 @ 512x33712 GEMM in 165 ms on 2 thr
 faster than any Zen 4 can be on others (78 ms, 453 GFLOP/s: Zen 5's full-width AVX-512). So every
 result goes under benchmarks/results/<kind>/, kind = vendor-microarchitecture from /proc/cpuinfo's
 family and model (`amd-zen4`, `amd-zen5`, `intel-sapphirerapids`, ...; an unknown one
-`<vendor>-f<family>m<model>`), and the README holds one block per (table, kind) between the markers
+`<vendor>-f<family>m<model>`), and docs/performance.md holds one block per (table, kind) between the markers
 
     <!-- NAME KIND: start (COMMAND) -->  ...  <!-- NAME KIND: end -->
 
-`--readme` replaces the block of the kind the JSON was measured on and leaves the others; a kind
-with no block yet gets one after the table's last block.
+`--docs` (alias `--readme`) replaces the block of the kind the JSON was measured on and leaves the
+others; a kind with no block yet gets one after the table's last block.
 """
 import os
 import re
@@ -22,7 +22,7 @@ from engine import cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
-README = os.path.join(ROOT, "README.md")
+PERFORMANCE = os.path.join(ROOT, "docs", "performance.md")   # the page the tables live in
 VENDORS = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}
 # (vendor, family) -> [(first model, last model, name)], from AMD's and Intel's family/model tables
 MICROARCH = {
@@ -75,7 +75,7 @@ def _markers(name, kind):
 
 
 def replace_block(text, name, kind, lines, command):
-    """`text` with the block (name, kind) holding `lines`; raises ValueError when the README has no
+    """`text` with the block (name, kind) holding `lines`; raises ValueError when the page has no
     block of that table at all (nowhere to put it)."""
     start_re, end = _markers(name, kind)
     block = f"<!-- {name} {kind}: start ({command}) -->\n" + "\n".join(lines) + "\n" + end
@@ -92,8 +92,9 @@ def replace_block(text, name, kind, lines, command):
     return text[:at] + "\n\n" + block + text[at:]
 
 
-def write_readme(name, kind, lines, command, path=None):
-    path = path or README
+def write_page(name, kind, lines, command, path=None):
+    """Write the block (name, kind) into docs/performance.md (or `path`)."""
+    path = path or PERFORMANCE
     with open(path) as f:
         text = f.read()
     try:

@@ -1,4 +1,4 @@
-"""The README's speed tables: the rows `make bench` measures (recipe, demo data, batch size) and their
+"""The speed tables of docs/performance.md: the rows `make bench` measures (recipe, demo data, batch size) and their
 markdown, from the JSON each row's run of tools/benchmark.py writes under benchmarks/results/<kind>/.
 Nothing here loads paddle, so that `--show` answers at once; the measuring is benchmarks/recipes.py's.
 """
@@ -12,7 +12,7 @@ from benchmarks import report
 # what --table runs once per row, in a process of its own (clean peak memory)
 TOOL = os.path.join(report.ROOT, "tools", "benchmark.py")
 
-# (name, config, overrides, batch size, note): what `make bench` measures for the README.
+# (name, config, overrides, batch size, note): what `make bench` measures for docs/performance.md.
 YT8M_DEMO = ["reader.train.files=[data/youtube8m_demo/train.list]", "reader.train.num_workers=0"]
 VOC_DEMO = ["reader.train.root=data/voc_demo/VOCdevkit", "reader.train.mode=train", "runtime.sync_bn=false"]
 PCA_DEMO = ["reader.train.transforms.0.eigenvalues_file=data/youtube8m_demo/yt8m_pca/eigenvals.npy"]
@@ -83,7 +83,7 @@ BF16 = ["train.amp.enable=true", "train.amp.dtype=bfloat16"]
 ONNX_RUNTIME = "exported, ONNX Runtime"   # tools/export.py --format onnx, the same threads
 BF16_EXPORT = "exported, oneDNN bf16"            # tools/export.py --precision bf16 (CPUs with native bf16 only)
 INT8_EXPORT = "ONNX Runtime INT8"                # tools/quantize.py
-# (name, config, overrides, batch sizes, note): the README's latency table
+# (name, config, overrides, batch sizes, note): the latency table of docs/performance.md
 INFER_TABLE = [
     ("TSN-R50", "configs/video/tsn/tsn_r50_100e_k400.yaml",
      ["reader.val.list_file=data/kinetics_demo/kinetics_appearance/val.list",
@@ -133,7 +133,7 @@ def _heading(rows):
 
 
 def _emit(args, name, lines, rows):
-    """Print the table (under its heading) and, with --readme, write it into this kind's README block."""
+    """Print the table (under its heading) and, with --docs, write it into this kind's block of docs/performance.md."""
     if rows:
         lines = [_heading(rows), ""] + lines
     else:
@@ -141,8 +141,8 @@ def _emit(args, name, lines, rows):
         lines = [f"Not measured on this CPU kind ({args.kind or report.cpu_kind()}) yet: run `tools/benchmark.py "
                  f"{flags}` on such a machine."]
     print("\n" + "\n".join(lines))
-    if args.readme:
-        report.write_readme(name, args.kind or report.cpu_kind(), lines, "tools/benchmark.py --show --readme"
+    if args.docs:
+        report.write_page(name, args.kind or report.cpu_kind(), lines, "tools/benchmark.py --show --docs"
                             + {"bench-inference": " --backend inference", "bench-amp": " --amp-table"}.get(name, ""))
 
 

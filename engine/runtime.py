@@ -45,7 +45,7 @@ def setup(runtime_cfg):
         paddle.set_flags({"FLAGS_use_stride_kernel": False})   # a GPU build on a CPU (engine/cpu.py: why)
     if device == "gpu" and not paddle.device.is_compiled_with_cuda():
         raise ConfigError("runtime.device: gpu asked for, but this paddle build has no CUDA "
-                          "(install paddlepaddle-gpu, see README)")
+                          "(install paddlepaddle-gpu: docs/getting-started.md)")
     world_size, rank = world()
     if world_size > 1:
         paddle.set_device(f"gpu:{selected_gpu()}" if device == "gpu" else "cpu")

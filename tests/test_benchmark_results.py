@@ -1,5 +1,5 @@
-"""Benchmark results are kept per CPU kind (benchmarks/report.py): one JSON folder and one README
-table per kind, so a run on an Intel machine never overwrites the AMD figures, nor the reverse."""
+"""Benchmark results are kept per CPU kind (benchmarks/report.py): one JSON folder and one table per
+kind in docs/performance.md, so a run on an Intel machine never overwrites the AMD figures, nor the reverse."""
 import json
 import os
 import sys
@@ -36,17 +36,17 @@ def _bench_json(kind):
             "reader": {"workers_0": {"samples_per_s": 1000.0, "share_of_train_step": 0.002}}, "peak_memory_mb": 3119}
 
 
-README_TEXT = """# title
+PAGE_TEXT = """# title
 
 ## Speed
 
-<!-- bench amd-zen4: start (tools/benchmark.py --show --readme) -->
+<!-- bench amd-zen4: start (tools/benchmark.py --show --docs) -->
 old amd training table
 <!-- bench amd-zen4: end -->
 
 text between
 
-<!-- bench-peers amd-zen4: start (benchmarks/peers.py --readme) -->
+<!-- bench-peers amd-zen4: start (benchmarks/peers.py --docs) -->
 old amd table
 <!-- bench-peers amd-zen4: end -->
 
@@ -56,10 +56,10 @@ after
 
 @pytest.fixture
 def results(tmp_path, monkeypatch):
-    """Results of both kinds under a temporary benchmarks/results/ and a README with AMD blocks only."""
+    """Results of both kinds under a temporary benchmarks/results/ and a performance page with AMD blocks only."""
     monkeypatch.setattr(report, "RESULTS", str(tmp_path / "results"))
-    monkeypatch.setattr(report, "README", str(tmp_path / "README.md"))
-    (tmp_path / "README.md").write_text(README_TEXT)
+    monkeypatch.setattr(report, "PERFORMANCE", str(tmp_path / "performance.md"))
+    (tmp_path / "performance.md").write_text(PAGE_TEXT)
     for kind in KINDS:
         folder = tmp_path / "results" / kind
         folder.mkdir(parents=True)
@@ -92,36 +92,50 @@ def test_this_machine_has_a_family_and_model():
 
 
 def test_two_kinds_render_two_peer_tables_and_each_write_keeps_the_other(results):
-    readme = results / "README.md"
+    page = results / "performance.md"
     amd, intel = (json.loads((results / "results" / k / "peers.json").read_text()) for k in (AMD, INTEL))
-    peers.write_readme(intel, str(readme))                 # no Intel block yet: added after the AMD one
-    text = readme.read_text()
+    peers.write_page(intel, str(page))                 # no Intel block yet: added after the AMD one
+    text = page.read_text()
     assert "old amd table" in _block(text, "bench-peers", AMD)
-    peers.write_readme(amd, str(readme))
-    text = readme.read_text()
+    peers.write_page(amd, str(page))
+    text = page.read_text()
     amd_block, intel_block = _block(text, "bench-peers", AMD), _block(text, "bench-peers", INTEL)
     assert "AMD EPYC 9004 (amd-zen4, AuthenticAMD)" in amd_block and "**1.97**" in amd_block and "Intel" not in amd_block
     assert "Intel Xeon 8480 (intel-sapphirerapids, GenuineIntel)" in intel_block and "**0.94**" in intel_block and "AMD" not in intel_block
     assert text.index(f"bench-peers {AMD}: end") < text.index(f"bench-peers {INTEL}: start") < text.index("\nafter\n")
     assert "old amd training table" in text                # another table's block is untouched
-    peers.write_readme(intel, str(readme))                 # rewriting one kind leaves the other byte for byte
-    assert _block(readme.read_text(), "bench-peers", AMD) == amd_block
-    assert readme.read_text().count(f"<!-- bench-peers {INTEL}: start") == 1
+    peers.write_page(intel, str(page))                 # rewriting one kind leaves the other byte for byte
+    assert _block(page.read_text(), "bench-peers", AMD) == amd_block
+    assert page.read_text().count(f"<!-- bench-peers {INTEL}: start") == 1
 
 
-def test_benchmark_show_reads_and_writes_one_kind(results, monkeypatch, capsys):
+@pytest.mark.parametrize("flag", ["--docs", "--readme"])   # --readme: the flag's old name, kept
+def test_benchmark_show_reads_and_writes_one_kind(results, monkeypatch, capsys, flag):
     for kind in (INTEL, AMD):
-        monkeypatch.setattr(sys, "argv", ["tools/benchmark.py", "--show", "--readme", "--kind", kind])
+        monkeypatch.setattr(sys, "argv", ["tools/benchmark.py", "--show", flag, "--kind", kind])
         benchmark.main()
-    text = (results / "README.md").read_text()
+    text = (results / "performance.md").read_text()
     amd_block, intel_block = _block(text, "bench", AMD), _block(text, "bench", INTEL)
     assert "| AttentionLSTM | 16 |" in amd_block and "| 19.70 |" in amd_block and "Intel" not in amd_block
     assert "| AttentionLSTM | 16 |" in intel_block and "| 9.40 |" in intel_block and "AMD" not in intel_block
     assert "old amd table" in _block(text, "bench-peers", AMD)
 
 
-def test_a_readme_without_the_tables_markers_is_one_error_line(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("# nothing here\n")
-    with pytest.raises(SystemExit, match=r"^error: .*README.md: no '<!-- bench-peers KIND: start -->' block"):
-        report.write_readme("bench-peers", "intel", ["a table"], "benchmarks/peers.py --readme", str(readme))
+def test_a_page_without_the_tables_markers_is_one_error_line(tmp_path):
+    page = tmp_path / "performance.md"
+    page.write_text("# nothing here\n")
+    with pytest.raises(SystemExit, match=r"^error: .*performance.md: no '<!-- bench-peers KIND: start -->' block"):
+        report.write_page("bench-peers", "intel", ["a table"], "benchmarks/peers.py --docs", str(page))
+
+
+def test_the_tables_live_in_the_performance_page_and_readme_is_an_alias():
+    """docs/performance.md holds every table's blocks (the README links there); `--readme` still parses."""
+    assert report.PERFORMANCE == os.path.join(ROOT, "docs", "performance.md")
+    with open(report.PERFORMANCE, encoding="utf-8") as f:
+        text = f.read()
+    for name in ("bench", "bench-inference", "bench-peers", "bench-peers-bf16", "bench-amp"):
+        assert f"<!-- {name} " in text, name
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        assert "<!-- bench" not in f.read()
+    assert benchmark._parser().parse_args(["--show", "--readme"]).docs
+    assert benchmark._parser().parse_args(["--show", "--docs"]).docs

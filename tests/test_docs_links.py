@@ -43,7 +43,7 @@ UPSTREAM_PREFIXES = (
 ALLOWED_NAMES = {
     # written by the tools into a run's or an export's folder
     "config.yaml", "metrics.json", "model.json", "infer_cfg.yml", "predictions.json", "translations.txt",
-    "bbox.json", "segm.json", "detections.json",
+    "bbox.json", "segm.json", "detections.json", "gpu_check.json",
     # files of a dataset or of a Hugging Face weights folder the user provides
     "instances_train2017.json", "instances_val2017.json", "label_names.txt", "kinetics400_label.txt",
     "train.txt", "val.txt", "vocab.txt", "config.json",
@@ -62,6 +62,8 @@ EXAMPLES = {
     "models/video/mean_pool.py",  # docs/contributing.md: where that example would live in the tree
     "name.json",                  # docs/contributing.md: a program `name`'s file in an export
     "configs/x.yaml",             # README.md: a config path inside a quoted error message
+    "configs/nope.yaml",          # docs/troubleshooting.md: the missing recipe of a real error line
+    "data/nope.list",             # docs/troubleshooting.md: the missing list file of a real error line
 }
 
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")

@@ -2,15 +2,15 @@
 
 python tools/benchmark.py -c CONFIG [-o k=v ...] [--steps N] [--batch-size B] [--workers 0 2]
                           [--synthetic] [--tokens KEY] [--drop-keys KEY ...] [--json PATH]
-python tools/benchmark.py --table     # the README's table (BENCH_TABLE in benchmarks/tables.py), JSON per row
-python tools/benchmark.py --show [--readme] [--kind KIND]   # the same table from the committed JSON
+python tools/benchmark.py --table     # the training table (BENCH_TABLE in benchmarks/tables.py), JSON per row
+python tools/benchmark.py --show [--docs] [--kind KIND]   # the same table from the committed JSON
 python tools/benchmark.py -c CONFIG --backend inference [--batch-sizes 1 8] [--weights W]
-python tools/benchmark.py --table --backend inference   # README latency table (INFER_TABLE)
-python tools/benchmark.py --amp-table [--only ...] [--readme]   # fp32 beside bf16 (AMP_TABLE), peak memory
+python tools/benchmark.py --table --backend inference   # the latency table (INFER_TABLE)
+python tools/benchmark.py --amp-table [--only ...] [--docs]   # fp32 beside bf16 (AMP_TABLE), peak memory
 
 The JSON of the tables lives per CPU kind, benchmarks/results/<kind>/ (and .../<kind>/inference/),
 of the machine that ran them; `--show` reads this machine's kind unless `--kind` names another, and
-`--readme` replaces only that kind's table in README.md (benchmarks/report.py).
+`--docs` (alias `--readme`) replaces only that kind's table in docs/performance.md (benchmarks/report.py).
 
 The reader is timed alone (iterating the train DataLoader, for each worker count) and the model alone
 (train steps and eval forwards on batches already in memory), so the reader's share of a step is
@@ -56,7 +56,8 @@ def _parser():
     p.add_argument("--amp-table", action="store_true", help="fp32 and bf16 rows of AMP_TABLE (--show: print them)")
     p.add_argument("--only", nargs="+", help="with --table: rerun only these rows (names as in BENCH_TABLE)")
     p.add_argument("--kind", help="with --show: the results of this CPU kind (e.g. amd-zen4; default: this machine's)")
-    p.add_argument("--readme", action="store_true", help="with --show/--table: write the table into README.md")
+    p.add_argument("--docs", "--readme", dest="docs", action="store_true",
+                   help="with --show/--table: write the table into docs/performance.md (--readme: the same)")
     p.add_argument("--backend", choices=["dynamic", "inference"], default="dynamic",
                    help="inference: prediction latency, dynamic vs exported (Paddle Inference with oneDNN on/off, "
                         "ONNX Runtime)")

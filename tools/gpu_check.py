@@ -210,7 +210,7 @@ def amp_overrides(mode):
 
 
 def launcher(cards, log_dir):
-    """paddle's launcher on GPUs 0..cards-1, as README's "Multi-card" section runs it (--devices is
+    """paddle's launcher on GPUs 0..cards-1, as docs/multi-node.md runs it (--devices is
     the launcher's --gpus)."""
     return [sys.executable, "-m", "paddle.distributed.launch", "--devices", ",".join(map(str, range(cards))),
             "--log_dir", log_dir]

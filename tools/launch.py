@@ -5,7 +5,7 @@
 
 The same line on every node (its own --host). Before starting it checks the addresses; it ends with
 one `error:` line when the nodes do not all join within --join_timeout, when another node is silent
-for --peer_timeout, or when a trainer fails (README: "Multi-card and multi-node").
+for --peer_timeout, or when a trainer fails (docs/multi-node.md).
 """
 import os
 import sys

@@ -25,7 +25,7 @@ def main():
     p.add_argument("--calib-batches", type=int, default=8, help="calibration batches (of the split's batch size)")
     p.add_argument("--batch-size", type=int, default=None, help="calibration and evaluation batch size")
     p.add_argument("--observer", default="minmax", help="how activation ranges are found: minmax (default, "
-                   "chosen by measurement: README 'INT8'), percentile or entropy")
+                   "chosen by measurement: docs/deployment.md 'INT8'), percentile or entropy")
     p.add_argument("--max-drop", type=float, default=None, help="exit 1 when fp32 - INT8 of --metric exceeds this")
     p.add_argument("--metric", default=None, help="the metric the drop is of")
     p.add_argument("--split", default=None, help="evaluation split (default: test if defined, else val)")

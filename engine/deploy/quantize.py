@@ -1,6 +1,6 @@
 """INT8 post-training quantization of an ONNX export (tools/quantize.py), on ONNX Runtime.
 
-The route (README "INT8"): ONNX Runtime's static quantization in the QDQ format. Its fused kernels
+The route (docs/deployment.md, "INT8"): ONNX Runtime's static quantization in the QDQ format. Its fused kernels
 (VNNI, AMX) compute what its own fake-quant simulation computes, which the routes through Paddle
 Inference's oneDNN INT8 did not (issue 24), and it runs every program our ONNX exports hold.
 

@@ -44,7 +44,7 @@ class PretrainedEntry:
     config: str = ""               # the recipe that trained it (configs/...)
     archive_member: str = None     # file to take out of a .tar/.tar.gz/.zip download
     notes: str = ""
-    reproduced: str = "not run"    # what was run on our machines (README "reproduced here" column)
+    reproduced: str = "not run"    # what was run on our machines (the model-zoo table's "reproduced here" column)
     assets: dict = dataclasses.field(default_factory=dict)  # other files the weights need on raw input
     # (vocabulary, BPE codes): name -> {"urls": [...], "archive_member": path or None, "sha256"/"md5": of the
     # download, "member_md5": of the member}; readers take them as "ENTRY:NAME" (see `resolve_asset`)

@@ -131,5 +131,5 @@ WEIGHTS.add(PretrainedEntry(
     notes="Reference numbers only. The released weights are Fluid 1.x static-graph files "
           "(attention_cluster_youtube8m.tar.gz persistables, v1.6/1.8 AttentionCluster.pdparams); "
           "PaddleVideo 2.x has no dygraph port and there is no converter here.",
-    reproduced="demo recipe trained (see README); the full recipe needs YouTube-8M (not run)",
+    reproduced="demo recipe trained (see its family page); the full recipe needs YouTube-8M (not run)",
 ))

@@ -146,5 +146,5 @@ WEIGHTS.add(PretrainedEntry(
     config="configs/video/attention_lstm/attention_lstm_bilstm_10e_youtube8m.yaml",
     notes="The file stores each LSTM tensor under two keys (bi_lstmN.weight_ih_l0 and "
           "bi_lstmN.0.cell_fw.weight_ih); the first one loads, the alias is skipped.",
-    reproduced="official outputs matched on golden weights (max abs diff 2.3e-6); demo recipe trained (see README); the full recipe needs YouTube-8M (not run)",
+    reproduced="official outputs matched on golden weights (max abs diff 2.3e-6); demo recipe trained (see its family page); the full recipe needs YouTube-8M (not run)",
 ))

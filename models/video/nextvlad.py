@@ -171,5 +171,5 @@ WEIGHTS.add(PretrainedEntry(
     notes="Reference numbers only. The released weights are Fluid 1.x static-graph files "
           "(nextvlad_youtube8m.tar.gz persistables, v1.6/1.8 NEXTVLAD.pdparams) with auto-generated "
           "BN names; there is no dygraph release (PaddleVideo#159) and no converter here.",
-    reproduced="demo recipe trained (see README); the full recipe needs YouTube-8M (not run)",
+    reproduced="demo recipe trained (see its family page); the full recipe needs YouTube-8M (not run)",
 ))

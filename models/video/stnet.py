@@ -212,7 +212,7 @@ WEIGHTS.add(PretrainedEntry(
 WEIGHTS.add(PretrainedEntry(
     name="stnet_r50_k400_fluid",
     config="configs/video/stnet/stnet_r50_60e_k400.yaml",
-    reproduced="demo recipe trained (see README); the Fluid file's key names are inferred, not checked against the file",
+    reproduced="demo recipe trained (see its family page); the Fluid file's key names are inferred, not checked against the file",
     model="StNet",
     urls=["https://paddlemodels.bj.bcebos.com/video_classification/STNET.pdparams"],
     source="PaddlePaddle/models PaddleCV/video (Fluid 1.7/1.8 fluid.save .pdparams, Fluid parameter names)",

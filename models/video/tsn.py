@@ -96,7 +96,7 @@ _TSN_NOTE = ("PaddleVideo tests with 25 segments x TenCrop and averages the feat
 WEIGHTS.add(PretrainedEntry(
     name="tsn_r50_k400_3seg",
     config="configs/video/tsn/tsn_r50_100e_k400.yaml",
-    reproduced="official outputs matched on golden weights (TSN-R50); demo recipe trained (see README); the full recipe needs Kinetics-400 (not run)",
+    reproduced="official outputs matched on golden weights (TSN-R50); demo recipe trained (see its family page); the full recipe needs Kinetics-400 (not run)",
     model="TSN",
     urls=["https://videotag.bj.bcebos.com/PaddleVideo-release2.2/TSN_k400.pdparams"],
     source="PaddleVideo 2.x .pdparams (Recognizer2D: backbone.conv._conv, backbone.res2a.conv0, head.fc)",
@@ -114,7 +114,7 @@ WEIGHTS.add(PretrainedEntry(
 WEIGHTS.add(PretrainedEntry(
     name="tsn_r50_k400_8seg",
     config="configs/video/tsn/tsn_r50_8seg_100e_k400.yaml",
-    reproduced="key map tested on the official parameter table; demo recipe trained (see README); not run on Kinetics-400",
+    reproduced="key map tested on the official parameter table; demo recipe trained (see its family page); not run on Kinetics-400",
     model="TSN",
     urls=["https://videotag.bj.bcebos.com/PaddleVideo-release2.2/TSN_k400_8.pdparams"],
     source="PaddleVideo 2.x .pdparams (Recognizer2D: backbone.conv._conv, backbone.res2a.conv0, head.fc)",

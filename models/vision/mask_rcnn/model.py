@@ -365,7 +365,7 @@ WEIGHTS.add(PretrainedEntry(
     num_params=44120816,
     config="configs/vision/mask_rcnn/mask_rcnn_r50_fpn_1x_coco.yaml",
     reproduced="official backbone, FPN, RPN, box head and mask head outputs matched on golden weights "
-               "(RoIAlign aligned=True, as trained, and False); demo recipe trained (see README); not "
+               "(RoIAlign aligned=True, as trained, and False); demo recipe trained (see its family page); not "
                "downloaded, COCO not run here",
 ))
 
