@@ -34,6 +34,7 @@ UPSTREAM_PREFIXES = (
     "paddle/", "python/paddle/",      # Paddle's source tree and the wheel's C++ headers
     "oneapi/",                         # oneDNN's headers
     "paddlenlp/", "model_zoo/", "examples/",   # PaddleNLP's package and repository folders
+    "ppdet/",                          # PaddleDetection's package
     "fluid/",                          # PaddlePaddle/models v1.x (fluid/PaddleCV/video/...)
     "docs/en/",                        # PaddleVideo's model-zoo pages (we have no docs/en/)
     "configs/deeplabv3/", "configs/mask_rcnn/",   # PaddleSeg's, PaddleDetection's (ours: configs/vision/)
