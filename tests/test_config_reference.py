@@ -1,0 +1,160 @@
+"""docs/config-reference.md is what tools/config_reference.py writes from the code; it lists every key
+the validator accepts (the key set taken from the validator as it runs), and what it lists the
+validator takes, while a key it does not list is refused."""
+import importlib.util
+import inspect
+import os
+import re
+import sys
+
+import pytest
+import yaml
+
+from engine import components, config, registry
+from engine.errors import ConfigError
+from tests.conftest import TSN_DEMO
+from tests.helpers import ROOT, tool
+
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import config_reference  # noqa: E402
+
+PAGE = os.path.join(ROOT, "docs", "config-reference.md")
+
+
+@pytest.fixture(scope="module")
+def page():
+    components.load_all()
+    with open(PAGE, encoding="utf-8") as f:
+        return f.read()
+
+
+def tables(text):
+    """{anchor of a ## or ### heading: {first cell's `key`: [the other cells]}} of the page's tables."""
+    out, current = {}, None
+    for line in text.splitlines():
+        m = re.match(r"#{2,3} (.+)", line)
+        if m:
+            current = out.setdefault(config_reference.slug(m.group(1)), {})
+            continue
+        m = re.match(r"\| `([^`]+)` \| (.*) \|$", line)
+        if m and current is not None:
+            current[m.group(1)] = [c.strip() for c in m.group(2).split(" | ")]
+    return out
+
+
+def test_the_committed_page_is_the_generators_output(page):
+    assert page == config_reference.render(), "docs/config-reference.md is stale: run python tools/config_reference.py"
+
+
+def validator_schemas(monkeypatch):
+    """What the validator checks a full recipe against, recorded as it runs: {prefix: key table} of
+    the engine sections, {prefix: (registry, extra key table)} of the component sections."""
+    sections, comps = {}, {}
+    real_section, real_component = config._Checker.section, config._Checker.component
+
+    def section(self, node, schema, prefix):
+        sections[prefix] = schema
+        return real_section(self, node, schema, prefix)
+
+    def component(self, node, reg, prefix, extra_keys=None):
+        comps[prefix] = (reg, extra_keys)
+        return real_component(self, node, reg, prefix, extra_keys)
+
+    monkeypatch.setattr(config._Checker, "section", section)
+    monkeypatch.setattr(config._Checker, "component", component)
+    config.load(TSN_DEMO, ["train.amp.enable=false", "eval.amp.enable=false", "runtime.seed=0",
+                           "reader.train.sampler={name: Epoch}", "reader.train.collate={name: Stack}"])
+    return sections, comps
+
+
+def test_every_key_the_validator_accepts_is_on_the_page(page, monkeypatch):
+    found = tables(page)
+    sections, comps = validator_schemas(monkeypatch)
+    assert set(sections) == {"train", "train.amp", "eval", "eval.amp", "runtime"}
+    anchor = {"train": "train", "train.amp": "amp", "eval.amp": "amp", "eval": "eval", "runtime": "runtime"}
+    for prefix, schema in sections.items():
+        rows = found[anchor[prefix]]
+        assert set(rows) == set(schema), prefix
+        for key, spec in schema.items():
+            assert rows[key][0] == f"`{spec[0].__name__}`" and rows[key][1] == f"`{config_reference.yaml_value(spec[1])}`"
+            assert rows[key][3], f"{prefix}.{key} has no meaning on the page"
+    loader = [(prefix, extra) for prefix, (reg, extra) in comps.items() if extra]
+    assert {p for p, _ in loader} == {"reader.train", "reader.val", "reader.test"}
+    for _, extra in loader:
+        assert set(found["reader"]) == set(extra)
+    assert set(found["top-level-keys"]) == set(config.TOP_KEYS) | set(config.SPLITS)
+    assert set(found["custom_imports"]) == set(components.CUSTOM_IMPORTS_KEYS)
+    # the registries the validator consults (top-level components, nested ones, reader splits), and
+    # every registry of engine/registry.py: each name with exactly its constructor's keyword arguments
+    used = {reg for reg, _ in comps.values()}
+    assert used >= {registry.MODELS, registry.DATASETS, registry.TRANSFORMS, registry.COLLATES, registry.SAMPLERS,
+                    registry.METRICS, registry.OPTIMIZERS, registry.LR_SCHEDULES, registry.OUTPUTS}
+    every = [r for r in vars(registry).values() if isinstance(r, registry.Registry)]
+    assert set(every) == used
+    for reg in every:
+        assert reg.names(), reg.kind
+        for name in reg.names():
+            params = [p for p in inspect.signature(reg.get(name)).parameters.values()
+                      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            rows = found[config_reference.slug(f"{name} ({reg.kind})")]
+            assert list(rows) == [p.name for p in params], (reg.kind, name)
+
+
+def sample(cells):
+    """A value for a key from its page row (type, default, allowed, ...): the default, else one the
+    `allowed` column admits, else one of the type."""
+    kind, default, allowed = (c.strip("`") for c in cells[:3])
+    if default not in ("null", "required"):
+        return default
+    m = re.match(r"`(>=?) (\d+)`|`([^`]+)`", cells[2])
+    if m and m.group(2):
+        return str(int(m.group(2)) + (m.group(1) == ">"))
+    if m:
+        return m.group(3)
+    return {"int": "1", "float": "1.0", "str": "x", "bool": "false", "list": "[]", "dict": "{}"}[kind]
+
+
+def test_keys_listed_on_the_page_are_accepted_and_an_unlisted_one_is_refused(page):
+    """Independently of how the page was made: each key of the engine sections and of a few components,
+    as the page lists it (with its default, or a value of its type), loads; an unlisted key fails with
+    one message naming it."""
+    found = tables(page)
+    where = {"train": "train", "amp": "train.amp", "eval": "eval", "runtime": "runtime", "reader": "reader.val",
+             "tsn-model": "model", "momentum-optimizer": "optimizer", "piecewise-lr-schedule": "lr",
+             "classification-metric": "metric", "scale-transform": "reader.train.transforms.0"}
+    components_of = {"sampler": "{name: Epoch}", "collate": "{name: Stack}", "backbone": "{name: ResNet, depth: 18}"}
+    overrides = ["optimizer={name: Momentum}", "lr={name: Piecewise, boundaries: [8], values: [0.01, 0.001]}"]
+    checked = 0
+    for anchor, prefix in where.items():
+        assert found[anchor], anchor
+        for key, cells in found[anchor].items():
+            value = components_of.get(key) or sample(cells)
+            cfg = config.load(TSN_DEMO, overrides + [f"{prefix}.{key}={value}"])
+            assert cfg is not None
+            checked += 1
+        with pytest.raises(ConfigError, match=rf"{re.escape(prefix)}\.no_such_key: unknown key"):
+            config.load(TSN_DEMO, overrides + [f"{prefix}.no_such_key=1"])
+    assert checked > 40
+    with pytest.raises(ConfigError, match=r"^[^\n]*: no_such_section: unknown top-level key[^\n]*$"):
+        config.load(TSN_DEMO, ["no_such_section=1"])
+
+
+def test_check_fails_on_a_stale_page(tmp_path):
+    stale = tmp_path / "config-reference.md"
+    stale.write_text(open(PAGE, encoding="utf-8").read().replace("| `epochs` |", "| `epoch` |"))
+    proc = tool("config_reference", "--check", "--page", stale, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0 and "is stale" in proc.stderr and "python tools/config_reference.py" \
+        in proc.stderr
+    assert "| `epoch` |" in stale.read_text()   # --check never writes
+
+
+def test_a_key_table_entry_without_a_meaning_stops_the_generator(tmp_path):
+    """The meanings come from the key tables' comments; one missing is an error naming the line."""
+    path = tmp_path / "tables.py"
+    path.write_text('KEYS = {\n    "a": (int, 1),   # the a\n    "b": (int, 2),\n}\n')
+    spec = importlib.util.spec_from_file_location("tables", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit, match=r"tables.py:3: KEYS\['b'\] has no comment"):
+        config_reference.table_entries(module, "KEYS")
