@@ -61,6 +61,8 @@ EXAMPLES = {
     "configs/x.yaml",             # README.md: a config path inside a quoted error message
     "configs/nope.yaml",          # docs/troubleshooting.md: the missing recipe of a real error line
     "data/nope.list",             # docs/troubleshooting.md: the missing list file of a real error line
+    # docs/configs.md: the _base_ line of a quoted recipe, relative to configs/video/tsn/
+    "../../_base_/runtime.yaml", "../../_base_/kinetics400.yaml",
 }
 
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
