@@ -158,3 +158,61 @@ def test_a_key_table_entry_without_a_meaning_stops_the_generator(tmp_path):
     spec.loader.exec_module(module)
     with pytest.raises(SystemExit, match=r"tables.py:3: KEYS\['b'\] has no comment"):
         config_reference.table_entries(module, "KEYS")
+
+
+# ---------------------------------------------------------------- docs/configs.md says what the code does
+CONFIGS_PAGE = os.path.join(ROOT, "docs", "configs.md")
+
+
+def _configs_page():
+    with open(CONFIGS_PAGE, encoding="utf-8") as f:
+        return f.read()
+
+
+def _within(quote, real, where=""):
+    """Every key of `quote` is in `real` with the same value (mappings compared key by key)."""
+    if isinstance(quote, dict):
+        assert isinstance(real, dict), where
+        for key, value in quote.items():
+            assert key in real, f"{where}{key}"
+            _within(value, real[key], f"{where}{key}.")
+    else:
+        assert quote == real, where
+
+
+def test_the_annotated_recipe_quotes_the_real_file():
+    quote = yaml.safe_load(re.search(r"```yaml\n(.*?)```", _configs_page(), re.S).group(1))
+    with open(os.path.join(ROOT, "configs", "video", "tsn", "tsn_r50_100e_k400.yaml"), encoding="utf-8") as f:
+        real = yaml.safe_load(f)
+    assert set(quote) == set(real) and set(quote["reader"]) == {"train"}
+    _within(quote, real)
+
+
+def test_the_messages_quoted_on_the_configs_page_are_the_validators(tmp_path, capsys):
+    """The error and note lines docs/configs.md shows, produced again (in-process, as tools/train.py
+    prints them: `error: ` and the ConfigError)."""
+    components.load_all()
+    page = _configs_page()
+    for override in ("train.epoch=1", "reader.train.batch_size=eight", "model.backbone.depht=18",
+                     "runtime.device=tpu"):
+        with pytest.raises(ConfigError) as e:
+            config.load(TSN_DEMO, [override])
+        assert f"error: {e.value}\n" in page, override
+    config.load(TSN_DEMO, ["train.max_steps=4", "reader.train.batch_size=8", "runtime.num_threads=2"])
+    note = capsys.readouterr().out
+    assert note.startswith("note: -o train.max_steps=4 replaces") and note in page
+    # the recipe of one's own, written as the page's heredoc writes it, with its typo
+    recipe = re.search(r"cat > /tmp/tsn_small.yaml <<EOF\n(.*?)\nEOF\n", page, re.S).group(1)
+    path = tmp_path / "tsn_small.yaml"
+    path.write_text(recipe.replace("$PWD", ROOT))
+    with pytest.raises(ConfigError) as e:
+        config.load(str(path))
+    assert f"error: {e.value}\n".replace(str(path), "/tmp/tsn_small.yaml") in page
+    path.write_text(recipe.replace("$PWD", ROOT).replace("save_intervall", "save_interval"))
+    assert config.load(str(path))["model"]["backbone"] == {"name": "ResNet", "depth": 18, "base_channels": 32}
+    # without _delete_, the base's momentum stays and Adam refuses it, naming the base file
+    base = os.path.join(ROOT, "configs", "vision", "deeplabv3", "deeplabv3_r50vd_os8_40k_voc12aug.yaml")
+    path.write_text(f"_base_: {base}\noptimizer: {{name: Adam, weight_decay: 0.0}}\n")
+    with pytest.raises(ConfigError) as e:
+        config.load(str(path))
+    assert f"error: {e.value}\n".replace(ROOT + os.sep, "") in page
