@@ -76,7 +76,7 @@ def test_every_key_the_validator_accepts_is_on_the_page(page, monkeypatch):
         rows = found[anchor[prefix]]
         assert set(rows) == set(schema), prefix
         for key, spec in schema.items():
-            assert rows[key][0] == f"`{spec[0].__name__}`" and rows[key][1] == f"`{config_reference.yaml_value(spec[1])}`"
+            assert rows[key][:2] == [f"`{spec[0].__name__}`", f"`{config_reference.yaml_value(spec[1])}`"]
             assert rows[key][3], f"{prefix}.{key} has no meaning on the page"
     loader = [(prefix, extra) for prefix, (reg, extra) in comps.items() if extra]
     assert {p for p, _ in loader} == {"reader.train", "reader.val", "reader.test"}

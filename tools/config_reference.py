@@ -179,14 +179,17 @@ def arg_docs(obj):
                 depth = len(entry) - len(entry.lstrip())
                 if indent is None:
                     indent = depth
-                if depth < indent or (depth == 0 and indent == 0 and not re.match(r"\w+ ?(\(.*\))?:", entry)):
-                    break
-                m = re.match(r"\s*(\w+)\s*(\([^)]*\))?:\s*(.*)", entry) if depth == indent else None
+                if depth < indent or (depth == indent and re.fullmatch(r"[A-Z]\w*( \w+)?:", entry.strip())):
+                    break   # the list's end, or the next section (Returns:, Raises:)
+                # `name: text`, `name (type): text` or `a, b: text` (one text for several arguments)
+                m = re.match(r"\s*(\w+(?:, \w+)*)\s*(\([^)]*\))?:\s*(.*)", entry) if depth == indent else None
                 if m:
-                    current = m.group(1)
-                    out.setdefault(current, m.group(3).strip())
+                    current = m.group(1).split(", ")
+                    for name in current:
+                        out.setdefault(name, m.group(3).strip())
                 elif current:
-                    out[current] = (out[current] + " " + entry.strip()).strip()
+                    for name in current:
+                        out[name] = (out[name] + " " + entry.strip()).strip()
     return out
 
 
@@ -207,9 +210,9 @@ def signature_rows(obj):
     return rows, any(p.kind == p.VAR_KEYWORD for p in params)
 
 
-def source_link(obj):
-    path = os.path.relpath(inspect.getsourcefile(obj), _bootstrap.ROOT).replace(os.sep, "/")
-    return f"[{path}](../{path})"
+def _rel(obj):
+    """The repository path of the file defining `obj` (a module, class or function)."""
+    return os.path.relpath(inspect.getsourcefile(obj), _bootstrap.ROOT).replace(os.sep, "/")
 
 
 def engine_section(heading, covers, module, name):
@@ -222,17 +225,13 @@ def engine_section(heading, covers, module, name):
     return lines + table(["key", "type", "default", "allowed", "meaning"], rows) + [""]
 
 
-def _rel(module):
-    return os.path.relpath(inspect.getsourcefile(module), _bootstrap.ROOT).replace(os.sep, "/")
-
-
 def top_section():
-    anchors = {key: kind_heading(reg) for key, reg in COMPONENT_KEYS.items()}
-    anchors.update({heading: heading for heading, *_ in ENGINE_SECTIONS})
+    sections = {key: [kind_heading(reg)] for key, reg in COMPONENT_KEYS.items()}
+    for heading, *_ in ENGINE_SECTIONS:
+        sections.setdefault(heading, []).insert(0, heading)
     rows = []
     for key, meaning, _ in table_entries(config, "TOP_KEYS"):
-        where = [f"[{a}](#{slug(a)})" for a in dict.fromkeys([key, anchors.get(key)]) if a in anchors.values()]
-        rows.append([code(key), prose(meaning), ", ".join(where)])
+        rows.append([code(key), prose(meaning), ", ".join(f"[{h}](#{slug(h)})" for h in sections.get(key, []))])
     splits = [[code(s), prose(m)] for s, m, _ in table_entries(config, "SPLITS")]
     return (["## Top-level keys", "",
              "A recipe's top level takes these keys and no others; `_base_` (inheritance) is read before "
@@ -261,7 +260,7 @@ def component_sections():
             obj = reg.get(name)
             lines += [f"### {component_heading(name, reg)}", ""]
             text = summary(obj)
-            lines += [(prose(text) + " " if text else "") + f"Defined in {source_link(obj)}.", ""]
+            lines += [(prose(text) + " " if text else "") + f"Defined in [{_rel(obj)}](../{_rel(obj)}).", ""]
             rows, kwargs = signature_rows(obj)
             if rows:
                 lines += table(["argument", "type", "default", "meaning"], rows) + [""]
