@@ -48,7 +48,7 @@ TRAIN_KEYS = {
     "clip_grad_norm": (float, None, lambda v: None if v > 0 else "must be > 0"),  # max global gradient L2 norm
     "best_metric": (str, None),               # metrics.json name used for best/ (None: no best/)
     "best_mode": (str, "max", one_of("max", "min")),  # whether a higher or a lower best_metric is better
-    "pretrained": (str, None),                # entry name, URL or path loaded before training
+    "pretrained": (str, None),                # loaded before training: entry name (tools/download.py --list), URL, path
     "weights_format": (str, None),            # layout of `pretrained` (default: detected)
     "amp": (dict, None),                      # mixed precision of training (the AMP_KEYS below)
 }

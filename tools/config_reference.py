@@ -20,7 +20,7 @@ import yaml
 
 from engine import cli, components, config, registry
 
-PAGE = os.path.join(_bootstrap.ROOT, "docs", "config-reference.md")
+PAGE = "docs/config-reference.md"   # relative to the repository
 
 # the engine's sections: (heading = anchor, dotted names it covers, module, key table)
 ENGINE_SECTIONS = (
@@ -293,20 +293,22 @@ def render():
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="exit 1 if the page differs from what the code gives")
-    p.add_argument("--page", default=PAGE, help="the page to write or check (default docs/config-reference.md)")
+    p.add_argument("--page", default=PAGE, help="the page to write or check, relative to the repository unless absolute "
+                                            "(default docs/config-reference.md)")
     args = p.parse_args()
     text = render()
+    path = os.path.join(_bootstrap.ROOT, args.page)   # an absolute --page stays as it is
     if args.check:
-        current = open(args.page, encoding="utf-8").read() if os.path.isfile(args.page) else None
+        current = open(path, encoding="utf-8").read() if os.path.isfile(path) else None
         if current != text:
             print(f"{args.page} is stale (differs from the code): run python tools/config_reference.py",
                   file=sys.stderr)
             sys.exit(1)
         print(f"{args.page} is current")
         return
-    with open(args.page + ".tmp", "w", encoding="utf-8") as f:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
         f.write(text)
-    os.replace(args.page + ".tmp", args.page)
+    os.replace(path + ".tmp", path)
     print(f"wrote {args.page}")
 
 
