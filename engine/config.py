@@ -185,7 +185,8 @@ def parse_override(text):
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    if isinstance(value, str):  # YAML 1.1 reads 1e-3 as a string; a number is meant
+    quoted = raw.strip()[:1] in ("'", '"')
+    if isinstance(value, str) and not quoted:  # YAML 1.1 reads 1e-3 as a string; a number is meant
         try:
             value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "infinity") else value
         except ValueError:
