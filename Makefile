@@ -35,6 +35,7 @@ test: $(VENV)/.installed-test
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or anchor fails it.
 docs: $(VENV)/.installed-test
+	$(VPY) tools/config_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict
 
 # Build the fused CPU operators now (ops/: the same cache and lock as their first use in training).

@@ -23,6 +23,12 @@ from engine.errors import ConfigError
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENGINE_MODULES = ("engine.data", "engine.training.samplers", "engine.training.optim")
 
+# custom_imports: key -> (type, default), as engine/config.py's key tables
+CUSTOM_IMPORTS_KEYS = {
+    "imports": (list, None),                  # dotted module names, found on sys.path or under the current directory
+    "allow_failed_imports": (bool, False),    # a module that fails to import is a warning line, not an error
+}
+
 _loaded = False
 
 
@@ -88,9 +94,9 @@ def import_custom(spec, where="custom_imports"):
     if not isinstance(spec, dict) or not isinstance(spec.get("imports"), list) \
             or not all(isinstance(m, str) for m in spec["imports"]):
         raise ConfigError(f"{where}: expected {{imports: [module names], allow_failed_imports: false}}, got {spec!r}")
-    unknown = set(spec) - {"imports", "allow_failed_imports"}
+    unknown = set(spec) - set(CUSTOM_IMPORTS_KEYS)
     if unknown:
-        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]}; known: imports, allow_failed_imports")
+        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]}; known: {', '.join(CUSTOM_IMPORTS_KEYS)}")
     if os.getcwd() not in sys.path:   # as `python -m` would: a module of the user's own folder
         sys.path.append(os.getcwd())
     for name in spec["imports"]:

@@ -35,8 +35,8 @@ def op_names(v):
 # The engine's own sections: key -> (type, default[, rule]); `None` is allowed where the default is
 # None; a rule returns why a value is out of range (checked where the config is read).
 TRAIN_KEYS = {
-    "epochs": (int, None, at_least(1)),       # train.epochs or train.max_steps, not both
-    "max_steps": (int, None, at_least(1)),    # optimizer steps (iteration-based recipes)
+    "epochs": (int, None, at_least(1)),       # training length in epochs (train.epochs or train.max_steps, not both)
+    "max_steps": (int, None, at_least(1)),    # training length in optimizer steps (iteration-based recipes)
     "log_interval": (int, 10, at_least(1)),   # micro-batches between log lines
     "eval_interval": (int, 1, at_least(0)),   # epochs between evaluations (0: only at the end)
     "eval_steps": (int, 0, at_least(0)),      # optimizer steps between evaluations (0: off)
@@ -44,32 +44,31 @@ TRAIN_KEYS = {
     "save_steps": (int, 0, at_least(0)),      # optimizer steps between checkpoints (0: off)
     "keep_last": (int, 3, at_least(0)),       # checkpoints kept besides best/ and final/ (0: all)
     "save_on_each_node": (bool, False),       # every node writes checkpoints too (no shared disk)
-    "accum_steps": (int, 1, at_least(1)),     # gradient accumulation
-    "clip_grad_norm": (float, None, lambda v: None if v > 0 else "must be > 0"),  # global norm
+    "accum_steps": (int, 1, at_least(1)),     # micro-batches whose gradients add up to one optimizer step
+    "clip_grad_norm": (float, None, lambda v: None if v > 0 else "must be > 0"),  # max global gradient L2 norm
     "best_metric": (str, None),               # metrics.json name used for best/ (None: no best/)
-    "best_mode": (str, "max", one_of("max", "min")),
-    "pretrained": (str, None),                # entry name, URL or path loaded before training
+    "best_mode": (str, "max", one_of("max", "min")),  # whether a higher or a lower best_metric is better
+    "pretrained": (str, None),                # loaded before training: entry name (tools/download.py --list), URL, path
     "weights_format": (str, None),            # layout of `pretrained` (default: detected)
-    "amp": (dict, None),
+    "amp": (dict, None),                      # mixed precision of training (the AMP_KEYS below)
 }
 AMP_KEYS = {
-    "enable": (bool, False),
-    "dtype": (str, "float16", one_of("float16", "bfloat16")),
-    "level": (str, "O1", one_of("O1", "O2")),
-    "init_loss_scaling": (float, 32768.0, lambda v: None if v > 0 else "must be > 0"),
-    # paddle.amp op lists (a GPU's autocast; the CPU's bf16 runs our fused operators and reads neither):
-    # ops computed in low precision / kept in fp32 beyond paddle's defaults, e.g. PaddleSeg's
-    "custom_white_list": (list, None, op_names),
-    "custom_black_list": (list, None, op_names),
+    "enable": (bool, False),                  # compute in the low-precision dtype
+    "dtype": (str, "float16", one_of("float16", "bfloat16")),   # float16 needs a GPU; bfloat16 on a CPU too
+    "level": (str, "O1", one_of("O1", "O2")),  # O1: autocast per op; O2 (GPU): low-precision weights, fp32 master copy
+    "init_loss_scaling": (float, 32768.0, lambda v: None if v > 0 else "must be > 0"),  # float16's first loss scale
+    # paddle.amp op lists, e.g. PaddleSeg's (a GPU's autocast; the CPU's bf16 runs our fused operators, reads neither)
+    "custom_white_list": (list, None, op_names),  # ops computed in low precision beyond paddle's defaults
+    "custom_black_list": (list, None, op_names),  # ops kept in fp32 beyond paddle's defaults
 }
 EVAL_KEYS = {
     "amp": (dict, None),                      # eval.amp: evaluation and inference; unset keys: train.amp's
 }
 RUNTIME_KEYS = {
-    "seed": (int, 0, at_least(0)),
+    "seed": (int, 0, at_least(0)),            # seeds init, sampling and augmentation (tools/train.py --seed sets it)
     "num_threads": (int, 0, at_least(0)),     # CPU math threads; 0 = the cores available
-    "device": (str, "auto", one_of("auto", "cpu", "gpu")),
-    "sync_bn": (bool, False),
+    "device": (str, "auto", one_of("auto", "cpu", "gpu")),  # auto: a GPU when paddle sees one, else the CPU
+    "sync_bn": (bool, False),                 # BatchNorm statistics across the cards of a multi-card run
     "fast_ops": (bool, True),                 # fused C++ CPU operators (ops/), else pure Paddle
     "keep_freed_memory": (bool, True),        # CPU: glibc keeps freed blocks (faster steps, more peak memory)
     "flush_denormals": (bool, True),          # CPU: FTZ + DAZ, subnormal floats computed as 0 (engine/cpu.py)
@@ -77,15 +76,30 @@ RUNTIME_KEYS = {
 }
 LOADER_KEYS = {
     "batch_size": (int, 1, at_least(1)),      # per card
-    "num_workers": (int, 0, at_least(0)),
+    "num_workers": (int, 0, at_least(0)),     # reader processes (0: read in the training process)
     "shuffle": (bool, None),                  # default: True for train, False otherwise
-    "drop_last": (bool, False),
+    "drop_last": (bool, False),               # drop the last partial batch (train split only)
     "sampler": (dict, None),                  # {name: Epoch} by default (engine/training/samplers.py)
     "collate": (dict, None),                  # {name: Stack} by default
 }
-SPLITS = ("train", "val", "test")
-TOP_KEYS = ("model", "reader", "optimizer", "lr", "metric", "infer", "train", "eval", "runtime", "labels",
-            "custom_imports")
+SPLITS = (
+    "train",            # read by tools/train.py
+    "val",              # evaluated during training; tools/eval.py's split when there is no test
+    "test",             # when present, what tools/eval.py, infer and export read instead of val
+)
+TOP_KEYS = (
+    "model",            # the network: a registered model and its arguments
+    "reader",           # the data: one reader per split, with its DataLoader keys
+    "optimizer",        # a registered optimizer and its arguments
+    "lr",               # a registered learning-rate schedule and its arguments
+    "metric",           # a registered metric computed on the evaluation split
+    "infer",            # a registered output writer for tools/infer.py
+    "train",            # the trainer's own keys (length, logging, checkpoints, AMP, pretrained weights)
+    "eval",             # evaluation and inference (their AMP)
+    "runtime",          # seed, device, threads and CPU settings of the process
+    "labels",           # a class-name file (line i = class i) for outputs and reports
+    "custom_imports",   # modules outside the tree to import before validation (their components register)
+)
 # component keys nested inside components, and the registry that validates them
 NESTED = {"transforms": TRANSFORMS, "backbone": MODELS, "collate": COLLATES, "sampler": SAMPLERS}
 
@@ -171,7 +185,8 @@ def parse_override(text):
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    if isinstance(value, str):  # YAML 1.1 reads 1e-3 as a string; a number is meant
+    quoted = raw.strip()[:1] in ("'", '"')
+    if isinstance(value, str) and not quoted:  # YAML 1.1 reads 1e-3 as a string; a number is meant
         try:
             value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "infinity") else value
         except ValueError:

@@ -58,6 +58,14 @@ def test_override_values_are_yaml_not_eval(recipe):
     assert cfg["model"]["act"] == "__import__('os')"
 
 
+def test_override_numbers_and_quoted_strings():
+    # YAML 1.1 (pyyaml) reads 1e-3 as the string '1e-3': a number is meant; in quotes a string is meant
+    assert config.parse_override("lr.base=1e-3") == ("lr.base", 0.001)
+    assert config.parse_override('train.pretrained="123"') == ("train.pretrained", "123")
+    assert config.parse_override("train.pretrained='1e-3'") == ("train.pretrained", "1e-3")
+    assert config.parse_override("train.epochs=3") == ("train.epochs", 3)
+
+
 def test_nested_component_validated(recipe):
     cfg = config.load(recipe, ["model.backbone={name: DummyBackbone, depth: 34}"])
     assert cfg["model"]["backbone"]["depth"] == 34

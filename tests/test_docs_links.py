@@ -34,6 +34,7 @@ UPSTREAM_PREFIXES = (
     "paddle/", "python/paddle/",      # Paddle's source tree and the wheel's C++ headers
     "oneapi/",                         # oneDNN's headers
     "paddlenlp/", "model_zoo/", "examples/",   # PaddleNLP's package and repository folders
+    "ppdet/",                          # PaddleDetection's package
     "fluid/",                          # PaddlePaddle/models v1.x (fluid/PaddleCV/video/...)
     "docs/en/",                        # PaddleVideo's model-zoo pages (we have no docs/en/)
     "configs/deeplabv3/", "configs/mask_rcnn/",   # PaddleSeg's, PaddleDetection's (ours: configs/vision/)
@@ -64,6 +65,8 @@ EXAMPLES = {
     "configs/x.yaml",             # README.md: a config path inside a quoted error message
     "configs/nope.yaml",          # docs/troubleshooting.md: the missing recipe of a real error line
     "data/nope.list",             # docs/troubleshooting.md: the missing list file of a real error line
+    # docs/configs.md: the _base_ line of a quoted recipe, relative to configs/video/tsn/
+    "../../_base_/runtime.yaml", "../../_base_/kinetics400.yaml",
 }
 
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
