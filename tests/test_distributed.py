@@ -3,12 +3,15 @@ import os
 
 import numpy as np
 import paddle
+import pytest
 
 from engine import config, runtime
 from engine.components import load_all
+from engine.errors import ConfigError
 from engine.registry import MODELS
+from engine.training.trainer import wants_sync_bn
 from tests.conftest import ATTENTION_LSTM_DEMO
-from tests.helpers import assert_one_line_error, launch, logged_losses, read_metrics, tool
+from tests.helpers import launch, logged_losses, read_metrics, tool
 
 # Why 1e-5: 2 ranks average two half-batch gradients where 1 process averages one batch, so the sums
 # run in another order; in float32 that moves a loss of ~4 by a few 1e-7 (measured: at most 4.8e-7 over
@@ -36,9 +39,15 @@ def test_two_process_eval_equals_one_process_on_an_odd_dataset(odd_eval, tmp_pat
         assert one[k] == two[k], (k, one[k], two[k])
 
 
-def test_sync_bn_on_cpu_is_a_clear_error(tmp_path):
-    proc = tool("train", "-c", ATTENTION_LSTM_DEMO, "-o", "runtime.sync_bn=true", "--output", tmp_path, check=False)
-    assert_one_line_error(proc, "sync_bn", "CPU")
+def test_sync_bn_on_several_cpu_processes_is_a_clear_error():
+    """One CPU process: plain BatchNorm (the same statistics); several: each would normalise its own
+    share, refused; a GPU run converts."""
+    cpu = {"device": "cpu", "world_size": 1}
+    assert wants_sync_bn(True, cpu) is False and wants_sync_bn(False, cpu) is False
+    assert wants_sync_bn(True, {"device": "gpu", "world_size": 1}) is True
+    assert wants_sync_bn(True, {"device": "gpu", "world_size": 4}) is True
+    with pytest.raises(ConfigError, match=r"runtime.sync_bn: .*no CPU kernel.* 2 CPU processes"):
+        wants_sync_bn(True, {"device": "cpu", "world_size": 2})
 
 
 def test_sync_bn_conversion_keeps_frozen_batch_norm():

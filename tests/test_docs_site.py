@@ -2,14 +2,16 @@
 anchor or repository link fails that build: mkdocs.yml's validation turns each into a warning and
 --strict makes a warning fatal; docs/hooks.py resolves the pages' links into the repository."""
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT as _ROOT
 
+ROOT = pathlib.Path(_ROOT)
 ENV = dict(os.environ, NO_MKDOCS_2_WARNING="1")
 
 

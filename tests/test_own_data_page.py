@@ -249,7 +249,7 @@ OVERRIDES = {
                 "reader.val.transforms.0.max_size=160"],
     "my_seg": ["model.backbone.depth=18", "model.backbone.variant=b", "model.backbone.output_stride=16",
                "model.backbone.multi_grid=[1,2]", "model.aspp_ratios=null", "model.aspp_channels=16",
-               "train.pretrained=null", "train.max_steps=2", "runtime.sync_bn=false", "reader.train.batch_size=2",
+               "train.pretrained=null", "train.max_steps=2", "reader.train.batch_size=2",
                "reader.train.num_workers=0", "reader.val.num_workers=0", "reader.train.transforms.1.crop_size=[64,64]"],
     "my_mt": [f"model.src_vocab_size={_MT_VOCAB}", f"model.trg_vocab_size={_MT_VOCAB}", "model.d_model=16",
               "model.d_inner_hid=32", "model.n_head=2", "model.num_encoder_layers=1", "model.num_decoder_layers=1",

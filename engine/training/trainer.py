@@ -184,6 +184,19 @@ def fit(session, output_dir, resume=None):
     return run.model, run.evaluation.metrics
 
 
+def wants_sync_bn(sync_bn, rt):
+    """Whether to convert BatchNorm to SyncBatchNorm. Paddle has no CPU kernel for it; one CPU process
+    sees the whole batch, so plain BatchNorm computes the same statistics (PaddleSeg builds BatchNorm2D
+    on a CPU too). Several CPU processes would each normalise their own share: refused."""
+    if not sync_bn or rt["device"] == "gpu":
+        return bool(sync_bn)
+    if rt["world_size"] > 1:
+        raise ConfigError(f"runtime.sync_bn: SyncBatchNorm has no CPU kernel in Paddle and {rt['world_size']} "
+                          "CPU processes would each normalise their own share; set it false (or train on GPUs)")
+    log.info("runtime.sync_bn: one process on the CPU: plain BatchNorm, which computes the same statistics")
+    return False
+
+
 class _Training:
     """Everything one training run holds, assembled in the order that fixes its random streams: the
     runtime and seeds, the model, the readers, the resolved config.yaml, the pretrained weights, the
@@ -192,9 +205,7 @@ class _Training:
     def __init__(self, session, output_dir):
         cfg, t = session.cfg, session.cfg.train
         rt = session.setup()
-        if cfg.runtime.sync_bn and rt["device"] != "gpu":
-            raise ConfigError("runtime.sync_bn: SyncBatchNorm has no CPU kernel in Paddle; set it false on CPU "
-                              "(eval, export and infer do not need it)")
+        sync_bn = wants_sync_bn(cfg.runtime.sync_bn, rt)
         self.session, self.output_dir = session, output_dir
         self.rank, self.world_size = rt["rank"], rt["world_size"]
         # who writes the run's files (config.yaml, checkpoints, best/, final/, metrics.json): rank 0, and
@@ -213,7 +224,7 @@ class _Training:
         self.resolved = cfg.resolved(world_size=rt["world_size"])   # config.yaml and every checkpoint's state
         if t.pretrained:
             session.load_weights(model, t.pretrained, t.weights_format, strict=False, log=log.info)
-        if cfg.runtime.sync_bn:  # GPU only: refused above on CPU, where it has no kernel
+        if sync_bn:
             model = runtime.convert_sync_bn(model)
         self.train_step = build_train_step(cfg, model, self.plan.steps_per_epoch, self.plan.total_steps,
                                            rt["world_size"], amp=session.train_amp)
