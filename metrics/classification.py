@@ -28,11 +28,12 @@ def confusion_counts(pred, label, num_classes):
     return np.bincount(label * num_classes + pred, minlength=num_classes ** 2).reshape(num_classes, num_classes)
 
 
-def class_names(dataset, num_classes):
-    """The dataset's `label_names` when it has one per class, else the class ids as strings."""
-    names = getattr(dataset, "label_names", None)
-    return [str(n) for n in names] if names is not None and len(names) == num_classes else \
-        [str(i) for i in range(num_classes)]
+def class_names(num_classes, *candidates):
+    """The first of `candidates` (lists of names, or None) with one name per class, else the class ids."""
+    for names in candidates:
+        if names is not None and len(names) == num_classes:
+            return [str(n) for n in names]
+    return [str(i) for i in range(num_classes)]
 
 
 def _ratio(a, b):
@@ -100,11 +101,12 @@ class Classification(IndexedMetric):
         out["mean_class_acc"] = mean_class_accuracy(ids[:, 0], labels)
         return out
 
-    def report(self):
-        """Per-class precision/recall/F1 and the confusion matrix of the top-1 predictions."""
+    def report(self, label_names=None):
+        """Per-class precision/recall/F1 and the confusion matrix of the top-1 predictions; the class names
+        are the dataset's, else `label_names` (the recipe's `labels:`), else the class ids."""
         _, rows = self.collect()
         ids, labels = rows.get("topk_ids", np.zeros((0, 1), np.int64)), rows.get("label", np.zeros(0, np.int64))
         num_classes = getattr(self.dataset, "num_classes", None) or 0
         num_classes = max([num_classes, int(ids[:, 0].max(initial=-1)) + 1, int(labels.max(initial=-1)) + 1])
         cm = confusion_counts(ids[:, 0], labels, num_classes)
-        return confusion_report(cm, class_names(self.dataset, num_classes))
+        return confusion_report(cm, class_names(num_classes, getattr(self.dataset, "label_names", None), label_names))

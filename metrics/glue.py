@@ -123,7 +123,7 @@ class GLUEMetric(IndexedMetric):
                 out[name] = FUNCS[name](pred, label)
         return out
 
-    def report(self):
+    def report(self, label_names=None):
         if self.task.labels is None:
             raise ConfigError(f"metric GLUE: {self.task.name} is a regression task: it has no per-class report")
         _, rows = self.collect()

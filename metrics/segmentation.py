@@ -18,6 +18,7 @@ import numpy as np
 from engine.errors import ConfigError
 from engine.registry import METRICS
 from metrics.base import IndexedMetric, to_numpy
+from metrics.classification import class_names
 
 
 def confusion_matrix(pred, label, num_classes, ignore_index=255):
@@ -136,9 +137,9 @@ class MeanIoU(IndexedMetric):
         """The dataset's confusion matrix [C, C] (gathered across ranks: every rank must call it)."""
         return self._matrix(self.collect()[1])
 
-    def report(self):
+    def report(self, label_names=None):
         """Per-class IoU and accuracy, and the confusion matrix in pixels (see the module docstring)."""
-        return segmentation_report(self.confusion(), self.class_names or [str(i) for i in range(self.num_classes)])
+        return segmentation_report(self.confusion(), class_names(self.num_classes, self.class_names, label_names))
 
     def accumulate(self):
         index, rows = self.collect()

@@ -72,7 +72,7 @@ def confusion_png(confusion, path, title="", max_labelled=40):
     if n <= 15:
         for i in range(n):
             for j in range(n):
-                ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center", fontsize=8,
+                ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center", fontsize=10 if n <= 8 else 7,
                         color="white" if share[i, j] > 0.5 else "black")
     ax.set_xlabel("prediction")
     ax.set_ylabel("label")

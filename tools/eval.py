@@ -29,14 +29,14 @@ def main():
     rt = s.setup()
     output = args.output or cli.default_output(args.config or args.weights, args.weights, "eval")
     runtime.setup_logging(output if rt["rank"] == 0 else None, rt["rank"])
-    model = s.runnable(args.weights, args.weights_format, tensorrt=args.trt)   # an export runs on its recorded backend
     loader, dataset = s.scored_loader(args.split)
     metric = s.metric(dataset)
     if args.report and not hasattr(metric, "report"):
         raise ConfigError(f"--report: metric {type(metric).__name__} has no per-class report (classification, "
-                          f"GLUE classification and segmentation metrics have one)")
+                          f"YouTube-8M, GLUE classification and segmentation metrics have one)")
+    model = s.runnable(args.weights, args.weights_format, tensorrt=args.trt)   # an export runs on its recorded backend
     metrics = evaluate(model, loader, metric, s.eval_amp)
-    report = metric.report() if args.report else None   # every rank: the metric gathers across ranks
+    report = metric.report(s.label_names()) if args.report else None   # every rank: the metric gathers across ranks
     if rt["rank"] == 0:
         trainer.write_metrics(metrics, output)
         print(cli.format_metrics(metrics))
