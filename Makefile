@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 DEMO ?= configs/video/attention_lstm/attention_lstm_demo.yaml
 export GLOG_minloglevel := 2
 
-.PHONY: demo test ops bench bench-peers bench-peers-bf16 venv clean
+.PHONY: demo test ops bench bench-peers bench-peers-bf16 venv clean docs-images
 
 $(VENV)/.installed: requirements.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -32,6 +32,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(VPY) -m pytest -q --durations=15 tests
+
+# docs/images/*.png from demo runs (trained into output/docs_images/ once, ~10 min on 2 cores; reused after)
+docs-images: $(VENV)/.installed
+	$(VPY) tools/docs_images.py
 
 # Build the fused CPU operators now (ops/: the same cache and lock as their first use in training).
 ops: $(VENV)/.installed
