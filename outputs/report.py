@@ -56,9 +56,10 @@ def markdown(report, title):
 def confusion_png(confusion, path, title="", max_labelled=40):
     """A heat map of the confusion matrix, each row normalised to the label's share (the counts written
     in the cells when there are few classes)."""
+    # import cost: matplotlib (~0.5 s) for every run of outputs/, which only --report draws with
     import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")   # no display: files only
+    import matplotlib.pyplot as plt  # after use("Agg"), which must come first
     cm = np.asarray(confusion["matrix"], np.float64)
     names, n = confusion["classes"], len(confusion["classes"])
     share = cm / np.maximum(cm.sum(1, keepdims=True), 1)

@@ -10,10 +10,15 @@ The demo data is generated (data/make_demo.py) and the three demo recipes traine
 CPU cores. Each picture is downscaled until it is below --max-kb.
 """
 import argparse
+import json
 import os
 import shutil
 import subprocess
 import sys
+
+import cv2
+import numpy as np
+from PIL import Image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMOS = {"tsn": "configs/video/tsn/tsn_demo.yaml", "deeplabv3": "configs/vision/deeplabv3/deeplabv3_demo.yaml",
@@ -38,8 +43,6 @@ def train(runs, retrain):
 
 def voc_images(n):
     """The n demo val images showing the most shape classes (ties: file order): label PNGs read back."""
-    import numpy as np
-    from PIL import Image
     root = os.path.join(ROOT, VOC_ROOT)
     stems = open(os.path.join(root, "ImageSets", "Segmentation", "val.txt")).read().split()
     count = {s: len(set(np.unique(np.asarray(Image.open(os.path.join(root, "SegmentationClass", s + ".png")))))
@@ -49,7 +52,6 @@ def voc_images(n):
 
 def coco_images(n):
     """The n demo val images with the most objects (ties: file order)."""
-    import json
     ann = json.load(open(os.path.join(ROOT, "data", "coco_demo", "annotations", "instances_val.json")))
     count = {}
     for a in ann["annotations"]:
@@ -61,8 +63,6 @@ def coco_images(n):
 
 def montage(paths, gap=8):
     """The pictures side by side on white, top-aligned."""
-    import cv2
-    import numpy as np
     images = [cv2.imread(p) for p in paths]
     h = max(i.shape[0] for i in images)
     canvas = np.full((h, sum(i.shape[1] for i in images) + gap * (len(images) - 1), 3), 255, np.uint8)
@@ -76,7 +76,6 @@ def montage(paths, gap=8):
 def save_small(image, path, max_kb, upscale=1.0):
     """Write `image` (BGR, or a PNG path) as PNG, scaled by `upscale` (nearest: small demo pictures stay
     crisp), then shrunk by 0.8 until the file is below max_kb."""
-    import cv2
     image = cv2.imread(image) if isinstance(image, str) else image
     scale = upscale
     while True:

@@ -41,7 +41,7 @@ def main():
         trainer.write_metrics(metrics, output)
         print(cli.format_metrics(metrics))
         if report:
-            from outputs.report import write_report
+            from outputs.report import write_report  # after the flags are parsed: --help needs no matplotlib
             print("wrote " + ", ".join(write_report(report, output, _title(args, dataset))))
 
 

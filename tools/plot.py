@@ -61,7 +61,7 @@ def default_keys(run_dir, available):
     """loss, lr and the run's train.best_metric (else its first metric)."""
     best = None
     try:
-        import yaml
+        import yaml  # import cost: only the default keys read the run's config.yaml
         with open(os.path.join(run_dir, "config.yaml")) as f:
             best = ((yaml.safe_load(f) or {}).get("train") or {}).get("best_metric")
     except OSError:
@@ -85,9 +85,10 @@ def plot(run_dirs, keys=None, output=None):
         names = [k for k in available if "/" not in k] + [k for k in available if k.startswith("eval/")
                                                           and plain(k[len("eval/"):], available) == k]
         raise PlotError(f"unknown key {', '.join(unknown) or '(none)'}; the runs have: {', '.join(names)}")
+    # import cost: matplotlib (~0.5 s) after the runs and keys are checked: a wrong one fails at once
     import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")   # no display: files only
+    import matplotlib.pyplot as plt  # after use("Agg"), which must come first
     fig, axes = plt.subplots(len(keys), 1, figsize=(6.4, 2.2 * len(keys) + 0.6), sharex=True, squeeze=False)
     for ax, key in zip(axes[:, 0], keys):
         for label, c in runs.items():
