@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from engine.components import load_all
+from engine.errors import ConfigError
 from metrics.classification import Classification
+from metrics.glue import GLUEMetric
 from metrics.segmentation import MeanIoU
 from metrics.youtube8m import YouTube8M
 from outputs.report import write_report
@@ -58,6 +60,19 @@ def test_recipe_label_names_when_the_dataset_has_none():
     m.update({"logits": _one_hot([0, 1], 2)}, {"label": np.array([0, 0]), "index": np.array([0, 1])})
     assert [row["class"] for row in m.report()["rows"]] == ["0", "1"]
     assert [row["class"] for row in m.report(["cat", "dog"])["rows"]] == ["cat", "dog"]
+
+
+def test_glue_report_by_hand():
+    # MNLI, 5 pairs: labels c e n n e, predictions c n n e e (both dev sets together)
+    m = GLUEMetric(task="MNLI")
+    m.update({"logits": _one_hot([0, 2, 2, 1, 1], 3)},
+             {"label": np.array([0, 1, 2, 2, 1]), "index": np.arange(5), "subset": np.array([0, 0, 0, 1, 1])})
+    r = m.report()
+    assert [row["class"] for row in r["rows"]] == ["contradiction", "entailment", "neutral"]
+    assert r["confusion"]["matrix"] == [[1, 0, 0], [0, 1, 1], [0, 1, 1]]
+    assert [row["f1"] for row in r["rows"]] == pytest.approx([1, 1 / 2, 1 / 2])
+    with pytest.raises(ConfigError, match="STS-B is a regression task"):
+        GLUEMetric(task="STS-B").report()
 
 
 def test_segmentation_iou_by_hand():
