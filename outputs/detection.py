@@ -36,13 +36,15 @@ def rle_encode(mask):
 
 def tag(img, text, x, y, colour):
     """`text` in a filled box of `colour` (BGR) at the box corner (x, y): above the box where there is
-    room, else just inside it; black or white text, whichever reads better on the colour."""
+    room, else just inside it, moved left where it would leave the picture; black or white text,
+    whichever reads better on the colour."""
     k = max(1, round(max(img.shape[:2]) / 640))
     font, scale, thick = cv2.FONT_HERSHEY_SIMPLEX, 0.4 * k, k
     (tw, th), base = cv2.getTextSize(text, font, scale, thick)
-    h = th + base + 2 * k
+    h, w = th + base + 2 * k, tw + 4 * k
     top = y - h if y - h >= 0 else y
-    cv2.rectangle(img, (x, top), (x + tw + 4 * k, top + h), colour, -1)
+    x = max(0, min(x, img.shape[1] - w))   # inside the picture
+    cv2.rectangle(img, (x, top), (x + w, top + h), colour, -1)
     ink = (0, 0, 0) if 0.114 * colour[0] + 0.587 * colour[1] + 0.299 * colour[2] > 140 else (255, 255, 255)
     cv2.putText(img, text, (x + 2 * k, top + h - base - k), font, scale, ink, thick, cv2.LINE_AA)
 

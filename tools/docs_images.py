@@ -73,20 +73,20 @@ def montage(paths, gap=8):
     return canvas
 
 
-def save_small(image, path, max_kb, upscale=1.0):
-    """Write `image` (BGR, or a PNG path) as PNG, scaled by `upscale` (nearest: small demo pictures stay
-    crisp), then shrunk by 0.8 until the file is below max_kb."""
+def save_small(image, path, max_kb, upscale=1):
+    """Write `image` (BGR, or a PNG path) as a 256-colour PNG, scaled by the integer `upscale` (nearest:
+    small demo pictures stay crisp), then shrunk by 0.8 until the file is below max_kb."""
     image = cv2.imread(image) if isinstance(image, str) else image
     scale = upscale
     while True:
         size = (max(1, round(image.shape[1] * scale)), max(1, round(image.shape[0] * scale)))
         small = cv2.resize(image, size, interpolation=cv2.INTER_NEAREST if scale >= 1 else cv2.INTER_AREA)
-        cv2.imwrite(path, small, [cv2.IMWRITE_PNG_COMPRESSION, 9])
+        Image.fromarray(small[:, :, ::-1]).quantize(256, dither=Image.Dither.NONE).save(path, optimize=True)
         kb = os.path.getsize(path) / 1024
         if kb <= max_kb or scale < 0.2:
             print(f"wrote {path} ({small.shape[1]}x{small.shape[0]}, {kb:.0f} KB)")
             return
-        scale *= 0.8
+        scale = (scale if scale <= 1 else 1) * 0.8
 
 
 def main():
