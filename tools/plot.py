@@ -38,7 +38,8 @@ def read_scalars(run_dir):
 
 def curves(rows):
     """{key: (steps, values)} of one run, sorted by step, the last line of a step kept."""
-    kinds = {kind: {k for r in rows if r.get("kind") == kind for k in r if k not in WHERE} for kind in ("train", "eval")}
+    kinds = {kind: {k for r in rows if r.get("kind") == kind for k in r if k not in WHERE}
+             for kind in ("train", "eval")}
     out = {}
     for r in rows:
         kind = r.get("kind")
