@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 DEMO ?= configs/video/attention_lstm/attention_lstm_demo.yaml
 export GLOG_minloglevel := 2
 
-.PHONY: demo test docs ops bench bench-peers bench-peers-bf16 venv clean
+.PHONY: demo test docs docs-images ops bench bench-peers bench-peers-bf16 venv clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -37,6 +37,10 @@ test: $(VENV)/.installed-test
 docs: $(VENV)/.installed-test
 	$(VPY) tools/config_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict
+
+# docs/images/*.png from demo runs (trained into output/docs_images/ once, ~10 min on 2 cores; reused after)
+docs-images: $(VENV)/.installed
+	$(VPY) tools/docs_images.py
 
 # Build the fused CPU operators now (ops/: the same cache and lock as their first use in training).
 ops: $(VENV)/.installed

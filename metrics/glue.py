@@ -6,13 +6,16 @@ matrix is empty, as sklearn); Pearson and Spearman correlation of the predicted 
 (STS-B; Spearman = Pearson of the ranks, ties at their average rank, as scipy's spearmanr). MNLI:
 `accuracy` on the matched dev set and `accuracy_mm` on the mismatched one (the reader tags them).
 Pretraining: `mlm_acc` = masked tokens predicted right / masked tokens, `nsp_acc` = share of pairs
-whose next-sentence label is predicted right.
+whose next-sentence label is predicted right. `report()` (tools/eval.py --report, classification tasks):
+per-class precision/recall/F1 and the confusion matrix (metrics/classification.py's `confusion_report`;
+MNLI: both dev sets together).
 """
 import numpy as np
 
 from engine.errors import ConfigError
 from engine.registry import METRICS
 from metrics.base import IndexedMetric, to_numpy
+from metrics.classification import confusion_counts, confusion_report
 from readers.glue import get_task
 
 
@@ -119,6 +122,14 @@ class GLUEMetric(IndexedMetric):
             else:
                 out[name] = FUNCS[name](pred, label)
         return out
+
+    def report(self, label_names=None):
+        if self.task.labels is None:
+            raise ConfigError(f"metric GLUE: {self.task.name} is a regression task: it has no per-class report")
+        _, rows = self.collect()
+        c = len(self.task.labels)
+        cm = confusion_counts(rows.get("pred", []), rows.get("label", []), c)
+        return confusion_report(cm, [str(n) for n in self.task.labels])
 
 
 @METRICS.register("Pretraining")

@@ -6,6 +6,10 @@ dataset (not averaged per image); IoU_c = TP_c / (TP_c + FP_c + FN_c), and a cla
 the labels and the predictions has IoU 1 (PaddleSeg's `mean_iou`: union 0 -> 1) and counts in the
 mean; pixel accuracy = the correctly predicted share of the counted pixels. The inference output
 (`LabelMap`: label PNG + overlay) is in outputs/segmentation.py.
+
+`report()` (tools/eval.py --report; written by outputs/report.py): per class its pixels (labelled
+with it), IoU (as above) and accuracy (the share of its pixels predicted as it; 0 for a class no
+pixel is labelled with), and the pixel confusion matrix.
 """
 import re
 
@@ -14,6 +18,7 @@ import numpy as np
 from engine.errors import ConfigError
 from engine.registry import METRICS
 from metrics.base import IndexedMetric, to_numpy
+from metrics.classification import class_names
 
 
 def confusion_matrix(pred, label, num_classes, ignore_index=255):
@@ -40,6 +45,19 @@ def iou_scores(cm):
     iou = np.where(union > 0, tp / np.maximum(union, 1), 1.0)
     total = cm.sum()
     return iou, float(iou.mean()), float(tp.sum() / total) if total else 0.0
+
+
+def segmentation_report(cm, names):
+    """The per-class table of a [C, C] pixel confusion matrix: pixels, IoU, accuracy."""
+    cm = np.asarray(cm, np.int64)
+    iou, miou, acc = iou_scores(cm)
+    pixels, tp = cm.sum(1), np.diag(cm)
+    accuracy = np.where(pixels > 0, tp / np.maximum(pixels, 1), 0.0)
+    rows = [{"class": n, "pixels": int(p), "iou": float(i), "accuracy": float(a)}
+            for n, p, i, a in zip(names, pixels, iou, accuracy)]
+    return {"columns": ["class", "pixels", "iou", "accuracy"], "rows": rows,
+            "summary": {"pixels": int(cm.sum()), "miou": miou, "pixel_acc": acc},
+            "confusion": {"classes": list(names), "unit": "pixels", "matrix": cm.tolist()}}
 
 
 def metric_name(name):
@@ -118,6 +136,10 @@ class MeanIoU(IndexedMetric):
     def confusion(self):
         """The dataset's confusion matrix [C, C] (gathered across ranks: every rank must call it)."""
         return self._matrix(self.collect()[1])
+
+    def report(self, label_names=None):
+        """Per-class IoU and accuracy, and the confusion matrix in pixels (see the module docstring)."""
+        return segmentation_report(self.confusion(), class_names(self.num_classes, self.class_names, label_names))
 
     def accumulate(self):
         index, rows = self.collect()

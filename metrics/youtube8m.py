@@ -19,14 +19,23 @@ stable sort, so tied scores land in an order that depends on batch order. Here t
 with their expected AP over all orders of the tie (McSherry & Najork 2008), which does not depend
 on batch order or world size and equals the starter code's number whenever no scores tie.
 
-Memory: per video only the top-k scores and hits, the label count, and two scalars are kept
-(~0.1 GB for YouTube-8M val, 1.1M videos), never the [N, classes] score matrix.
+Memory: per video only the top-k scores, classes and hits, the label count, the labels outside the
+top k (mostly none: an empty tuple), and two scalars are kept (~0.15 GB for YouTube-8M val, 1.1M
+videos), never the [N, classes] score matrix.
+
+`report()` (tools/eval.py --report; multi-label, so no confusion matrix): per class its support
+(videos labelled with it), AP over the top-k pool of the class (the pairs (score, is-label) of the
+videos that have the class in their top k, against all its labelled videos: the starter code's
+per-class AP behind its mAP, ties as for GAP), and the hit rates of the top-1 class: precision (of
+the videos whose top-1 class it is, the share labelled with it) and recall (of its labelled videos,
+the share whose top-1 class it is). The summary's mAP averages the classes with support.
 """
 import numpy as np
 
 from engine.errors import ConfigError
 from engine.registry import METRICS
 from metrics.base import IndexedMetric, check_scores, to_numpy, top_k
+from metrics.classification import class_names
 
 
 def hit_at_one(scores, positives):
@@ -96,6 +105,32 @@ def gap(scores, labels, k=20):
     return global_average_precision(values, hits, int(positives.sum()))
 
 
+def youtube8m_report(classes, scores, hits, missed, names):
+    """The per-class table of top-k class ids, scores, hits [N, k] and each video's labels outside its top k."""
+    c = len(names)
+    classes, hits = np.asarray(classes, np.int64), np.asarray(hits, bool)
+    support = np.bincount(classes[hits], minlength=c)
+    outside = [i for m in missed for i in m]
+    support += np.bincount(np.asarray(outside, np.int64), minlength=c)
+    flat = classes.reshape(-1)
+    order = np.argsort(flat, kind="stable")
+    bounds = np.searchsorted(flat[order], np.arange(c + 1))
+    pool_scores, pool_hits = np.asarray(scores).reshape(-1)[order], hits.reshape(-1)[order]
+    ap = np.array([global_average_precision(pool_scores[bounds[i]:bounds[i + 1]], pool_hits[bounds[i]:bounds[i + 1]],
+                                            int(support[i])) for i in range(c)])
+    top1 = classes[:, 0] if len(classes) else np.zeros(0, np.int64)
+    predicted = np.bincount(top1, minlength=c)
+    right = np.bincount(top1[hits[:, 0]] if len(classes) else top1, minlength=c)
+    precision = np.where(predicted > 0, right / np.maximum(predicted, 1), 0.0)
+    recall = np.where(support > 0, right / np.maximum(support, 1), 0.0)
+    rows = [{"class": n, "support": int(s), "ap": float(a), "top1_precision": float(p), "top1_recall": float(r)}
+            for n, s, a, p, r in zip(names, support, ap, precision, recall)]
+    labelled = support > 0
+    return {"columns": ["class", "support", "ap", "top1_precision", "top1_recall"], "rows": rows,
+            "summary": {"videos": int(len(classes)), "classes_with_support": int(labelled.sum()),
+                        "map": float(ap[labelled].mean()) if labelled.any() else 0.0}}
+
+
 @METRICS.register("YouTube8M")
 class YouTube8M(IndexedMetric):
     """GAP@top_k, Hit@1, PERR over preds['probs'] [B, C] and batch['labels'] multi-hot [B, C]."""
@@ -117,9 +152,14 @@ class YouTube8M(IndexedMetric):
             raise ValueError(f"metric YouTube8M: batch['labels'] shape {list(positives.shape)} does "
                              f"not match preds['probs'] shape {list(scores.shape)}")
         cols, values = top_k(scores, self.top_k)
+        hits = np.take_along_axis(positives, cols, axis=1)
+        outside = positives.copy()
+        np.put_along_axis(outside, cols, False, axis=1)
         self.add(batch["index"],
                  scores=values,
-                 hits=np.take_along_axis(positives, cols, axis=1),
+                 hits=hits,
+                 classes=cols.astype(np.int16 if scores.shape[1] <= 32767 else np.int32),
+                 missed=[tuple(np.flatnonzero(row).tolist()) for row in outside],
                  num_labels=positives.sum(axis=1).astype(np.int32),
                  hit_at_1=hit_at_one(scores, positives),
                  perr=precision_at_equal_recall(scores, positives))
@@ -134,3 +174,12 @@ class YouTube8M(IndexedMetric):
             "perr": float(rows["perr"].mean()),
             "num_samples": int(len(index)),
         }
+
+    def report(self, label_names=None):
+        """Per class: support, AP over its top-k pool, top-1 precision and recall (see the module docstring)."""
+        _, rows = self.collect()
+        c = getattr(self.dataset, "num_classes", None) or 0
+        names = class_names(c, label_names)
+        if not c or "classes" not in rows:
+            return youtube8m_report(np.zeros((0, 1), np.int64), np.zeros((0, 1)), np.zeros((0, 1), bool), [], names)
+        return youtube8m_report(rows["classes"], rows["scores"], rows["hits"], rows["missed"], names)

@@ -5,8 +5,9 @@ pixels), preds['scores'] [N], preds['labels'] int [N] (class ids) and optionally
 [N, H, W] (binary, image size): ragged lists with one array per image, or arrays [B, N, ...] when
 every image has N. It writes `detections.json` in the COCO results layout (`bbox` as x, y, w, h;
 `segmentation` as uncompressed RLE), with the image's id and file, and `<name>_det.png`: the image
-with the detections above `draw_threshold` drawn (boxes, labels, scores, masks tinted). With a COCO
-reader (`cat_ids`), `category_id` is the dataset's category id and `label` its name.
+with the detections above `draw_threshold` drawn (boxes, masks tinted, the class name and score in a
+box of the class colour at each box's corner). With a COCO reader (`cat_ids`), `category_id` is the
+dataset's category id and `label` its name.
 """
 import json
 import os
@@ -31,6 +32,21 @@ def rle_encode(mask):
     if flat.size and flat[0]:
         counts = [0] + counts
     return {"size": [int(mask.shape[0]), int(mask.shape[1])], "counts": [int(c) for c in counts]}
+
+
+def tag(img, text, x, y, colour):
+    """`text` in a filled box of `colour` (BGR) at the box corner (x, y): above the box where there is
+    room, else just inside it, moved left where it would leave the picture; black or white text,
+    whichever reads better on the colour."""
+    k = max(1, round(max(img.shape[:2]) / 640))
+    font, scale, thick = cv2.FONT_HERSHEY_SIMPLEX, 0.4 * k, k
+    (tw, th), base = cv2.getTextSize(text, font, scale, thick)
+    h, w = th + base + 2 * k, tw + 4 * k
+    top = y - h if y - h >= 0 else y
+    x = max(0, min(x, img.shape[1] - w))   # inside the picture
+    cv2.rectangle(img, (x, top), (x + w, top + h), colour, -1)
+    ink = (0, 0, 0) if 0.114 * colour[0] + 0.587 * colour[1] + 0.299 * colour[2] > 140 else (255, 255, 255)
+    cv2.putText(img, text, (x + 2 * k, top + h - base - k), font, scale, ink, thick, cv2.LINE_AA)
 
 
 @OUTPUTS.register("Detections")
@@ -93,8 +109,7 @@ class Detections(OutputWriter):
                 img[m] = (0.5 * img[m] + 0.5 * np.array(colour)).astype(np.uint8)
             x1, y1, x2, y2 = (int(round(v)) for v in boxes[j])
             cv2.rectangle(img, (x1, y1), (x2, y2), colour, 2)
-            cv2.putText(img, f"{self.label(int(labels[j]))} {scores[j]:.2f}", (x1, max(y1 - 4, 10)),
-                        cv2.FONT_HERSHEY_SIMPLEX, 0.4, colour, 1, cv2.LINE_AA)
+            tag(img, f"{self.label(int(labels[j]))} {scores[j]:.2f}", x1, y1, colour)
         out = os.path.join(self.output_dir, file_stem(meta["id"][i]) + "_det.png")
         cv2.imwrite(out, img)
         self.paths.append(out)

@@ -2,7 +2,9 @@
 
 `LabelMap` writes, per image, `<name>.png`: the class ids as a palette PNG (the Pascal VOC colour
 map, so viewers show colours and `PIL.Image.open(...)` gives the ids back), and
-`<name>_overlay.png`: the image blended with the class colours. Predictions are preds['label_map']
+`<name>_overlay.png`: the image blended with the class colours, above a legend strip (the colour and
+name of each class present in the picture; `legend: false` writes the blend alone, pixel-aligned
+with the image). Predictions are preds['label_map']
 (int [B, H, W] or one [H, W] per image) or preds['logits'] [B, C, H, W] (arg-max); a padded batch's
 map is cut to the image's `image_size` (PadImages), and a map of another size than the image is
 resized (nearest) to it. The image comes from the batch's `image_path`
@@ -23,12 +25,13 @@ from readers.decoding import read_image
 
 @OUTPUTS.register("LabelMap")
 class LabelMap(OutputWriter):
-    """Label PNG + overlay per image (see the module docstring); `alpha` is the colour's weight."""
+    """Label PNG + overlay per image (see the module docstring); `alpha` is the colour's weight, `legend`
+    adds the strip of class colours and names below the overlay."""
 
-    def __init__(self, alpha: float = 0.5):
+    def __init__(self, alpha: float = 0.5, legend: bool = True):
         if not 0.0 <= alpha <= 1.0:
             raise ConfigError(f"infer LabelMap: alpha must be in [0, 1], got {alpha}")
-        self.alpha = alpha
+        self.alpha, self.legend = alpha, legend
         self.palette = voc_palette()
 
     def open(self, output_dir, dataset, label_names=None):
@@ -77,6 +80,8 @@ class LabelMap(OutputWriter):
             if image is not None:
                 colour = self.palette[label]
                 blend = (image.astype(np.float32) * (1 - self.alpha) + colour * self.alpha).astype(np.uint8)
+                if self.legend:
+                    blend = with_legend(blend, [(self.label(int(c)), self.palette[c]) for c in np.unique(label)])
                 over = os.path.join(self.output_dir, stem + "_overlay.png")
                 cv2.imwrite(over, blend[:, :, ::-1])
                 self.paths.append(over)
@@ -86,3 +91,29 @@ class LabelMap(OutputWriter):
 
     def close(self):
         return list(self.paths)
+
+
+def with_legend(image, entries):
+    """`image` (RGB) above a white strip holding, for each (name, RGB colour) of `entries`, a swatch of
+    the colour and the name, left to right, wrapping at the image's width (widened for one entry that
+    does not fit). Sizes grow with the image: readable on a 2048 px picture too."""
+    h, w = image.shape[:2]
+    k = max(1, round(max(h, w) / 640))
+    font, scale, thick = cv2.FONT_HERSHEY_SIMPLEX, 0.4 * k, k
+    row, box, gap = 18 * k, 12 * k, 6 * k
+    widths = [box + gap // 2 + cv2.getTextSize(name, font, scale, thick)[0][0] for name, _ in entries]
+    width = max([w] + [x + 2 * gap for x in widths])
+    places, x, y = [], gap, 0
+    for item in widths:
+        if x > gap and x + item + gap > width:
+            x, y = gap, y + row
+        places.append((x, y))
+        x += item + 2 * gap
+    strip = np.full((y + row + gap, width, 3), 255, np.uint8)
+    for (name, colour), (x, y) in zip(entries, places):
+        top = y + gap // 2 + (row - box) // 2
+        strip[top:top + box, x:x + box] = colour
+        cv2.putText(strip, name, (x + box + gap // 2, top + box - k), font, scale, (0, 0, 0), thick, cv2.LINE_AA)
+    canvas = np.full((h + strip.shape[0], width, 3), 255, np.uint8)
+    canvas[:h, :w], canvas[h:] = image, strip
+    return canvas

@@ -1,7 +1,9 @@
 """Evaluate weights on a recipe's reader: python tools/eval.py -c CONFIG --weights PATH|NAME|URL"""
 import _bootstrap  # noqa: F401  (environment before paddle)
+import os
 
 from engine import cli
+from engine.errors import ConfigError
 
 
 def main():
@@ -13,6 +15,9 @@ def main():
                         "else output/<config name>/eval)")
     p.add_argument("--split", default=None, help="reader split to evaluate (default: test if defined and "
                                                  "labelled, else val)")
+    p.add_argument("--report", action="store_true",
+                   help="also write a per-class report into the output folder: report.md and report.json, and "
+                        "where the metric has one the confusion matrix (confusion.json, .csv, .png)")
     cli.trt_flag(p)
     args = p.parse_args()
 
@@ -24,12 +29,25 @@ def main():
     rt = s.setup()
     output = args.output or cli.default_output(args.config or args.weights, args.weights, "eval")
     runtime.setup_logging(output if rt["rank"] == 0 else None, rt["rank"])
-    model = s.runnable(args.weights, args.weights_format, tensorrt=args.trt)   # an export runs on its recorded backend
     loader, dataset = s.scored_loader(args.split)
-    metrics = evaluate(model, loader, s.metric(dataset), s.eval_amp)
+    metric = s.metric(dataset)
+    if args.report and not hasattr(metric, "report"):
+        raise ConfigError(f"--report: metric {type(metric).__name__} has no per-class report (classification, "
+                          f"YouTube-8M, GLUE classification and segmentation metrics have one)")
+    model = s.runnable(args.weights, args.weights_format, tensorrt=args.trt)   # an export runs on its recorded backend
+    metrics = evaluate(model, loader, metric, s.eval_amp)
+    report = metric.report(s.label_names()) if args.report else None   # every rank: the metric gathers across ranks
     if rt["rank"] == 0:
         trainer.write_metrics(metrics, output)
         print(cli.format_metrics(metrics))
+        if report:
+            from outputs.report import write_report  # after the flags are parsed: --help needs no matplotlib
+            print("wrote " + ", ".join(write_report(report, output, _title(args, dataset))))
+
+
+def _title(args, dataset):
+    name = os.path.splitext(os.path.basename(os.path.normpath(args.config or args.weights)))[0]
+    return f"{name}: {type(dataset).__name__} {args.split or ''}".strip()
 
 
 if __name__ == "__main__":

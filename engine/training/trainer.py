@@ -41,6 +41,7 @@ class TrainStep:
         self.net, self.optimizer, self.scaler, self.lr = net, optimizer, scaler, lr
         self.amp = amp or C.AmpSection()
         self.accum_steps, self.clip_grad_norm = accum_steps, clip_grad_norm
+        self.last_lr = None   # the lr of the last update (the schedule has moved on by then)
 
     @property
     def model(self):
@@ -56,6 +57,7 @@ class TrainStep:
             self.scaler.unscale_(self.optimizer)
             if self.clip_grad_norm:
                 clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
+            self.last_lr = self.optimizer.get_lr()
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.clear_grad()
@@ -245,11 +247,11 @@ class _Training:
         self.rng, self.resumed_from = None, None
 
     def begin(self):
-        """The run's config.yaml and VisualDL log, once there is something to train."""
+        """The run's config.yaml and its scalars (VisualDL, scalars.jsonl), once there is something to train."""
         if self.saves:
             os.makedirs(self.output_dir, exist_ok=True)
             C.dump(self.resolved, os.path.join(self.output_dir, "config.yaml"))
-        self.writer = _visualdl(self.output_dir) if self.rank == 0 else None
+        self.writer = _Scalars(self.output_dir) if self.rank == 0 else None
 
     def close(self):
         if self.writer:
@@ -336,8 +338,7 @@ class EvaluateHook(Hook):
         self.metrics, self.evaluated_at = evaluate(run.model, self.val, self.metric, run.eval_amp), at.step
         log.info("eval at epoch %d, step %d: %s", at.epoch + 1, at.step, _fmt(self.metrics))
         if run.writer:
-            for k, v in self.metrics.items():
-                run.writer.add_scalar(f"eval/{k}", v, at.step)
+            run.writer.eval(at, self.metrics)
         key = self.t.best_metric
         if key and (self.best is None or _better(self.metrics[key], self.best, self.t.best_mode)):
             self.best = self.metrics[key]
@@ -419,6 +420,38 @@ def _visualdl(output_dir):
     return LogWriter(logdir=os.path.join(output_dir, "vdl"))
 
 
+class _Scalars:
+    """Rank 0's logged scalars, twice: VisualDL (train/<key>, eval/<key>) and `scalars.jsonl` in the run
+    folder, one JSON line per log line ({"kind": "train", "step", "epoch", "batch", losses, "lr",
+    "samples_per_s"}) and per evaluation ({"kind": "eval", "step", "epoch", metrics}), appended (a resumed
+    run adds to it: its steps after the checkpoint come again, and the later line counts, tools/plot.py)
+    and flushed line by line, so a killed run keeps every line it logged."""
+
+    def __init__(self, output_dir):
+        self.vdl = _visualdl(output_dir)
+        self.jsonl = open(os.path.join(output_dir, "scalars.jsonl"), "a")
+
+    def train(self, at, values):
+        for k, v in values.items():
+            self.vdl.add_scalar(f"train/{k}", v, at.step)
+        self._line("train", at, values, batch=at.batch)
+
+    def eval(self, at, metrics):
+        for k, v in metrics.items():
+            self.vdl.add_scalar(f"eval/{k}", v, at.step)
+        self._line("eval", at, metrics)
+
+    def _line(self, kind, at, values, **where):
+        row = {"kind": kind, "step": at.step, "epoch": at.epoch + 1, **where}
+        row.update((k, float(v)) for k, v in values.items())
+        self.jsonl.write(json.dumps(row) + "\n")
+        self.jsonl.flush()
+
+    def close(self):
+        self.vdl.close()
+        self.jsonl.close()
+
+
 class _Meter:
     """Running averages for the log line: losses, samples/s, reader vs step time, ETA, memory.
 
@@ -488,7 +521,7 @@ class _Meter:
             t = paddle.to_tensor([avg[k] for k in sorted(avg)], dtype="float64")
             paddle.distributed.all_reduce(t)
             avg = dict(zip(sorted(avg), (t / world_size).tolist()))
-        lr = train_step.optimizer.get_lr()
+        lr = train_step.last_lr if train_step.last_lr is not None else train_step.optimizer.get_lr()
         if runtime.world()[1] == 0:
             eta = self.eta(remaining)
             log.info("epoch %d batch %d/%d step %d %s lr %.3g | %.1f samples/s reader %.0f%% of step | "
@@ -497,9 +530,7 @@ class _Meter:
                      eta, runtime.peak_memory_mb(),
                      f" | skipped {self.skipped} bad samples" if self.skipped else "")
             if writer:
-                for k, v in avg.items():
-                    writer.add_scalar(f"train/{k}", v, at.step)
-                writer.add_scalar("train/lr", lr, at.step)
+                writer.train(at, dict(avg, lr=lr, samples_per_s=self.samples / max(self.t_step, 1e-9)))
         self._reset()
 
 
