@@ -45,7 +45,8 @@ ALLOWED_NAMES = {
     # written by the tools into a run's or an export's folder
     "config.yaml", "metrics.json", "model.json", "infer_cfg.yml", "predictions.json", "translations.txt",
     "bbox.json", "segm.json", "detections.json",
-    "report.md", "report.json", "confusion.json", "scalars.jsonl",   # tools/eval.py --report, the trainer "gpu_check.json",
+    "report.md", "report.json", "confusion.json", "scalars.jsonl",   # tools/eval.py --report, the trainer
+    "gpu_check.json",                                                # tools/gpu_check.py "gpu_check.json",
     # files of a dataset or of a Hugging Face weights folder the user provides
     "instances_train2017.json", "instances_val2017.json", "label_names.txt", "kinetics400_label.txt",
     "train.txt", "val.txt", "vocab.txt", "config.json",
