@@ -35,7 +35,7 @@ class IntOrAuto:
     """The type of a key that takes a count or `auto` (a number the run works out on its machine)."""
 
 
-IntOrAuto.__name__ = "int | auto"   # how messages and the config reference name it
+IntOrAuto.__name__ = "int or auto"   # how messages and the config reference name it
 
 
 def op_names(v):
@@ -87,7 +87,7 @@ RUNTIME_KEYS = {
 LOADER_KEYS = {
     "batch_size": (int, 1, at_least(1)),      # per card
     # reader processes (0: read in the training process; auto: the cores the trainer leaves free, at most 8 per
-    # training process; engine/data.py auto_workers)
+    # training process, logged and written to the run's config.yaml)
     "num_workers": (IntOrAuto, 0, lambda v: None if v == AUTO or v >= 0 else "must be >= 0 or auto"),
     "prefetch": (int, 2, at_least(1)),        # batches each reader process prepares ahead (paddle's prefetch_factor)
     "shuffle": (bool, None),                  # default: True for train, False otherwise

@@ -265,7 +265,7 @@ class _Training:
             return
         self.hinted = True
         n = self.workers["train"]
-        cpu = (f"; on a CPU they share the cores with the model's {self.threads} threads (runtime.num_threads)"
+        cpu = (f"; on a CPU they share the cores with runtime.num_threads (now {self.threads})"
                if self.device == "cpu" else "")
         log.warning("the reader is the bottleneck (%.0f%% of the last %d batches' time went waiting for it): "
                     "raise reader.train.num_workers (now %d)%s, or make samples cheaper to read "
