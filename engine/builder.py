@@ -43,7 +43,8 @@ def _dataset(dataset_cfg, seed, overrides=None):
 def build_loader(cfg, split, seed=0, world_size=1, rank=0, dataset=None, batch_size=None, reader=None, rt=None):
     """A DataLoader whose order and augmentation derive from (seed, epoch, index) only; `reader` is
     reader.<split> as config.split_reader resolved it, when the caller holds it already; `rt` (what
-    runtime.setup returned: device, threads) resolves `num_workers: auto` (the loader's `num_workers`).
+    runtime.setup returned: device, threads) resolves `num_workers: auto` (the loader's `num_workers`;
+    without it, as for a CPU process computing on every core: 0).
 
     Returns (loader, dataset, sampler); call `sampler.set_epoch` and `dataset.set_epoch` each epoch.
     """
