@@ -1,9 +1,13 @@
 """From a validated config to objects: model, readers (DataLoader), metric."""
+import logging
+
 from engine.config import split_reader
-from engine.data import SerialLoader, WorkerLoader
+from engine.data import SerialLoader, WorkerLoader, resolve_workers
 from engine.model import unwrap
 from engine.errors import ConfigError
 from engine.registry import COLLATES, DATASETS, METRICS, MODELS, SAMPLERS
+
+log = logging.getLogger("zoo")
 
 
 def build_model(model_cfg):
@@ -36,9 +40,11 @@ def _dataset(dataset_cfg, seed, overrides=None):
     return DATASETS.build({"seed": seed, **dataset_cfg, **(overrides or {})})
 
 
-def build_loader(cfg, split, seed=0, world_size=1, rank=0, dataset=None, batch_size=None, reader=None):
+def build_loader(cfg, split, seed=0, world_size=1, rank=0, dataset=None, batch_size=None, reader=None, rt=None):
     """A DataLoader whose order and augmentation derive from (seed, epoch, index) only; `reader` is
-    reader.<split> as config.split_reader resolved it, when the caller holds it already.
+    reader.<split> as config.split_reader resolved it, when the caller holds it already; `rt` (what
+    runtime.setup returned: device, threads) resolves `num_workers: auto` (the loader's `num_workers`;
+    without it, as for a CPU process computing on every core: 0).
 
     Returns (loader, dataset, sampler); call `sampler.set_epoch` and `dataset.set_epoch` each epoch.
     """
@@ -51,9 +57,13 @@ def build_loader(cfg, split, seed=0, world_size=1, rank=0, dataset=None, batch_s
         dataset, batch_size or loader_cfg.batch_size, shuffle=shuffle,
         drop_last=loader_cfg.drop_last and split == "train", seed=seed, num_replicas=world_size, rank=rank)
     collate = COLLATES.build(loader_cfg.collate or {"name": "Stack"})
-    if loader_cfg.num_workers == 0:
+    rt = rt or {}
+    workers, how = resolve_workers(loader_cfg.num_workers, rt.get("device", "cpu"), rt.get("threads"))
+    if how:
+        log.info("reader.%s.num_workers: auto = %d: %s", split, workers, how)
+    if workers == 0:
         return SerialLoader(dataset, sampler, collate), dataset, sampler
-    return WorkerLoader(dataset, sampler, collate, loader_cfg.num_workers), dataset, sampler
+    return WorkerLoader(dataset, sampler, collate, workers, loader_cfg.prefetch), dataset, sampler
 
 
 def build_metric(cfg, dataset=None):

@@ -28,6 +28,16 @@ def one_of(*choices):
     return lambda v: None if v in choices else f"must be one of {', '.join(map(str, choices))}"
 
 
+AUTO = "auto"
+
+
+class IntOrAuto:
+    """The type of a key that takes a count or `auto` (a number the run works out on its machine)."""
+
+
+IntOrAuto.__name__ = "int or auto"   # how messages and the config reference name it
+
+
 def op_names(v):
     return None if all(isinstance(x, str) for x in v) else "must be paddle op names (strings)"
 
@@ -76,7 +86,10 @@ RUNTIME_KEYS = {
 }
 LOADER_KEYS = {
     "batch_size": (int, 1, at_least(1)),      # per card
-    "num_workers": (int, 0, at_least(0)),     # reader processes (0: read in the training process)
+    # reader processes (0: read in the training process; auto: the cores the trainer leaves free, at most 8 per
+    # training process, logged and written to the run's config.yaml)
+    "num_workers": (IntOrAuto, 0, lambda v: None if v == AUTO or v >= 0 else "must be >= 0 or auto"),
+    "prefetch": (int, 2, at_least(1)),        # batches each reader process prepares ahead (paddle's prefetch_factor)
     "shuffle": (bool, None),                  # default: True for train, False otherwise
     "drop_last": (bool, False),               # drop the last partial batch (train split only)
     "sampler": (dict, None),                  # {name: Epoch} by default (engine/training/samplers.py)
@@ -313,11 +326,14 @@ class Config(dict):
         """The split evaluation, inference and export read: test if the recipe has one, else val."""
         return "test" if "test" in (self.get("reader") or {}) else "val"
 
-    def resolved(self, world_size):
+    def resolved(self, world_size, num_workers=None):
         """The plain data to write as the run's config.yaml: the recipe as loaded plus what the run
-        found (`runtime.world_size`, which multi-node runs and tools read back)."""
+        found (`runtime.world_size`, which multi-node runs and tools read back; `num_workers`, {split:
+        the reader processes its loader runs}, replaces `auto`)."""
         out = copy.deepcopy(dict(self))
         out.setdefault("runtime", {})["world_size"] = world_size
+        for split, n in (num_workers or {}).items():
+            out["reader"][split]["num_workers"] = n
         return out
 
 
@@ -339,6 +355,8 @@ def _type_ok(value, expected):
         return True
     if expected in (inspect.Parameter.empty, object, None):
         return True
+    if expected is IntOrAuto:
+        return value == AUTO or (isinstance(value, int) and not isinstance(value, bool))
     if isinstance(expected, str):
         expected = {"int": int, "float": float, "str": str, "bool": bool, "list": list,
                     "dict": dict, "tuple": tuple}.get(expected.split("|")[0].strip(), object)

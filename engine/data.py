@@ -17,6 +17,7 @@ and the worker loaders deliver exactly the same structure.
 """
 import logging
 import numbers
+import os
 import pickle
 
 import numpy as np
@@ -295,12 +296,48 @@ class PadImages:
 
 # ------------------------------------------------------------------------------------ loaders
 
+# `num_workers: auto` gives one training process at most this many reader processes: each holds a copy of
+# the dataset object and `prefetch` batches in shared memory (/dev/shm), and a reader that needs more is
+# better told so (the training log's reader share) than handed every core of a large host
+AUTO_WORKERS_MAX = 8
+
+
+def auto_workers(cores, trainer_cores, procs_per_node=1, cap=AUTO_WORKERS_MAX):
+    """`num_workers: auto` for one training process: the node's usable `cores` less those its
+    `procs_per_node` training processes compute on (`trainer_cores` each), shared between them, at
+    most `cap` each, never below 0."""
+    free = cores - procs_per_node * trainer_cores
+    return max(0, min(cap, free // max(1, procs_per_node)))
+
+
+def resolve_workers(value, device="cpu", threads=None, procs_per_node=None):
+    """reader.<split>.num_workers as a number, and how `auto` came to it (None for a number).
+
+    A training process on a CPU computes on its `threads` (runtime.num_threads as runtime.setup
+    resolved it: all usable cores by default, which leaves no core for a reader process); on a GPU it
+    keeps about one core busy launching kernels. `procs_per_node`: the training processes of this node
+    (paddle's launcher says it in PADDLE_LOCAL_SIZE)."""
+    if value != "auto":
+        return value, None
+    cores = len(os.sched_getaffinity(0))
+    procs = procs_per_node or int(os.environ.get("PADDLE_LOCAL_SIZE", "1") or 1)
+    on_cpu = device == "cpu"
+    trainer = (threads or cores) if on_cpu else 1
+    n = auto_workers(cores, trainer, procs)
+    each = f"{trainer} math threads (runtime.num_threads)" if on_cpu else f"1 core (on the {device.upper()})"
+    how = (f"{cores} usable cores - the trainer's {each}" if procs == 1 else
+           f"({cores} usable cores - {procs} trainers x {each}) / {procs} trainers")
+    return n, how + (f", capped at {AUTO_WORKERS_MAX}" if n == AUTO_WORKERS_MAX else "")
+
+
 class SerialLoader:
     """Batches built in the calling thread (num_workers == 0).
 
     paddle's DataLoader runs even zero workers in a helper thread, where a reader exception is printed
     and the run then hangs; here an error surfaces as itself, with the file it names.
     """
+
+    num_workers = 0
 
     def __init__(self, dataset, batch_sampler, collate_fn):
         self.dataset, self.batch_sampler, self.collate_fn = dataset, batch_sampler, collate_fn
@@ -343,7 +380,7 @@ class WorkerLoader:
     without the file that caused it.
     """
 
-    def __init__(self, dataset, batch_sampler, collate_fn, num_workers):
+    def __init__(self, dataset, batch_sampler, collate_fn, num_workers, prefetch=2):
         def guarded(samples):
             failed = [s for s in samples if isinstance(s, SampleFailure)]
             if failed:
@@ -351,9 +388,10 @@ class WorkerLoader:
                 return {"sample_error": np.frombuffer(failed[0].message.encode(), dtype=np.uint8).copy()}
             return _pack(collate_fn(samples))
 
-        self.dataset, self.batch_sampler = dataset, batch_sampler
+        self.dataset, self.batch_sampler, self.num_workers = dataset, batch_sampler, num_workers
         self.loader = paddle.io.DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=guarded,
-                                           num_workers=num_workers, return_list=True, use_shared_memory=True)
+                                           num_workers=num_workers, prefetch_factor=prefetch, return_list=True,
+                                           use_shared_memory=True)
 
     def __len__(self):
         return len(self.batch_sampler)

@@ -82,6 +82,13 @@ def _on_cpu():
     return paddle.get_device().startswith("cpu")
 
 
+def clock_sync():
+    """What to call before reading a clock that times device work: on a GPU (any accelerator), whose
+    kernels run after the Python call that queued them has returned, paddle.device.synchronize; on a
+    CPU None, the work being done when the call returns."""
+    return None if _on_cpu() else paddle.device.synchronize
+
+
 def resolve_amp(amp, where="train.amp"):
     """The AmpSection this process can run, after runtime.setup. On a GPU: `amp` (paddle.amp).
     On a CPU, where paddle's AMP does nothing: bf16 runs on the fused oneDNN operators (ops.autocast),

@@ -124,7 +124,7 @@ class Session:
         """(loader, dataset, sampler) of reader.<split>; `sharded` splits it over the ranks."""
         world_size, rank = (self.rt["world_size"], self.rt["rank"]) if sharded and self.rt else (1, 0)
         return build_loader(self.cfg, split, self.cfg.runtime.seed, world_size, rank, dataset=dataset,
-                            batch_size=batch_size, reader=self.reader(split))
+                            batch_size=batch_size, reader=self.reader(split), rt=self.rt)
 
     def scored_loader(self, split=None):
         """(loader, dataset) of the split evaluation scores: `split`, else the eval split, or val when
@@ -159,7 +159,7 @@ class Session:
         calib.update({k: train[k] for k in source if k in train})
         cfg = {**self.cfg, "reader": {**reader, "calibration": calib}}
         try:
-            return build_loader(cfg, "calibration", self.cfg.runtime.seed, batch_size=batch_size)
+            return build_loader(cfg, "calibration", self.cfg.runtime.seed, batch_size=batch_size, rt=self.rt)
         except ConfigError as e:   # name the sections the user wrote, not ours
             raise ConfigError(str(e).replace("reader.calibration", f"calibration (reader.train's samples, "
                                                                    f"reader.{split}'s processing)")) from None

@@ -19,6 +19,7 @@ def _cases(tmp_path):
     al = ["-c", ATTENTION_LSTM_DEMO]
     return [
         (al + ["-o", "reader.train.num_workers=-1"], ["reader.train.num_workers", "must be >= 0", "-1"]),
+        (al + ["-o", "reader.train.num_workers=autox"], ["reader.train.num_workers", "expected int or auto", "'autox'"]),
         (al + ["-o", "lr.values=[-0.1, 0.01]"], ["lr.values must all be >= 0"]),
         (al + ["-o", "train.accum_steps=0"], ["train.accum_steps", "must be >= 1"]),
         (al + ["-o", "train.log_interval=0"], ["train.log_interval", "must be >= 1"]),

@@ -25,6 +25,10 @@ from engine.training.precision import decorate_o2, make_scaler
 log = logging.getLogger("zoo")
 
 
+# the reader share of a log interval above which the log says the reader is the bottleneck (once per run)
+READER_HINT_SHARE = 0.5
+
+
 class NonFiniteLoss(ConfigError):
     """A NaN/Inf loss outside fp16 loss scaling: training cannot go on meaningfully."""
 
@@ -164,12 +168,17 @@ def fit(session, output_dir, resume=None):
                 continue
             update = (i + 1) % plan.accum == 0 or i + 1 == len(loader)
             losses = train_step(batch, update)
+            inside = i + 1 < len(loader) and at.step + update != plan.max_steps
+            log_now = (i + 1) % cfg.train.log_interval == 0 or not inside
+            if log_now and run.device_sync:
+                # the card runs the queued kernels after the loop has moved on: wait for them before the
+                # clock is read, so the interval's time is the card's and the reader's share of it true
+                run.device_sync()
             meter.update(losses, len(batch["index"]), batch["num_skipped"], time.perf_counter() - tic,
                          Progress(epoch, i + 1, at.step))
             at = Progress(epoch, i + 1, at.step + update)
-            inside = i + 1 < len(loader) and at.step != plan.max_steps
-            if (i + 1) % cfg.train.log_interval == 0 or not inside:
-                meter.log(at, train_step, run.writer, plan.remaining_batches(at))
+            if log_now:
+                run.reader_hint(meter.log(at, train_step, run.writer, plan.remaining_batches(at)), meter)
             if update and inside:
                 for hook in run.hooks:
                     hook.after_step(at, meter)
@@ -223,7 +232,9 @@ class _Training:
             check_agreement(model, val_set, "val")
             metric = session.metric(val_set)
         _check_best_metric(t, metric)
-        self.resolved = cfg.resolved(world_size=rt["world_size"])   # config.yaml and every checkpoint's state
+        # config.yaml and every checkpoint's state (num_workers: auto as resolved on this machine)
+        self.workers = {"train": self.loader.num_workers, **({"val": val.num_workers} if val else {})}
+        self.resolved = cfg.resolved(world_size=rt["world_size"], num_workers=self.workers)
         if t.pretrained:
             session.load_weights(model, t.pretrained, t.weights_format, strict=False, log=log.info)
         if sync_bn:
@@ -245,6 +256,22 @@ class _Training:
         self.evaluation = EvaluateHook(self, val, metric)
         self.hooks = [ReportHook(self), self.evaluation, CheckpointHook(self)]
         self.rng, self.resumed_from = None, None
+        # on a GPU the clock is read after a device sync (fit); on a CPU the work is done when the step returns
+        self.device_sync = runtime.clock_sync()
+        self.device, self.threads, self.hinted = rt["device"], rt["threads"], False
+
+    def reader_hint(self, share, meter):
+        """Once per run, when the loop waited for the reader over half of a log interval's time. The
+        epoch's first interval is left out: it holds the reader processes' start."""
+        if self.hinted or share is None or share <= READER_HINT_SHARE or meter.intervals < 2 or self.rank:
+            return
+        self.hinted = True
+        n = self.workers["train"]
+        cpu = (f"; on a CPU they share the cores with runtime.num_threads (now {self.threads})"
+               if self.device == "cpu" else "")
+        log.warning("the reader is the bottleneck (%.0f%% of the last %d batches' time went waiting for it): "
+                    "raise reader.train.num_workers (now %d)%s, or make samples cheaper to read "
+                    "(docs/performance.md, Feeding the trainer)", 100 * share, meter.last_n, n, cpu)
 
     def begin(self):
         """The run's config.yaml and its scalars (VisualDL, scalars.jsonl), once there is something to train."""
@@ -465,6 +492,7 @@ class _Meter:
 
     def __init__(self, batches, warm=WARMUP_STEPS):
         self.batches, self.skipped, self.warm = batches, 0, warm
+        self.intervals, self.last_n = 0, 0   # log lines written, batches in the last one
         self._reset()
 
     def _reset(self):
@@ -510,10 +538,17 @@ class _Meter:
             raise NonFiniteLoss(f"loss is {avg.get('loss')} in epoch {epoch}, {where} (optimizer {steps}); "
                                 f"lower the lr or check the data (train.log_interval: 1 names the exact batch)")
 
+    def reader_share(self):
+        """The part of the interval's time the loop waited for a batch (None before a step)."""
+        return self.t_data / max(self.t_step, 1e-9) if self.n else None
+
     def log(self, at, train_step, writer, remaining):
-        """Called on every rank: the logged losses are averaged over the ranks."""
+        """Called on every rank: the logged losses are averaged over the ranks. Returns the interval's
+        reader share (None when there was nothing to log)."""
         if not self.n:
-            return
+            return None
+        share = self.reader_share()
+        self.intervals, self.last_n = self.intervals + 1, self.n
         avg = self.averages()
         self.check_finite(avg, train_step.scaler)
         world_size = runtime.world()[0]
@@ -526,12 +561,13 @@ class _Meter:
             eta = self.eta(remaining)
             log.info("epoch %d batch %d/%d step %d %s lr %.3g | %.1f samples/s reader %.0f%% of step | "
                      "eta %s | mem %.0f MB%s", at.epoch + 1, at.batch, self.batches, at.step, _fmt(avg), lr,
-                     self.samples / max(self.t_step, 1e-9), 100 * self.t_data / max(self.t_step, 1e-9),
+                     self.samples / max(self.t_step, 1e-9), 100 * share,
                      eta, runtime.peak_memory_mb(),
                      f" | skipped {self.skipped} bad samples" if self.skipped else "")
             if writer:
                 writer.train(at, dict(avg, lr=lr, samples_per_s=self.samples / max(self.t_step, 1e-9)))
         self._reset()
+        return share
 
 
 def _duration(seconds):
