@@ -611,6 +611,10 @@ def _ms(s):
     return f"{1e3 * s:.2f}" if s < 0.01 else f"{1e3 * s:.0f}"
 
 
+def _rate_cell(x):
+    return "-" if not x else f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+
+
 def table_lines(result):
     workers = sorted({int(k.split("_")[1]) for r in result["rows"] for k in r["readers"]})
     head = ["row", "batch"] + [f"{w} workers" if w != 1 else "1 worker" for w in workers] + \
@@ -627,8 +631,7 @@ def table_lines(result):
             f"{r['recipe_batch_size']} ({r['batch_size_timed']} timed)"
         if r["recipe_batch_size"] is None:
             bs = f"~{round(sum(r['samples_per_batch']) / len(r['samples_per_batch']))} (token budget)"
-        cells = [r["row"], str(bs)] + [f"{x:.1f}" if x is not None else "-" for x in rates] + [
-            f"{one:.1f}" if one else "-", _mb(r["bytes_per_recipe_batch"]),
+        cells = [r["row"], str(bs)] + [_rate_cell(x) for x in rates] + [_rate_cell(one), _mb(r["bytes_per_recipe_batch"]),
             " / ".join(_ms(sp[k]) for k in ("decode", "transforms", "collate", "transfer")),
             f"{r['accelerator']['samples_per_s']:,.0f}", str(r["workers_needed"])]
         lines.append("| " + " | ".join(cells) + " |")
