@@ -112,7 +112,11 @@ def video_frames(rng, n, h, w):
 def encode_h264(path, frames, fps=25, gop=None):
     """H.264 (libx264 through PyAV, its default preset and CRF); `gop`: the keyframe interval
     (None: x264's default, keyint 250, so a 10 s clip has one keyframe)."""
-    import av
+    try:
+        import av
+    except ImportError:
+        raise SystemExit("error: the H.264 clips are encoded with PyAV: pip install av "
+                         "(requirements-test.txt)") from None
     with av.open(path, "w") as out:
         stream = None
         for frame in frames:
@@ -533,7 +537,9 @@ def measure(name, scale=1.0, workers=(0, 1, 2), batches=3, min_seconds=2.0, seed
     for w in workers:
         sps, k = _rate(cfg, bs, w, batches, seed, min_seconds)
         rates[f"workers_{w}"] = {"samples_per_s": sps, "per_worker": sps / max(1, w), "batches": k}
-    fixed = recipe_bs is not None and loader_cfg.sampler is None and timed_bs
+    # timed at a smaller batch than the recipe's: bytes per sample x the recipe's batch (exact for
+    # stacked batches; for padded ones, at the timed batches' padding)
+    scaled = recipe_bs is not None and loader_cfg.sampler is None and bs != recipe_bs
     rate, rate_source = ACCELERATOR[accel]
     one = rates.get("workers_1", rates.get(f"workers_{workers[0]}"))
     return {
@@ -542,10 +548,13 @@ def measure(name, scale=1.0, workers=(0, 1, 2), batches=3, min_seconds=2.0, seed
         "samples_per_batch": per_batch,
         "bytes_per_batch": sizes[0]["arrays"] + sizes[0]["pickled"], "bytes_per_batch_detail": sizes[0],
         "bytes_per_sample": per_sample_bytes,
-        # a Stack-collated row timed at a smaller batch: its bytes at the recipe's batch
-        "bytes_per_recipe_batch": (per_sample_bytes * recipe_bs if fixed else sizes[0]["arrays"] + sizes[0]["pickled"]),
+        "bytes_per_recipe_batch": (per_sample_bytes * recipe_bs if scaled else sizes[0]["arrays"] + sizes[0]["pickled"]),
         "split_s_per_sample": split, "transfer_s_per_batch": transfer,
         "dataset_setup_s": setup_s, "readers": rates,
+        # the other reading of "transfer": the 1-worker loop's time per sample beyond the in-process
+        # loop's (everything a worker adds, noisy on a shared machine; may be negative)
+        "worker_loop_minus_serial_s_per_sample": (1 / rates["workers_1"]["samples_per_s"] - 1 / rates["workers_0"]["samples_per_s"]
+                                                  if {"workers_0", "workers_1"} <= set(rates) else None),
         "accelerator": {"name": accel, "samples_per_s": rate, "source": rate_source},
         "workers_needed": math.ceil(rate / one["per_worker"]) if one["per_worker"] > 0 else None,
         "workers_needed_from": "workers_1" if "workers_1" in rates else f"workers_{workers[0]}",
@@ -553,12 +562,11 @@ def measure(name, scale=1.0, workers=(0, 1, 2), batches=3, min_seconds=2.0, seed
 
 
 def run(names, scale=1.0, workers=(0, 1, 2), batches=3, min_seconds=2.0, log=print):
-    import os as _os
     import platform
 
     import paddle
     rows = []
-    load_before = round(_os.getloadavg()[0], 2)
+    load_before = round(os.getloadavg()[0], 2)
     for name in names:
         tic = time.perf_counter()
         r = measure(name, scale, workers, batches, min_seconds)
@@ -566,8 +574,8 @@ def run(names, scale=1.0, workers=(0, 1, 2), batches=3, min_seconds=2.0, log=pri
         log(format_row(r))
         rows.append(r)
     return {"git_commit": report.git_commit(), "paddle": paddle.__version__, "python": platform.python_version(),
-            **report.cpu_record(), "cpus": _os.cpu_count(), "workers": list(workers), "batches": batches,
-            "scale": scale, "load_avg_1m_before_after": [load_before, round(_os.getloadavg()[0], 2)], "rows": rows}
+            **report.cpu_record(), "cpus": os.cpu_count(), "workers": list(workers), "batches": batches,
+            "scale": scale, "load_avg_1m_before_after": [load_before, round(os.getloadavg()[0], 2)], "rows": rows}
 
 
 def format_row(r):
