@@ -7,6 +7,8 @@ python tools/benchmark.py --show [--docs] [--kind KIND]   # the same table from 
 python tools/benchmark.py -c CONFIG --backend inference [--batch-sizes 1 8] [--weights W]
 python tools/benchmark.py --table --backend inference   # the latency table (INFER_TABLE)
 python tools/benchmark.py --amp-table [--only ...] [--docs]   # fp32 beside bf16 (AMP_TABLE), peak memory
+python tools/benchmark.py --readers [--only ROW ...] [--workers 0 1 2] [--docs]   # the reader table
+python tools/benchmark.py --readers --show [--docs] [--kind KIND]   # the same from the committed JSON
 
 The JSON of the tables lives per CPU kind, benchmarks/results/<kind>/ (and .../<kind>/inference/),
 of the machine that ran them; `--show` reads this machine's kind unless `--kind` names another, and
@@ -24,6 +26,12 @@ reports the latency per batch (p50, p90) and samples/s.
 `--amp-table` runs each AMP_TABLE row twice, fp32 and `train.amp` bf16 (each in its own process, so
 each peak memory is its own), and tabulates samples/s, their ratio and the peak memory side by side;
 `--show --amp-table` prints it from benchmarks/results/<kind>/amp/.
+
+`--readers` times each full recipe's train reader alone on generated data of its real size
+(READER_TABLE in benchmarks/readers.py; data cached under data/bench_real/): samples/s per worker
+count, bytes per batch across the process boundary, the split of a sample's time (read + decode,
+transforms, collate, transfer) and the workers an accelerator of a stated rate needs; JSON in
+benchmarks/results/<kind>/readers.json (rows not rerun are kept). `--scale` shrinks the data (tests).
 
 `--tokens KEY` also reports tokens/s, counting the batch's `KEY_len` (e.g. the target tokens of a
 translation batch); `--drop-keys` removes batch keys before the eval forwards (e.g. the targets, so
@@ -46,7 +54,8 @@ def _parser():
     p.add_argument("-o", "--override", action="append", default=[])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--batch-size", type=int)
-    p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    p.add_argument("--workers", type=int, nargs="+", help="worker counts the reader is timed with "
+                   "(default: 0 2; with --readers 0 1 2)")
     p.add_argument("--synthetic", action="store_true", help="random features of the real batch shapes")
     p.add_argument("--tokens", metavar="KEY", help="also count tokens/s from the batch's KEY_len")
     p.add_argument("--drop-keys", nargs="+", default=[], metavar="KEY", help="batch keys removed before eval forwards")
@@ -54,7 +63,15 @@ def _parser():
     p.add_argument("--table", action="store_true", help="run BENCH_TABLE, write benchmarks/results/<kind>/*.json")
     p.add_argument("--show", action="store_true", help="print the table from benchmarks/results/<kind>/*.json")
     p.add_argument("--amp-table", action="store_true", help="fp32 and bf16 rows of AMP_TABLE (--show: print them)")
-    p.add_argument("--only", nargs="+", help="with --table: rerun only these rows (names as in BENCH_TABLE)")
+    p.add_argument("--only", nargs="+", help="with --table: rerun only these rows (names as in BENCH_TABLE); "
+                   "with --readers: as in READER_TABLE")
+    p.add_argument("--readers", action="store_true",
+                   help="the reader table: each full recipe's reader on real-size generated data")
+    p.add_argument("--scale", type=float, default=1.0, help="with --readers: shrink the generated data (tests)")
+    p.add_argument("--batches", type=int, default=3,
+                   help="with --readers: batches timed per worker count and per worker (at least)")
+    p.add_argument("--seconds", type=float, default=2.0,
+                   help="with --readers: time each worker count at least this long (up to 4x --batches)")
     p.add_argument("--kind", help="with --show: the results of this CPU kind (e.g. amd-zen4; default: this machine's)")
     p.add_argument("--docs", "--readme", dest="docs", action="store_true",
                    help="with --show/--table: write the table into docs/performance.md (--readme: the same)")
@@ -66,11 +83,41 @@ def _parser():
     return p
 
 
+def _readers(args):
+    from benchmarks import readers, report   # readers imports paddle only when it measures
+    if args.show:
+        p = readers.path(args.kind)
+        if not os.path.isfile(p):
+            raise SystemExit(f"error: no {p}: run tools/benchmark.py --readers first")
+        with open(p) as f:
+            result = json.load(f)
+    else:
+        if args.kind:
+            raise SystemExit("error: --kind is for --show: --readers measures this machine's kind")
+        names = args.only or [r[0] for r in readers.READER_TABLE]
+        for n in names:
+            readers.row(n)
+        result = readers.run(names, args.scale, tuple(args.workers or (0, 1, 2)), args.batches,
+                             args.seconds)
+        saved = readers.save(result)   # rows not rerun are kept: the table shows them all
+        print(f"wrote {saved}")
+        with open(saved) as f:
+            result = json.load(f)
+    print("\n".join(readers.table_lines(result)))
+    if args.docs:
+        readers.write_docs(result)
+        print(f"wrote the {result['cpu_kind']} block of {report.PERFORMANCE}")
+
+
 def main():
     p = _parser()
     args = p.parse_args()
     if args.kind and args.table:
         p.error("--kind is for --show: --table measures this machine's kind")
+    if args.readers:
+        return _readers(args)
+    if args.workers is None:
+        args.workers = [0, 2]
     if args.amp_table:
         args.table = not args.show
         return tables.amp_table(args)
