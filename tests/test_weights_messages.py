@@ -187,3 +187,20 @@ def test_the_default_model_has_no_hint():
         pass
 
     assert Minimal().weights_hint(["a.weight"], []) is None
+
+
+def test_the_class_count_hint_reads_the_axis_that_differs():
+    """A conv head ([classes, in, 1, 1], DeepLabV3's cls) names its first axis, a Linear ([in, classes]) its
+    last: 3-class weights into a 5-class model say 3 (the hint said 1, the kernel's width, before)."""
+    class Head(paddle.nn.Layer):
+        def __init__(self, classes):
+            super().__init__()
+            self.cls = paddle.nn.Conv2D(64, classes, 1)
+            self.fc = paddle.nn.Linear(8, classes)
+
+    three = {k: v.numpy() for k, v in Head(3).state_dict().items()}
+    for key in ("cls.weight", "fc.weight"):
+        state = {k: (v if k.split(".")[0] == key.split(".")[0] else Head(5).state_dict()[k].numpy())
+                 for k, v in three.items()}
+        with pytest.raises(ConfigError, match=r"num_classes differs\? set model.num_classes: 3\)"):
+            pretrained.load_state(Head(5), state, head_keys=(r"cls\..*", r"fc\..*"), strict=True, what="w.pdparams")

@@ -513,6 +513,9 @@ class _Meter:
         self.samples += batch_size
         self.skipped += skipped
         self.t_step += step_time
+        if self.warm and self.intervals == 0 and self.n == 1 and runtime.world()[1] == 0:
+            # a newcomer's first minutes: a run that builds its operators must not look stalled
+            log.info("first step done in %.1f s (the first steps build kernels and caches: slower)", step_time)
         if self.warm:
             self.warm -= 1
         else:
@@ -559,7 +562,7 @@ class _Meter:
         lr = train_step.last_lr if train_step.last_lr is not None else train_step.optimizer.get_lr()
         if runtime.world()[1] == 0:
             eta = self.eta(remaining)
-            log.info("epoch %d batch %d/%d step %d %s lr %.3g | %.1f samples/s reader %.0f%% of step | "
+            log.info("epoch %d batch %d/%d step %d %s lr %.3g | %.3g samples/s reader %.0f%% of step | "
                      "eta %s | mem %.0f MB%s", at.epoch + 1, at.batch, self.batches, at.step, _fmt(avg), lr,
                      self.samples / max(self.t_step, 1e-9), 100 * share,
                      eta, runtime.peak_memory_mb(),

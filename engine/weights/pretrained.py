@@ -175,8 +175,11 @@ def load_state(model, state, head_keys=(), strict=False, log=print, what="weight
                 report["dropped_head"].append(key)
                 continue
             shapes = f"{key} has shape {list(arr.shape)}, the model expects {list(want)}"
-            if is_head(key) and arr.ndim:
-                fail(f"{what}: {shapes} (num_classes differs? set model.num_classes: {arr.shape[-1]})", shapes)
+            # the class count is the axis that differs: a Linear's last ([in, out]), a conv's first
+            differ = [a for a, (n, m) in enumerate(zip(arr.shape, want)) if n != m]
+            if is_head(key) and arr.ndim == len(want) and len(differ) == 1:
+                fail(f"{what}: {shapes} (num_classes differs? set model.num_classes: {arr.shape[differ[0]]})",
+                     shapes)
             fail(f"{where}: {shapes}: these weights are for another model or config", shapes)
         to_load[key] = arr
         loaded_groups.add(group[key])
