@@ -49,7 +49,7 @@ def _raw(name, i, rng):
         return _sample(rng.integers(0, 256, (35, 256, 340, 3), dtype=np.uint8), _num_seg=7, _seglen=5)
     if name == "deeplabv3":  # smaller than Cityscapes' 1024x2048 (a cheaper test): crops pad them
         s = {"image": rng.integers(0, 256, (256, 512, 3), dtype=np.uint8),
-             "label": rng.integers(0, 19, (256, 512), dtype=np.uint8)}
+             "label": rng.integers(0, 19, (256, 512), dtype=np.int32)}   # the reader's int32
         return declare(s, image="image", label="label")
     h, w = ((300, 400), (400, 300))[i]   # Mask R-CNN: one landscape, one portrait image
     s = {"image": rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
