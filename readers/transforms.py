@@ -101,7 +101,8 @@ class RandomFlip:
 
 @TRANSFORMS.register("Normalize")
 class Normalize:
-    """uint8 RGB -> (x/255 - mean) / std in the models' layout; other kinds are kept.
+    """uint8 RGB -> (x/255 - mean) / std in the models' layout, by default on the model's device; other
+    kinds are kept.
 
     image: [H, W, 3] -> [3, H, W].
     video: [T, seglen*3, H, W] for a single view, or [V, T, seglen*3, H, W] when there are
