@@ -42,24 +42,25 @@ RECIPES = {
 }
 
 
-def _raw(name, i, rng):
+def _raw(name, i, rng, full=False):
     if name == "tsn":        # 3 segments of 1 frame, 340x256 (Kinetics as prepared)
         return _sample(rng.integers(0, 256, (3, 256, 340, 3), dtype=np.uint8), _num_seg=3, _seglen=1)
     if name == "stnet":      # 7 segments x seglen 5
         return _sample(rng.integers(0, 256, (35, 256, 340, 3), dtype=np.uint8), _num_seg=7, _seglen=5)
-    if name == "deeplabv3":  # smaller than Cityscapes' 1024x2048 (a cheaper test): crops pad them
-        s = {"image": rng.integers(0, 256, (256, 512, 3), dtype=np.uint8),
-             "label": rng.integers(0, 19, (256, 512), dtype=np.int32)}   # the reader's int32
+    if name == "deeplabv3":  # the test: smaller than Cityscapes' 1024x2048 (cheaper); crops pad them
+        h, w = (1024, 2048) if full else (256, 512)
+        s = {"image": rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
+             "label": rng.integers(0, 19, (h, w), dtype=np.int32)}   # the reader's int32
         return declare(s, image="image", label="label")
-    h, w = ((300, 400), (400, 300))[i]   # Mask R-CNN: one landscape, one portrait image
+    h, w = ((480, 640), (640, 480))[i % 2] if full else ((300, 400), (400, 300))[i % 2]   # Mask R-CNN
     s = {"image": rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
          "gt_boxes": np.array([[10, 20, 100, 120]], np.float32), "gt_classes": np.array([3], np.int64),
          "gt_crowd": np.zeros(1, np.int32), "orig_size": np.array([h, w], np.int64)}
     return declare(s, image="image", gt_boxes="boxes")
 
 
-def _batch(name, in_main_process):
-    path, key, n = RECIPES[name]
+def _batch(name, in_main_process, n=None, full=False):
+    path, key, small = RECIPES[name]
     cfg = config.load(os.path.join(ROOT, path))
     reader = cfg["reader"]["train"]
     transforms = []
@@ -69,8 +70,8 @@ def _batch(name, in_main_process):
             t["in_main_process"] = in_main_process
         transforms.append(TRANSFORMS.build(t))
     samples = []
-    for i in range(n):
-        s = _raw(name, i, np.random.default_rng(i))
+    for i in range(n or small):
+        s = _raw(name, i, np.random.default_rng(i), full)
         s.update(index=np.int64(i), _rng=np.random.default_rng(100 + i))
         for t in transforms:
             s = t(s)
@@ -197,3 +198,15 @@ def test_bad_inputs_say_what_is_missing():
         as_float({"imgs": paddle.zeros([1, 2, 3, 4, 4], "uint8")}, "imgs")
     f32 = paddle.zeros([1, 3, 4, 4], "float32")
     assert as_float({"image": f32}, "image") is f32                # float input passes untouched
+
+
+if __name__ == "__main__":
+    # The bytes of one train batch at each full recipe's batch size and input size (Kinetics 340x256,
+    # Cityscapes 2048x1024, COCO 640x480): python tests/test_data_path.py
+    for name in RECIPES:
+        cfg = config.load(os.path.join(ROOT, RECIPES[name][0]))
+        n = cfg["reader"]["train"]["batch_size"]
+        old, key, _ = _batch(name, False, n, full=True)
+        new, _, _ = _batch(name, None, n, full=True)
+        print(f"{name:10s} batch {n:2d} {key} {list(new[key].shape)}: float32 {nbytes(old) / 1e6:8.2f} MB, "
+              f"uint8 {nbytes(new) / 1e6:8.2f} MB, ratio {nbytes(old) / nbytes(new):.2f}")
