@@ -41,6 +41,6 @@ def as_float(batch, key):
 
 def with_float(batch, key):
     """A shallow copy of `batch` whose `key` is `as_float`'s."""
-    if batch[key].dtype != paddle.uint8:
+    if not (isinstance(batch[key], paddle.Tensor) and batch[key].dtype == paddle.uint8):
         return batch
     return {**batch, key: as_float(batch, key)}

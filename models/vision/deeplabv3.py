@@ -264,7 +264,7 @@ class DeepLabV3(ZooModel):
     def run_exported(run, batch, settings):
         """`label_map` int32 [B, H, W] from the network `run("model", {"image": x}) -> {"logits": ...}`
         applied to the whole image or its windows, at each test scale, flipped or not."""
-        image = batch["image"]
+        image = with_float(batch, "image")["image"]
         image = image if isinstance(image, paddle.Tensor) else paddle.to_tensor(image)
         logits = aggregate_logits(lambda x: run("model", {"image": x})["logits"], image, settings["test_scales"],
                                   settings["test_flip"], settings["slide"], settings["align_corners"])

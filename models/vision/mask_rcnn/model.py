@@ -211,6 +211,7 @@ class MaskRCNN(ZooModel):
         mask head on the kept boxes, boxes mapped to the original image and masks pasted there.
         Returns `bbox_num` [B] and per image `boxes`, `scores`, `labels`, `masks` (model docstring)."""
         s, C = settings, settings["num_classes"]
+        batch = with_float(batch, "image")   # uint8 pixels (the reader's default): normalised on the device
         image_size = _numpy(batch["image_size"]).reshape(-1, 2)
         if len(image_size) != batch["image"].shape[0]:
             raise ConfigError(f"MaskRCNN: image_size has {len(image_size)} rows for {batch['image'].shape[0]} images")
