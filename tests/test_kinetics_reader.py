@@ -326,7 +326,7 @@ def test_normalize_layout_superimages_and_views():
     rng = np.random.default_rng(0)
     imgs = rng.integers(0, 256, (3 * 2, 8, 8, 3), dtype=np.uint8)  # 3 segments x seglen 2
     mean, std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
-    out = run(T.Normalize(mean, std), imgs, _num_seg=3, _seglen=2)["imgs"]
+    out = run(T.Normalize(mean, std, in_main_process=False), imgs, _num_seg=3, _seglen=2)["imgs"]
     assert out.shape == (3, 6, 8, 8) and out.dtype == np.float32
     for t in range(3):
         for j in range(2):
@@ -336,7 +336,7 @@ def test_normalize_layout_superimages_and_views():
     # 2 clips x 2 segments, three crops: views are crop-major (v = crop * clips + clip)
     frames = coord_frames(4, 20, 40)
     s = run(vt.ThreeCrop(20), frames, _num_seg=2, _seglen=1, _num_clips=2)
-    out = T.Normalize([0, 0, 0], [1 / 255] * 3)(s)["imgs"]  # identity scaling: pixel values kept
+    out = T.Normalize([0, 0, 0], [1 / 255] * 3, in_main_process=False)(s)["imgs"]  # identity: pixels kept
     assert out.shape == (6, 2, 3, 20, 20)
     for crop, x0 in enumerate([0, 10, 20]):
         for clip in range(2):
@@ -370,7 +370,8 @@ def test_frames_folder_matches_video(tmp_path):
     folder.mkdir()
     for i, f in enumerate(frames, 1):
         cv2.imwrite(str(folder / f"img_{i:05d}.jpg"), f[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 95])
-    tr = [{"name": "Scale", "short_size": 40}, {"name": "CenterCrop", "size": 32}, {"name": "Normalize"}]
+    tr = [{"name": "Scale", "short_size": 40}, {"name": "CenterCrop", "size": 32},
+          {"name": "Normalize", "in_main_process": False}]
     vid = KineticsDataset(make_list(tmp_path, [(video, 1)], "v.txt"), num_seg=3, seglen=2, mode="val",
                           transforms=tr)
     counted = KineticsDataset(make_list(tmp_path, [(str(folder), 1)], "f.txt"), format="frames",

@@ -109,7 +109,7 @@ def test_normalize_image_chw_and_leaves_other_kinds():
     img = np.zeros((2, 3, 3), np.uint8)
     img[0, 0] = [255, 0, 51]
     s = declare({"img": img, "seg": np.ones((2, 3), np.int64)}, img="image", seg="label")
-    out = T.Normalize(mean=[0.5, 0.5, 0.2], std=[0.25, 0.5, 0.2])(s)
+    out = T.Normalize(mean=[0.5, 0.5, 0.2], std=[0.25, 0.5, 0.2], in_main_process=False)(s)
     x = out["img"]
     assert x.shape == (3, 2, 3) and x.dtype == np.float32 and x.flags.c_contiguous
     # (255/255 - .5)/.25 = 2; (0 - .5)/.5 = -1; (51/255 - .2)/.2 = 0; a zero pixel in red: -2

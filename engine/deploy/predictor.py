@@ -18,6 +18,7 @@ section); False turns it off. engine/deploy/tensorrt.py says what only a GPU can
 """
 import os
 
+import numpy as np
 import paddle
 import paddle.inference as pi
 
@@ -29,6 +30,7 @@ from engine.deploy.record import BACKEND_OF, as_numpy, check_shape, checked_feed
     uses_runner
 from engine.errors import ConfigError
 from engine.registry import MODELS
+from readers.transforms import normalize_batch
 
 
 _GPU_PRECISION = {"fp32": pi.PrecisionType.Float32, "fp16": pi.PrecisionType.Half,
@@ -255,6 +257,10 @@ class Predictor:
                 raise ConfigError(f"the exported {self.record['model']} needs input '{name}', which the "
                                   f"batch lacks (batch keys: {', '.join(sorted(batch))})")
             value = as_numpy(batch[name])
+            if value.dtype == np.uint8 and spec["dtype"] != "uint8" and batch.get(name + "_normalize"):
+                # uint8 pixels from Normalize (in_main_process): the program takes them normalised
+                value = normalize_batch(value, batch[name + "_normalize"],
+                                        None if name + "_size" not in batch else as_numpy(batch[name + "_size"]))
             check_shape(spec, value, self.export_dir)
             feeds[name] = value
         if "index" in batch and "index" not in feeds:   # lets a runner name a sample in its messages

@@ -5,28 +5,16 @@ Views (test-time crops/clips): `imgs` may be [B, V, T, C, H, W]; or [B, V*T, C, 
 set (eval only), grouped view-major (all T segments of view 0, then of view 1, ...). The eval
 predictions average the softmax scores of the views (`probs`) and their logits (`logits`).
 """
-import numpy as np
 import paddle
 import paddle.nn.functional as F
 
 from engine.errors import ConfigError
+from models import pixels
 
 
 def as_float(batch, key="imgs"):
-    """The float32 input: uint8 pixels (Normalize with `in_main_process: true`, readers/transforms.py)
-    are normalised here, after the workers handed over a quarter of the bytes."""
-    x = batch[key]
-    if x.dtype != paddle.uint8:
-        return x
-    norm = batch.get(key + "_normalize")
-    if not norm:
-        raise ConfigError(f"{key} is uint8 but the batch has no '{key}_normalize': add Normalize "
-                          f"(in_main_process: true) to the reader's transforms")
-    shift, scale = (np.asarray(v, np.float32) for v in norm[0])
-    reps = x.shape[-3] // 3        # channel = 3 * frame + rgb
-    shape = [x.shape[-3], 1, 1]
-    return (x.astype("float32") - paddle.to_tensor(np.tile(shift, reps).reshape(shape))) * \
-        paddle.to_tensor(np.tile(scale, reps).reshape(shape))
+    """The float32 clips (models.pixels.as_float): uint8 pixels normalised after collation."""
+    return pixels.as_float(batch, key)
 
 
 def split_views(imgs, num_views, training, model):

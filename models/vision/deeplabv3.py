@@ -17,6 +17,9 @@ image, or of sliding windows (`slide_crop_size`, `slide_stride`, both [w, h] as 
 `test_scales` (image resized by each scale, logits resized back, bilinear) and the horizontal flip
 (`test_flip`): PaddleSeg's `infer.inference` / `aug_inference` (the mean of the logits).
 
+Input: `image` [B, 3, H, W], uint8 with `image_normalize` (Normalize's default, normalised on the
+device by models/pixels.py; padding from PadImages comes out 0.0) or float32.
+
 Our parameter names: backbone.* (models/vision/resnet.py), aspp.branches.{i}.{conv,bn}.*,
 aspp.pool.{conv,bn}.*, aspp.project.{conv,bn}.*, cls.{weight,bias}, aux.{conv,bn,cls}.*; PaddleSeg's
 (`backbone.conv1_1._conv.weight`, `head.aspp.aspp_blocks.0._conv.weight`, `head.cls.weight`) load
@@ -35,6 +38,7 @@ from engine.model import DataAgreement, Weights, ZooModel
 from engine.errors import ConfigError
 from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
+from models.pixels import with_float
 from models.vision.resnet import build_backbone, resnet_key_map
 
 ASPP_RATIOS = {16: [1, 6, 12, 18], 8: [1, 12, 24, 36]}
@@ -215,6 +219,7 @@ class DeepLabV3(ZooModel):
 
     # ------------------------------------------------------------------------------ forward
     def forward(self, batch):
+        batch = with_float(batch, "image")   # uint8 pixels from the reader: normalised here, on the device
         x = batch["image"]
         if not self.training:
             return self.run_exported(self.run_program, batch, self.pipeline_settings())
@@ -259,7 +264,7 @@ class DeepLabV3(ZooModel):
     def run_exported(run, batch, settings):
         """`label_map` int32 [B, H, W] from the network `run("model", {"image": x}) -> {"logits": ...}`
         applied to the whole image or its windows, at each test scale, flipped or not."""
-        image = batch["image"]
+        image = with_float(batch, "image")["image"]
         image = image if isinstance(image, paddle.Tensor) else paddle.to_tensor(image)
         logits = aggregate_logits(lambda x: run("model", {"image": x})["logits"], image, settings["test_scales"],
                                   settings["test_flip"], settings["slide"], settings["align_corners"])

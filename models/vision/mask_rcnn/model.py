@@ -3,7 +3,8 @@
 The stages live beside this file: fpn.py, rpn.py (anchors, proposals, RPN targets), roi_heads.py
 (RoIAlign, box and mask heads, RoI targets), postprocess.py (NMS, mask pasting), box_ops.py.
 
-Batch (readers/coco.py with PadImages): `image` float32 [B, 3, H, W] padded to a multiple of 32,
+Batch (readers/coco.py with PadImages): `image` [B, 3, H, W] padded to a multiple of 32, uint8 with
+`image_normalize` (Normalize's default; normalised on the device, the padding 0.0) or float32,
 `image_size` int64 [B, 2] (the resized image inside the padding), `scale_factor` float32 [B, 2]
 (sy, sx: original -> input), `orig_size` int64 [B, 2]; for training, ragged per image:
 `gt_boxes` [N, 4] (input pixels), `gt_classes` [N] (0..C-1), `gt_crowd` [N], and the polygons
@@ -34,6 +35,7 @@ from engine.model import DataAgreement, Weights, ZooModel
 from engine.errors import ConfigError
 from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
+from models.pixels import with_float
 from models.vision.mask_rcnn import postprocess, roi_heads, rpn
 from models.vision.mask_rcnn.fpn import FPN
 from models.vision.mask_rcnn.rpn import RPN
@@ -122,6 +124,7 @@ class MaskRCNN(ZooModel):
         return self.fpn(self.backbone(image))
 
     def forward(self, batch):
+        batch = with_float(batch, "image")   # uint8 pixels from the reader: normalised here, on the device
         if not self.training:
             return self.run_exported(self.run_program, batch, self.pipeline_settings())
         feats = self.features(batch["image"])
@@ -208,6 +211,7 @@ class MaskRCNN(ZooModel):
         mask head on the kept boxes, boxes mapped to the original image and masks pasted there.
         Returns `bbox_num` [B] and per image `boxes`, `scores`, `labels`, `masks` (model docstring)."""
         s, C = settings, settings["num_classes"]
+        batch = with_float(batch, "image")   # uint8 pixels (the reader's default): normalised on the device
         image_size = _numpy(batch["image_size"]).reshape(-1, 2)
         if len(image_size) != batch["image"].shape[0]:
             raise ConfigError(f"MaskRCNN: image_size has {len(image_size)} rows for {batch['image'].shape[0]} images")
