@@ -1,7 +1,7 @@
 """Semantic segmentation readers: Cityscapes, Pascal VOC 2012 (+ SBD `trainaug`), a generic list.
 
-A sample is `image` uint8 [H, W, 3] RGB and `label` int32 [H, W] class ids (`ignore_index`, 255,
-where a pixel counts nowhere), declared as image and label fields so that the geometric transforms
+A sample is `image` uint8 [H, W, 3] RGB and `label` [H, W] class ids, uint8 (int32 past 256 classes;
+`ignore_index`, 255, where a pixel counts nowhere), declared as image and label fields so that the geometric transforms
 move them together (labels with nearest neighbour). Inference inputs (`for_inputs`) have no label.
 
 Label PNGs are read with Pillow: a palette PNG (VOC, our demo) gives its palette indices, which are
@@ -164,7 +164,10 @@ class SegmentationDataset(SampleDataset):
         if bad:
             raise SampleError(f"label {path} has values {_list(bad)} outside the classes 0..{self.num_classes - 1} "
                               f"and not the ignore index {self.ignore_index}")
-        return label.astype(np.int32, copy=False)
+        # uint8 where the ids fit (ignore index 255, up to 256 classes): a quarter of the bytes that cross
+        # the worker boundary; the model and the metric widen them
+        fits = 0 <= self.ignore_index <= 255 and self.num_classes <= 256
+        return label.astype(np.uint8 if fits else np.int32, copy=False)
 
     @classmethod
     def class_names(cls, **kwargs):

@@ -50,7 +50,7 @@ def _raw(name, i, rng, full=False):
     if name == "deeplabv3":  # the test: smaller than Cityscapes' 1024x2048 (cheaper); crops pad them
         h, w = (1024, 2048) if full else (256, 512)
         s = {"image": rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
-             "label": rng.integers(0, 19, (h, w), dtype=np.int32)}   # the reader's int32
+             "label": rng.integers(0, 19, (h, w), dtype=np.uint8)}   # the reader's uint8
         return declare(s, image="image", label="label")
     h, w = ((480, 640), (640, 480))[i % 2] if full else ((300, 400), (400, 300))[i % 2]   # Mask R-CNN
     s = {"image": rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
@@ -127,9 +127,10 @@ def test_uint8_batches_normalise_on_the_device_as_the_workers_did(name):
     # bytes between processes: the pixels shrink from 4 bytes to 1, everything else is the same
     pixels = int(np.prod(new[key].shape))
     assert nbytes(old) - nbytes(new) == 3 * pixels
-    if name == "deeplabv3":   # + label int32 [B, H, W] (4 bytes a pixel, = 4/3 of the RGB bytes) + index
-        assert nbytes(new) == pixels + 4 * pixels // 3 + 16 and nbytes(old) == 4 * pixels + 4 * pixels // 3 + 16
-        assert 2.28 < nbytes(old) / nbytes(new) < 2.29          # 16/7: the labels are not made smaller
+    if name == "deeplabv3":   # + label uint8 [B, H, W] (1 byte a pixel, = 1/3 of the RGB bytes) + index
+        assert nbytes(new) == pixels + pixels // 3 + 16 and nbytes(old) == 4 * pixels + pixels // 3 + 16
+        # before: float32 pixels and int32 labels, 4 + 4/3 bytes a pixel against 1 + 1/3 now
+        assert (4 * pixels + 4 * pixels // 3 + 16) / nbytes(new) == pytest.approx(4.0, rel=1e-4)
     else:
         assert 3.9 < nbytes(old) / nbytes(new) <= 4.0
 

@@ -154,7 +154,7 @@ def test_pascal_voc_modes(tmp_path):
     _write_list(os.path.join(sets, "train.txt"), ["a", "b"])
     ds = PascalVOC(root=root, mode="train")
     assert len(ds) == 2 and ds.num_classes == 21 and ds.label_names == VOC_CLASSES
-    assert ds[1]["label"].dtype == np.int32 and (ds[1]["label"] == 15).all()
+    assert ds[1]["label"].dtype == np.uint8 and (ds[1]["label"] == 15).all()   # 21 classes, 255: uint8
     with pytest.raises(ConfigError, match="prepare_voc_sbd"):
         PascalVOC(root=root, mode="trainaug")
     _write_list(os.path.join(sets, "aug.txt"), ["c"])
