@@ -18,8 +18,10 @@ With `--reencode DIR` it re-encodes every video to H.264 with a keyframe every `
 `val_reencoded.list` (same `relpath label` lines and label numbers as train.list, for
 `format: video`). Downloaded Kinetics clips are H.264 with x264's default keyframe interval of 250,
 i.e. often one keyframe per clip: reaching TSN's 3 frames decodes most of the clip. With a keyframe
-every 16 frames a frame costs at most 16 decoded frames (measured in benchmarks/video_formats.py;
-the docs' Data section of tsn-stnet.md gives the clips/s). Every frame is kept (same count, same
+every 16 frames a frame costs at most 16 decoded frames plus a seek; benchmarks/video_formats.py
+measured ~2.5x the clips/s per worker of the long-GOP clip (340x256, 250 frames), the seeks' fixed
+cost dominating: 8 frames gained little more and takes 1.5x the disk of 16, hence the default
+(docs/tsn-stnet.md, Data, has the table). Every frame is kept (same count, same
 order); `--reencode-scale` resizes (`256`: short side 256, `340x256`: width x height; sizes are
 rounded to even numbers, as yuv420p needs), `--crf` and `--preset` are x264's.
 The encoder is PyAV (`pip install av`, in requirements-test.txt): its wheels bundle FFmpeg with
