@@ -8,7 +8,8 @@ noise; `--size` at 25 fps, `--frames` long) and stores them as
   - long-GOP H.264: libx264 with its defaults (preset medium, crf 23, keyint 250 and scene-cut
     keyframes), what downloaded Kinetics clips are;
   - short-GOP H.264: that file re-encoded by data/prepare_kinetics.py's --reencode (crf 23, preset
-    veryfast, a keyframe every N frames, for each N of `--gops`);
+    veryfast, a keyframe every N frames, for each N of `--gops`; the last N also with
+    --fast-decode: no B-frames, x264's fastdecode tuning);
   - mp4v: OpenCV's VideoWriter 'mp4v' (FFmpeg's MPEG-4 part 2, a keyframe every 12 frames), the
     demo videos' format;
   - frames: JPEG folders (quality 95) by prepare_kinetics.py's --frames.
@@ -133,6 +134,7 @@ def make_data(work, clips, nframes, width, height, gops):
     fmts = {"h264 long-GOP (keyint 250)": [], "mp4v": [], "frames (JPEG q95)": []}
     for g in gops:
         fmts[f"h264 short-GOP (keyint {g})"] = []
+    fmts[f"h264 short-GOP (keyint {gops[-1]}, --fast-decode)"] = []
     frame_rows = []
     for k in range(clips):
         long = os.path.join(work, f"long_{k}.mp4")
@@ -149,6 +151,11 @@ def make_data(work, clips, nframes, width, height, gops):
             if not n:
                 sys.exit(f"re-encode failed: {why}")
             fmts[f"h264 short-GOP (keyint {g})"].append(short)
+        fast = os.path.join(work, f"gop{gops[-1]}fd_{k}.mp4")
+        n, why = pk.reencode_video((long, fast, gops[-1], None, 23, "veryfast", True))
+        if not n:
+            sys.exit(f"re-encode failed: {why}")
+        fmts[f"h264 short-GOP (keyint {gops[-1]}, --fast-decode)"].append(fast)
         folder = os.path.join(work, f"frames_{k}")
         n = pk.extract_frames((long, folder, 0, 95))
         fmts["frames (JPEG q95)"].append(folder)

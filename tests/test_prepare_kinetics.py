@@ -107,8 +107,14 @@ def test_access_paths_give_identical_frames(prepared, tmp_path):
     src = videos / "b_cls" / "v0.mp4"
     short = tmp_path / "short.mp4"
     assert _load().reencode_video((str(src), str(short), 8, None, 23, "veryfast")) == (N, None)
+    fast = tmp_path / "fast.mp4"            # --fast-decode: the same keyframes, no B-frames
+    assert _load().reencode_video((str(src), str(fast), 8, None, 23, "veryfast", True)) == (N, None)
+    assert _keyframes(fast) == list(range(0, N, 8))
+    with av.open(str(fast)) as c:
+        assert {int(f.pict_type) for f in c.decode(video=0)} <= {int(av.video.frame.PictureType.I),
+                                                               int(av.video.frame.PictureType.P)}
     rng = np.random.default_rng(0)
-    for path in (src, short):               # mp4v (keyint 12) and short-GOP H.264 (keyint 8)
+    for path in (src, short, fast):         # mp4v (keyint 12) and short-GOP H.264 (keyint 8)
         for idx in [np.array([0, 39, 39, 7, 8, 20])] + [sample_indices(N, 3, 2, True, rng).reshape(-1)
                                                         for _ in range(3)]:
             batch = _DecordVideo(str(path)).read(idx, "batch")
