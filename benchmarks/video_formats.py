@@ -209,10 +209,11 @@ def main(argv=None):
     print(f"generated {args.clips} clips per format ({args.size}, {args.frames} frames) "
           f"in {time.perf_counter() - t0:.0f} s", flush=True)
 
-    datasets = {}
+    datasets, source = {}, {}
     for name, (lst, fmt, _) in data.items():
         for backend in ("decord", "pyav") if "short-GOP" in name else ("decord",):
             label = name if fmt == "frames" else f"{name}, {backend}"
+            source[label] = name
             datasets[label] = KineticsDataset(lst, format=fmt, num_seg=3, mode="train", backend=backend,
                                               transforms=copy.deepcopy(TSN_TRAIN))
     videos = [n for n, (_, fmt, _) in data.items() if fmt == "video"]
@@ -257,7 +258,7 @@ def main(argv=None):
     rows = []
     for name in datasets:
         v, w = rate(rdr[name], 0), rate(rdr[name], 1)
-        mb = disk_bytes(data[name.split(", ")[0]][2]) / 1e6
+        mb = disk_bytes(data[source[name]][2]) / 1e6
         rows.append({"format": name, "clips_per_s": v, "clips_per_s_wall": w, "ratio_to_long_gop": v / base,
                      "mb_per_clip": mb, "rounds_cpu_s": [t[0] for t in rdr[name]]})
         print(f"| {name} | {v:.1f} ({w:.1f}) | {v / base:.1f} | {mb:.2f} | {int(np.ceil(2000 / v))} |")
