@@ -1,4 +1,5 @@
-"""Make the Kinetics reader's list files from downloaded videos (optionally extract JPEG frames).
+"""Make the Kinetics reader's list files from downloaded videos (optionally extract JPEG frames, or
+re-encode the videos with a short keyframe interval).
 
 Two layouts are understood:
   * class folders: `<dir>/<class name>/<video>.mp4` (one root split by `--val-fraction`, or
@@ -12,10 +13,30 @@ label i), `train.list` and `val.list` ("relpath label", paths relative to --out)
 it also extracts every frame to `<frames>/<split>/<video>/img_00001.jpg ...` with OpenCV and writes
 `train_frames.list` / `val_frames.list` ("relpath num_frames label") for `format: frames`.
 
+With `--reencode DIR` it re-encodes every video to H.264 with a keyframe every `--gop` frames
+(default 16) to `<DIR>/<split>/<video>.mp4` and writes `train_reencoded.list` /
+`val_reencoded.list` (same `relpath label` lines and label numbers as train.list, for
+`format: video`). Downloaded Kinetics clips are H.264 with x264's default keyframe interval of 250,
+i.e. often one keyframe per clip: reaching TSN's 3 frames decodes most of the clip. With a keyframe
+every 16 frames a frame costs at most 16 decoded frames plus a seek; benchmarks/video_formats.py
+measured ~2.5x the clips/s per worker of the long-GOP clip (340x256, 250 frames), the seeks' fixed
+cost dominating: 8 frames gained little more and takes 1.5x the disk of 16, hence the default
+(docs/tsn-stnet.md, Data, has the table). Every frame is kept (same count, same
+order); `--reencode-scale` resizes (`256`: short side 256, `340x256`: width x height; sizes are
+rounded to even numbers, as yuv420p needs), `--crf` and `--preset` are x264's; `--fast-decode`
+drops B-frames and sets x264's fastdecode tuning (no CABAC, no deblocking), for ~1.6x the disk.
+The encoder is PyAV (`pip install av`, in requirements-test.txt): its wheels bundle FFmpeg with
+libx264, it is maintained, and it sets the keyframe interval (gop_size, keyint_min, scenecut off)
+as encoder options, without a subprocess or parsing an ffmpeg command line; every frame passes
+through Python, which costs little next to x264 itself. A video that cannot be decoded is
+reported on one line naming it, left out of the list, and counted; the others continue.
+
     python data/prepare_kinetics.py --root ~/k400/videos --out data/kinetics400 --val-fraction 0.05
     python data/prepare_kinetics.py --train-dir ~/k400/train --val-dir ~/k400/val \
         --train-csv ~/k400/annotations/train.csv --val-csv ~/k400/annotations/val.csv \
         --out data/kinetics400 --frames --frame-short-side 256 --workers 8
+    python data/prepare_kinetics.py --root ~/k400/videos --out data/kinetics400 --val-fraction 0.05 \
+        --reencode videos_gop16 --gop 16 --reencode-scale 340x256 --crf 23 --workers 8
 """
 import argparse
 import csv
@@ -121,6 +142,115 @@ def extract_frames(args):
     return n
 
 
+def parse_scale(text):
+    """'0' (keep), '256' (short side) or '340x256' (width x height) -> None, int or (w, h)."""
+    text = str(text).strip().lower()
+    try:
+        if "x" in text:
+            w, h = (int(v) for v in text.split("x"))
+            if w > 0 and h > 0:
+                return w, h
+        elif int(text) >= 0:
+            return int(text) or None
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected 0, a short side (256) or WxH (340x256), got '{text}'")
+
+
+def output_size(width, height, scale):
+    """(w, h) of the re-encoded video: even numbers (yuv420p), the aspect kept for a short side."""
+    if scale is None:
+        w, h = width, height
+    elif isinstance(scale, tuple):
+        w, h = scale
+    else:
+        s = scale / min(width, height)
+        w, h = width * s, height * s
+    return max(2, int(round(w / 2)) * 2), max(2, int(round(h / 2)) * 2)
+
+
+def reencode_video(args):
+    """Re-encode one video to H.264 with a keyframe every `gop` frames.
+
+    Returns (frames written, None), or (0, reason) when the input cannot be decoded (nothing is
+    left behind then). An existing output is kept (a re-run resumes)."""
+    video, out, gop, scale, crf, preset = args[:6]
+    fast_decode = len(args) > 6 and args[6]
+    import av  # optional: only --reencode needs PyAV
+    if os.path.isfile(out):
+        try:
+            with av.open(out) as c:
+                n = c.streams.video[0].frames
+            if n > 0:
+                return n, None
+        except av.error.FFmpegError:
+            pass
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    tmp = out + ".partial.mp4"
+    n = 0
+    try:
+        with av.open(video) as src:
+            istream = src.streams.video[0]
+            rate = istream.average_rate or istream.guessed_rate or 25
+            with av.open(tmp, "w") as dst:
+                ostream = None
+                for frame in src.decode(istream):
+                    if ostream is None:
+                        w, h = output_size(frame.width, frame.height, scale)
+                        # keyint = min-keyint and no scene-cut keyframes: a keyframe exactly every
+                        # `gop` frames (x264 defaults: 250, 25, and extra keyframes at scene cuts)
+                        # fast_decode: no B-frames (nothing to reorder after a seek) and x264's
+                        # fastdecode tuning (no CABAC, no deblocking): cheaper frames, larger files
+                        options = {"crf": str(crf), "preset": preset,
+                                   "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0"
+                                                  + (":bframes=0" if fast_decode else "")}
+                        if fast_decode:
+                            options["tune"] = "fastdecode"
+                        ostream = dst.add_stream("libx264", rate=rate, options=options)
+                        ostream.width, ostream.height, ostream.pix_fmt = w, h, "yuv420p"
+                        ostream.codec_context.gop_size = gop
+                        ostream.codec_context.time_base = 1 / rate  # frame i at pts i
+                    out_frame = frame.reformat(w, h, format="yuv420p", interpolation="AREA")
+                    out_frame.pts, out_frame.time_base = n, ostream.codec_context.time_base
+                    # the source's keyframes arrive as pict_type I, which x264 would keep as extra
+                    # keyframes: let the encoder choose
+                    out_frame.pict_type = av.video.frame.PictureType.NONE
+                    for packet in ostream.encode(out_frame):
+                        dst.mux(packet)
+                    n += 1
+                if ostream is not None:
+                    for packet in ostream.encode():
+                        dst.mux(packet)
+    except (av.error.FFmpegError, IndexError, ValueError) as e:
+        # IndexError: no video stream; FFmpegError: the container or a packet is unreadable
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        return 0, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    if n == 0:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        return 0, "no frame decodable"
+    os.replace(tmp, out)
+    return n, None
+
+
+def _run_jobs(fn, jobs, workers, what, split):
+    """fn over jobs, in a process pool with workers > 1; results in order, progress printed."""
+    pool = Pool(workers) if workers > 1 else None
+    results = pool.imap(fn, jobs, chunksize=4) if pool else map(fn, jobs)
+    out = []
+    try:
+        for i, r in enumerate(results, 1):
+            out.append(r)
+            if i % 500 == 0 or i == len(jobs):
+                print(f"{split}: {what} {i}/{len(jobs)} videos", flush=True)
+    finally:
+        if pool:
+            pool.close()
+            pool.join()
+    return out
+
+
 def write_list(path, rows):
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(" ".join(str(x) for x in row) + "\n" for row in rows)
@@ -141,7 +271,19 @@ def main(argv=None):
                     help="also extract JPEG frames to this folder (relative to --out; default 'frames')")
     ap.add_argument("--frame-short-side", type=int, default=0, help="resize frames (0 = keep)")
     ap.add_argument("--jpeg-quality", type=int, default=95)
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--reencode", default=None, metavar="DIR",
+                    help="also re-encode the videos to H.264 with a short keyframe interval into this "
+                         "folder (relative to --out); lists <split>_reencoded.list")
+    ap.add_argument("--gop", type=int, default=16,
+                    help="frames between keyframes of the re-encoded videos (default 16)")
+    ap.add_argument("--reencode-scale", type=parse_scale, default=None, metavar="SIZE",
+                    help="resize re-encoded videos: 256 (short side) or 340x256 (WxH); default: keep")
+    ap.add_argument("--crf", type=int, default=23, help="x264 quality of --reencode (default 23)")
+    ap.add_argument("--preset", default="veryfast", help="x264 preset of --reencode (default veryfast)")
+    ap.add_argument("--fast-decode", action="store_true",
+                    help="--reencode without B-frames and with x264's fastdecode tuning: ~1.6x the "
+                         "disk, 1.2x (decord) to 1.6x (backend pyav) faster to read")
+    ap.add_argument("--workers", type=int, default=1, help="processes for --frames / --reencode")
     args = ap.parse_args(argv)
 
     if args.root and (args.train_dir or args.val_dir):
@@ -169,24 +311,19 @@ def main(argv=None):
         write_list(os.path.join(args.out, f"{split}.list"),
                    [(os.path.relpath(p, args.out), label[c]) for p, c in items])
 
+    split_dirs = {"train": args.root or args.train_dir, "val": args.root or args.val_dir}
+    if args.reencode is not None:
+        if args.gop < 1:
+            ap.error(f"--gop must be >= 1, got {args.gop}")
+        reencode(args, splits, split_dirs, label)
     if args.frames is None:
         return
     frames_root = os.path.join(args.out, args.frames)
-    split_dirs = {"train": args.root or args.train_dir, "val": args.root or args.val_dir}
     for split, items in splits.items():
         # a video's frame folder mirrors its path below the split's video folder
         jobs = [(p, os.path.join(frames_root, split, os.path.splitext(os.path.relpath(p, split_dirs[split]))[0]),
                  args.frame_short_side, args.jpeg_quality) for p, _ in items]
-        pool = Pool(args.workers) if args.workers > 1 else None
-        results = pool.imap(extract_frames, jobs, chunksize=4) if pool else map(extract_frames, jobs)
-        counts = []
-        for i, n in enumerate(results, 1):
-            counts.append(n)
-            if i % 500 == 0 or i == len(jobs):
-                print(f"{split}: extracted {i}/{len(jobs)} videos", flush=True)
-        if pool:
-            pool.close()
-            pool.join()
+        counts = _run_jobs(extract_frames, jobs, args.workers, "extracted", split)
         rows, bad = [], []
         for (p, c), job, n in zip(items, jobs, counts):
             if n == 0:
@@ -196,6 +333,25 @@ def main(argv=None):
         for p in bad:
             print(f"warning: no frame decodable in {p}; left out of {split}_frames.list")
         write_list(os.path.join(args.out, f"{split}_frames.list"), rows)
+
+
+def reencode(args, splits, split_dirs, label):
+    """--reencode: every split's videos re-encoded, and <split>_reencoded.list."""
+    root = os.path.join(args.out, args.reencode)
+    for split, items in splits.items():
+        jobs = [(p, os.path.join(root, split, os.path.splitext(os.path.relpath(p, split_dirs[split]))[0] + ".mp4"),
+                 args.gop, args.reencode_scale, args.crf, args.preset, args.fast_decode) for p, _ in items]
+        results = _run_jobs(reencode_video, jobs, args.workers, "re-encoded", split)
+        rows, bad = [], 0
+        for (p, c), job, (n, why) in zip(items, jobs, results):
+            if n == 0:
+                bad += 1
+                print(f"warning: cannot re-encode {p} ({why}); left out of {split}_reencoded.list")
+            else:
+                rows.append((os.path.relpath(job[1], args.out), label[c]))
+        if bad:
+            print(f"{split}: {bad} of {len(jobs)} videos could not be re-encoded")
+        write_list(os.path.join(args.out, f"{split}_reencoded.list"), rows)
 
 
 if __name__ == "__main__":

@@ -65,14 +65,29 @@ def _bgr_to_rgb(frame):
 
 
 class _DecordVideo:
+    """decord's two access paths give the same frames: `get_batch` on the sorted indices (used), or
+    a seek per frame (`seek_accurate(i)` + `next()`, what `vr[i]` does). get_batch seeks to the
+    keyframe before an index when that is ahead of where it stands, and decodes forward otherwise,
+    so it does what a seek per frame would where seeking pays. benchmarks/video_formats.py found
+    the two within ~12% of each other in CPU time per clip on long-GOP H.264 (keyint 250),
+    short-GOP H.264 (keyint 8, 16) and mp4v clips, neither ahead on every format or in every run,
+    so get_batch stays, with no rule on the keyframe interval."""
+
     def __init__(self, path):
         import decord  # the reader works without it: _backends keeps decord only where it imports
         self.vr = decord.VideoReader(path, num_threads=1)
         self.num_frames = len(self.vr)
 
-    def read(self, indices):
+    def read(self, indices, access="batch"):
         uniq, inverse = np.unique(indices, return_inverse=True)
-        frames = self.vr.get_batch(uniq.tolist()).asnumpy()
+        if access == "batch":
+            frames = self.vr.get_batch(uniq.tolist()).asnumpy()
+        else:                                   # "seek": one seek per frame (the benchmark's other path)
+            frames = []
+            for i in uniq.tolist():
+                self.vr.seek_accurate(i)
+                frames.append(self.vr.next().asnumpy())
+            frames = np.stack(frames)
         return frames[inverse.reshape(-1)]
 
 
@@ -133,6 +148,59 @@ class _PyAVVideo(_SequentialVideo):
         if n <= 0:
             n = sum(1 for _ in self._iter(None, ()))
         self.num_frames = n
+
+    def read(self, indices):
+        """Seek to the keyframe before a wanted frame when that keyframe lies ahead of the decoder,
+        else decode forward (decord's get_batch does the same): a short keyframe interval then
+        costs a few frames per segment instead of the clip up to its last wanted frame. Frames are
+        told by their timestamps (the packets' pts in display order). A file with one keyframe,
+        or timestamps that do not give one frame each, is read forward (_SequentialVideo.read),
+        as is one whose decoder fails midway (which then reports the truncation)."""
+        uniq = np.unique(indices)
+        try:
+            got = self._read_seeking(uniq)
+        except self.av.error.FFmpegError:
+            got = None
+        if got is None or len(got) < len(uniq):
+            return super().read(indices)
+        inverse = np.searchsorted(uniq, indices)
+        return np.stack([got[i] for i in uniq.tolist()])[inverse.reshape(-1)]
+
+    def _read_seeking(self, uniq):
+        """{index: RGB frame} through seeks, or None where the file does not lend itself to it."""
+        with self.av.open(self.path) as container:
+            stream = container.streams.video[0]
+            stream.codec_context.thread_count = 1   # as decord's num_threads=1: a worker, one core
+            pts, key = [], []
+            for packet in container.demux(stream):
+                if packet.size:
+                    if packet.pts is None:
+                        return None
+                    pts.append(packet.pts)
+                    key.append(packet.is_keyframe)
+            order = np.argsort(pts, kind="stable")
+            frame_pts = np.asarray(pts, dtype=np.int64)[order]
+            keyframes = np.flatnonzero(np.asarray(key)[order])
+            if (len(keyframes) < 2 or keyframes[0] != 0 or uniq[-1] >= len(frame_pts)
+                    or np.any(np.diff(frame_pts) <= 0)):
+                return None
+            index_of = {int(p): i for i, p in enumerate(frame_pts)}
+            got, pos, frames = {}, -1, None
+            for i in uniq.tolist():
+                k = int(keyframes[np.searchsorted(keyframes, i, side="right") - 1])
+                if frames is None or k > pos:
+                    container.seek(int(frame_pts[k]), stream=stream, backward=True)
+                    frames = container.decode(stream)
+                for frame in frames:
+                    pos = index_of.get(frame.pts, pos)
+                    if pos == i:
+                        got[i] = frame.to_ndarray(format="rgb24")
+                        break
+                    if pos > i:
+                        return None
+                else:
+                    return None
+            return got
 
     def _iter(self, last, wanted):
         """A packet FFmpeg rejects ends the stream, as it ends cv2's grab(): a cut file is then
