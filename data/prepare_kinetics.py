@@ -14,17 +14,19 @@ it also extracts every frame to `<frames>/<split>/<video>/img_00001.jpg ...` wit
 `train_frames.list` / `val_frames.list` ("relpath num_frames label") for `format: frames`.
 
 With `--reencode DIR` it re-encodes every video to H.264 with a keyframe every `--gop` frames
-(default 16) to `<DIR>/<split>/<video>.mp4` and writes `train_reencoded.list` /
+(default 4) to `<DIR>/<split>/<video>.mp4` and writes `train_reencoded.list` /
 `val_reencoded.list` (same `relpath label` lines and label numbers as train.list, for
 `format: video`). Downloaded Kinetics clips are H.264 with x264's default keyframe interval of 250,
-i.e. often one keyframe per clip: reaching TSN's 3 frames decodes most of the clip. With a keyframe
-every 16 frames a frame costs at most 16 decoded frames plus a seek; benchmarks/video_formats.py
-measured ~2.5x the clips/s per worker of the long-GOP clip (340x256, 250 frames), the seeks' fixed
-cost dominating: 8 frames gained little more and takes 1.5x the disk of 16, hence the default
-(docs/tsn-stnet.md, Data, has the table). Every frame is kept (same count, same
+i.e. often one keyframe per clip: reaching TSN's 3 frames decodes most of the clip. A seek has a
+fixed cost, so a short interval alone gains little (keyframe every 16: ~2.6x the clips/s per worker
+of the long-GOP clip, 340x256, 250 frames); what pays is the interval together with x264's
+fastdecode tuning: every 4 frames with `--fast-decode` (the default) measured 6.3x with decord and
+8.8x with the reader's `backend: pyav`, at ~4x the long-GOP clip's disk and a seventh of JPEG
+frames' (benchmarks/video_formats.py; docs/tsn-stnet.md, Data, has the table). Every frame is kept (same count, same
 order); `--reencode-scale` resizes (`256`: short side 256, `340x256`: width x height; sizes are
 rounded to even numbers, as yuv420p needs), `--crf` and `--preset` are x264's; `--fast-decode`
-drops B-frames and sets x264's fastdecode tuning (no CABAC, no deblocking), for ~1.6x the disk.
+(default; `--no-fast-decode` turns it off) drops B-frames and sets x264's fastdecode tuning (no
+CABAC, no deblocking), for ~1.6x the disk.
 The encoder is PyAV (`pip install av`, in requirements-test.txt): its wheels bundle FFmpeg with
 libx264, it is maintained, and it sets the keyframe interval (gop_size, keyint_min, scenecut off)
 as encoder options, without a subprocess or parsing an ffmpeg command line; every frame passes
@@ -36,7 +38,7 @@ reported on one line naming it, left out of the list, and counted; the others co
         --train-csv ~/k400/annotations/train.csv --val-csv ~/k400/annotations/val.csv \
         --out data/kinetics400 --frames --frame-short-side 256 --workers 8
     python data/prepare_kinetics.py --root ~/k400/videos --out data/kinetics400 --val-fraction 0.05 \
-        --reencode videos_gop16 --gop 16 --reencode-scale 340x256 --crf 23 --workers 8
+        --reencode videos_gop4 --reencode-scale 340x256 --workers 8
 """
 import argparse
 import csv
@@ -274,15 +276,15 @@ def main(argv=None):
     ap.add_argument("--reencode", default=None, metavar="DIR",
                     help="also re-encode the videos to H.264 with a short keyframe interval into this "
                          "folder (relative to --out); lists <split>_reencoded.list")
-    ap.add_argument("--gop", type=int, default=16,
-                    help="frames between keyframes of the re-encoded videos (default 16)")
+    ap.add_argument("--gop", type=int, default=4,
+                    help="frames between keyframes of the re-encoded videos (default 4)")
     ap.add_argument("--reencode-scale", type=parse_scale, default=None, metavar="SIZE",
                     help="resize re-encoded videos: 256 (short side) or 340x256 (WxH); default: keep")
     ap.add_argument("--crf", type=int, default=23, help="x264 quality of --reencode (default 23)")
     ap.add_argument("--preset", default="veryfast", help="x264 preset of --reencode (default veryfast)")
-    ap.add_argument("--fast-decode", action="store_true",
-                    help="--reencode without B-frames and with x264's fastdecode tuning: ~1.6x the "
-                         "disk, 1.2x (decord) to 1.6x (backend pyav) faster to read")
+    ap.add_argument("--fast-decode", action=argparse.BooleanOptionalAction, default=True,
+                    help="--reencode without B-frames and with x264's fastdecode tuning (default on): "
+                         "~1.6x the disk, 1.8x (decord) to 2.3x (backend pyav) faster to read at gop 4")
     ap.add_argument("--workers", type=int, default=1, help="processes for --frames / --reencode")
     args = ap.parse_args(argv)
 
