@@ -90,6 +90,13 @@ def test_reencode_keyframes_frames_size_and_a_corrupt_input(prepared, capsys):
     first = (out / "wh" / "train_reencoded.list").read_text().split()[0]
     assert _size(out / "wh" / first) == (40, 30, N)
     assert _keyframes(out / "wh" / first) == [0, 16, 32]
+    # the defaults: a keyframe every 4 frames, and the fast-decode tuning (I and P frames only)
+    _load().main(["--train-dir", str(videos), "--out", str(out / "defaults"), "--reencode", "clips"])
+    first = out / "defaults" / (out / "defaults" / "train_reencoded.list").read_text().split()[0]
+    assert _keyframes(first) == list(range(0, N, 4))
+    with av.open(str(first)) as c:
+        assert {int(f.pict_type) for f in c.decode(video=0)} <= {int(av.video.frame.PictureType.I),
+                                                               int(av.video.frame.PictureType.P)}
 
 
 def test_parse_scale_and_output_size():
