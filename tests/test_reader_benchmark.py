@@ -43,7 +43,7 @@ def test_bytes_per_batch_is_the_arrays_nbytes():
 
 @pytest.fixture(scope="module")
 def table(tmp_path_factory):
-    """One run of the command on two small rows (float32 and uint8 video batches), 0 and 1 workers."""
+    """One run of the command on two small rows (TSN and StNet video batches), 0 and 1 workers."""
     tmp = tmp_path_factory.mktemp("readers")
     mp = pytest.MonkeyPatch()
     mp.setattr(readers, "CACHE", str(tmp / "cache"))
@@ -72,9 +72,9 @@ def test_the_command_writes_each_rows_figures(table):
         assert r["accelerator"]["samples_per_s"] > 0 and r["workers_needed"] >= 1
         assert r["bytes_per_batch"] == r["bytes_per_batch_detail"]["arrays"] + r["bytes_per_batch_detail"]["pickled"]
     tsn, stnet = result["rows"]
-    # the recipes' crops are 224 whatever the clip's size: TSN 3 segments x RGB in float32 (Normalize
-    # in the worker), StNet 7 segments x 5 frames x RGB in uint8 (Normalize in the main process)
-    assert tsn["bytes_per_batch_detail"]["by_key"]["imgs"] == tsn["batch_size_timed"] * 3 * 3 * 224 * 224 * 4
+    # the recipes' crops are 224 whatever the clip's size, uint8 across the boundary (Normalize in the
+    # model): TSN 3 segments x RGB, StNet 7 segments x 5 frames x RGB, one byte each
+    assert tsn["bytes_per_batch_detail"]["by_key"]["imgs"] == tsn["batch_size_timed"] * 3 * 3 * 224 * 224
     assert stnet["bytes_per_batch_detail"]["by_key"]["imgs"] == stnet["batch_size_timed"] * 7 * 15 * 224 * 224
     assert tsn["accelerator"]["samples_per_s"] == 2000
 
