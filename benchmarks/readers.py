@@ -602,16 +602,17 @@ def path(kind=None):
 
 
 def save(result, merge=True):
-    """Write benchmarks/results/<kind>/readers.json; with `merge`, rows not rerun are kept."""
+    """Write benchmarks/results/<kind>/readers.json; with `merge`, the table's rows not rerun are kept."""
     p = path(result["cpu_kind"])
     if merge and os.path.isfile(p):
         with open(p) as f:
             old = json.load(f)
         new = {r["row"] for r in result["rows"]}
         order = [r[0] for r in READER_TABLE]
-        rows = [r for r in old.get("rows", []) if r["row"] not in new and r.get("scale") == result["scale"]] \
-            + result["rows"]
-        rows.sort(key=lambda r: order.index(r["row"]) if r["row"] in order else len(order))
+        # a row the table no longer has (renamed or dropped) goes with its old figures
+        rows = [r for r in old.get("rows", []) if r["row"] not in new and r["row"] in order
+                and r.get("scale") == result["scale"]] + result["rows"]
+        rows.sort(key=lambda r: order.index(r["row"]))
         result = dict(result, rows=rows)
     os.makedirs(os.path.dirname(p), exist_ok=True)
     with open(p, "w") as f:
