@@ -18,9 +18,12 @@ listed many times so that every batch size fills: files are read from the page c
 import json
 import math
 import os
+import pickle
+import platform
 import shutil
 import time
 
+import cv2
 import numpy as np
 
 from benchmarks import report
@@ -84,7 +87,6 @@ def _finish(tmp, folder, params):
 
 def _texture(rng, h, w, sigma):
     """A smooth random field with fine noise: JPEG/PNG/H.264 see natural-image-like statistics."""
-    import cv2
     small = rng.integers(0, 256, (max(2, h // 32), max(2, w // 32), 3)).astype(np.uint8)
     img = cv2.resize(small, (w, h), interpolation=cv2.INTER_CUBIC).astype(np.float32)
     img += rng.normal(0, sigma, (h, w, 3)).astype(np.float32)
@@ -93,7 +95,6 @@ def _texture(rng, h, w, sigma):
 
 def video_frames(rng, n, h, w):
     """n frames h x w of a camera panning over a textured scene with two moving objects."""
-    import cv2
     scene = _texture(rng, h + 64, w + 96, 2.0)
     pos = rng.uniform(0.2, 0.8, (2, 2)) * [w, h]
     vel = rng.uniform(-3, 3, (2, 2))
@@ -115,7 +116,7 @@ def encode_h264(path, frames, fps=25, gop=None, fast_decode=False):
     data/prepare_kinetics.py --reencode writes by default (no B-frames, the fastdecode tuning,
     preset veryfast)."""
     try:
-        import av
+        import av  # optional: PyAV comes with the test requirements
     except ImportError:
         raise SystemExit("error: the H.264 clips are encoded with PyAV: pip install av "
                          "(requirements-test.txt)") from None
@@ -137,7 +138,7 @@ def encode_h264(path, frames, fps=25, gop=None, fast_decode=False):
 
 def keyframes(path):
     """Number of keyframes of a video file's first stream."""
-    import av
+    import av  # optional: PyAV comes with the test requirements
     with av.open(path) as f:
         return sum(1 for p in f.demux(video=0) if p.is_keyframe and p.size)
 
@@ -146,7 +147,6 @@ def make_kinetics(scale=1.0, clips=4, gop=None, root=None, fast_decode=False):
     """Kinetics-size clips: 340x256, 250 frames at 25 fps (scaled), in H.264 with keyframe interval
     `gop` (None: x264's default) and the same frames as JPEG folders. Returns the folder holding
     video.list, frames.list (one line per clip, repeated) and label_names.txt."""
-    import cv2
     w, h, n = (max(16, int(round(v * scale / 2)) * 2) for v in (340, 256, 250))
     params = {"version": 1, "w": w, "h": h, "frames": n, "clips": clips, "gop": gop, "fps": 25,
               "fast_decode": fast_decode}
@@ -174,8 +174,7 @@ def make_kinetics(scale=1.0, clips=4, gop=None, root=None, fast_decode=False):
 
 def make_coco(scale=1.0, images=8, root=None):
     """COCO-size JPEGs (640x480, a few objects each) and a COCO instances JSON listing them many times."""
-    import cv2
-    from data import demo_coco
+    from data import demo_coco  # only the COCO rows: its shapes and pycocotools
     h, w = (max(32, int(v * scale)) for v in (480, 640))
     params = {"version": 1, "h": h, "w": w, "images": images}
     folder = os.path.join(root or CACHE, f"coco_{w}x{h}")
@@ -209,7 +208,6 @@ def make_coco(scale=1.0, images=8, root=None):
 
 def make_cityscapes(scale=1.0, images=3, root=None):
     """Cityscapes-size PNGs (1024x2048 RGB and labelTrainIds) in Cityscapes' layout, listed 16 times."""
-    import cv2
     h, w = (max(32, int(v * scale)) for v in (1024, 2048))
     params = {"version": 1, "h": h, "w": w, "images": images}
     folder = os.path.join(root or CACHE, f"cityscapes_{w}x{h}")
@@ -237,7 +235,7 @@ def make_cityscapes(scale=1.0, images=3, root=None):
 def make_youtube8m(scale=1.0, videos=16, root=None):
     """YouTube-8M frame-level records: 150-300 frames (scaled) of 1024 rgb + 128 audio uint8 features,
     one TFRecord file listed 32 times, and PCA eigenvalues for NeXtVLAD."""
-    from readers.tfrecord import encode_sequence_example, write_records
+    from readers.tfrecord import encode_sequence_example, write_records  # only the YouTube-8M rows
     lo, hi = (max(2, int(v * scale)) for v in (150, 300))
     params = {"version": 1, "frames": [lo, hi], "videos": videos}
     folder = os.path.join(root or CACHE, f"youtube8m_{lo}-{hi}")
@@ -399,7 +397,6 @@ def row(name):
 def batch_bytes(batch):
     """Bytes a worker hands over for a collated (not finalized) batch: the nbytes of its numeric
     arrays (shared memory) and the length of everything else pickled (metadata, ragged arrays)."""
-    import pickle
     arrays = {k: v for k, v in batch.items() if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"}
     rest = {k: v for k, v in batch.items() if k not in arrays}
     return {"arrays": int(sum(v.nbytes for v in arrays.values())),
@@ -409,8 +406,8 @@ def batch_bytes(batch):
 
 def _time_transfer(batch, batches):
     """Seconds per batch for a 1-worker loader to hand `batch` (collated) to the main process."""
-    import paddle
-    from engine import data
+    import paddle  # paddle's side after the command's flags are parsed (import cost)
+    from engine import data  # paddle's side after the command's flags are parsed (import cost)
     ready = batch
 
     class Set(paddle.io.Dataset):
@@ -436,7 +433,7 @@ def _time_transfer(batch, batches):
 def _split(dataset, sampler, collate, batches):
     """In-process seconds per sample of load (read + decode), transforms, collate, and the collated
     batches (for their bytes)."""
-    from engine import data
+    from engine import data  # paddle's side after the command's flags are parsed (import cost)
     t = {"decode": 0.0, "transforms": 0.0, "collate": 0.0, "to_tensor": 0.0}
     n, made = 0, []
     for indices in sampler:
@@ -470,12 +467,12 @@ class _Batches:
     garbage collector, they go on prefetching while the next measurement runs."""
 
     def __init__(self, loader):
-        from engine import data
+        from engine import data  # paddle's side after the command's flags are parsed (import cost)
         self.worker = isinstance(loader, data.WorkerLoader)
         self.it = iter(loader.loader) if self.worker else iter(loader)
 
     def __next__(self):
-        from engine import data
+        from engine import data  # paddle's side after the command's flags are parsed (import cost)
         batch = next(self.it)
         return data._unpack(batch) if self.worker else batch   # WorkerLoader.__iter__'s step
 
@@ -489,7 +486,7 @@ def _rate(cfg, batch_size, workers, batches, seed, min_seconds):
     """samples/s of the recipe's train loader with `workers` workers. W workers hand over batches in
     groups of W (they start together): the clock runs from the end of the second group to the end of
     a later one, so start-up and the batches finished before the clock started do not count."""
-    from engine import builder
+    from engine import builder  # paddle's side after the command's flags are parsed (import cost)
     cfg = json.loads(json.dumps(cfg))
     cfg["reader"]["train"]["num_workers"] = workers
     loader, _, _ = builder.build_loader(cfg, "train", seed, batch_size=batch_size)
@@ -517,9 +514,9 @@ def _rate(cfg, batch_size, workers, batches, seed, min_seconds):
 
 def measure(name, scale=1.0, workers=(0, 1, 2), batches=3, min_seconds=2.0, seed=0):
     """One row's record (see the module docstring)."""
-    from engine import builder
-    from engine.config import split_reader
-    from engine.session import Session
+    from engine import builder  # paddle's side after the command's flags are parsed (import cost)
+    from engine.config import split_reader  # paddle's side after the command's flags are parsed (import cost)
+    from engine.session import Session  # paddle's side after the command's flags are parsed (import cost)
     _, accel, config, overrides, timed_bs, note = row(name)
     ovr = overrides(scale)
     s = Session.from_file(config, ovr)
@@ -532,7 +529,7 @@ def measure(name, scale=1.0, workers=(0, 1, 2), batches=3, min_seconds=2.0, seed
     tic = time.perf_counter()
     _, dataset, sampler = builder.build_loader(json.loads(json.dumps(cfg)), "train", seed, batch_size=bs)
     setup_s = time.perf_counter() - tic
-    from engine.registry import COLLATES
+    from engine.registry import COLLATES  # paddle's side after the command's flags are parsed (import cost)
     _, loader_cfg = split_reader(cfg, "train")
     collate = COLLATES.build(loader_cfg.collate or {"name": "Stack"})
     split, made = _split(dataset, sampler, collate, batches)
@@ -570,9 +567,8 @@ def measure(name, scale=1.0, workers=(0, 1, 2), batches=3, min_seconds=2.0, seed
 
 
 def run(names, scale=1.0, workers=(0, 1, 2), batches=3, min_seconds=2.0, log=print):
-    import platform
 
-    import paddle
+    import paddle  # paddle's side after the command's flags are parsed (import cost)
     rows = []
     load_before = round(os.getloadavg()[0], 2)
     for name in names:

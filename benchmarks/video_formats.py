@@ -28,6 +28,7 @@ worker with a core of its own reaches the CPU figure. The ratios, measured in th
 The JSON (default benchmarks/results/<cpu kind>/video_formats.json) records the CPU and the rows.
 """
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -43,6 +44,9 @@ import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import report  # noqa: E402
+from data import prepare_kinetics  # noqa: E402
+from engine.components import load_all  # noqa: E402
+from readers.kinetics import KineticsDataset, _DecordVideo, sample_indices  # noqa: E402
 
 TSN_TRAIN = [
     {"name": "Scale", "short_size": 256, "fixed_ratio": False},
@@ -54,11 +58,6 @@ TSN_TRAIN = [
 
 
 def _prepare_kinetics():
-    sys.path.insert(0, os.path.join(ROOT, "data"))
-    try:
-        import prepare_kinetics
-    finally:
-        sys.path.pop(0)
     return prepare_kinetics
 
 
@@ -81,7 +80,7 @@ def synthetic_frames(seed, n, width, height):
 
 def encode_long_gop(frames, path, rate=25):
     """H.264 with libx264's defaults (keyint 250, scene cuts): downloaded Kinetics clips."""
-    import av
+    import av  # optional: PyAV comes with the test requirements
     with av.open(path, "w") as c:
         s = c.add_stream("libx264", rate=rate, options={"crf": "23"})
         s.pix_fmt = "yuv420p"
@@ -118,13 +117,11 @@ def _timed(fn):
 
 def tsn_train_indices(rng, n, num_seg=3):
     """TSN's train sampling (readers.kinetics.sample_indices), one frame per segment."""
-    from readers.kinetics import sample_indices
     return sample_indices(n, num_seg, 1, True, rng).reshape(-1)
 
 
 def decode(path, idx, access):
     """The reader's decord path (readers.kinetics._DecordVideo) with access 'batch' or 'seek'."""
-    from readers.kinetics import _DecordVideo
     return _DecordVideo(path).read(idx, access)
 
 
@@ -193,10 +190,7 @@ def main(argv=None):
     width, height = (int(v) for v in args.size.lower().split("x"))
     gops = [int(g) for g in args.gops.split(",") if g]
 
-    import copy
-    from engine.components import load_all
     load_all()  # registers the transforms (Scale, MultiScaleCrop, ...)
-    from readers.kinetics import KineticsDataset
 
     tmp = None
     work = args.workdir

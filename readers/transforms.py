@@ -115,8 +115,8 @@ class Normalize:
     By default (`in_main_process: true`) the pixels stay uint8 in that layout and the sample gets
     `<key>_normalize` = [shift, scale] per RGB channel; the model applies them to the collated batch
     on its device (`models.pixels.as_float`), and the exported-model predictor on the host before
-    the program (`normalize_batch`). DataLoader workers then hand over a quarter of the bytes: a TSN
-    batch of 8 x 3 x 3 x 224 x 224 is 14.5 MB in float32, 3.6 MB in uint8. Where PadImages padded a
+    the program (engine/deploy/predictor.py). DataLoader workers then hand over a quarter of the
+    bytes: a TSN batch of 8 x 3 x 3 x 224 x 224 is 14.5 MB in float32, 3.6 MB in uint8. Where PadImages padded a
     batch (`<key>_size`), the padding is 0.0 after normalising, as when padding float32 pixels
     with 0. `in_main_process: false` normalises here, to float32 (for a model of your own that
     reads float pixels and does not call `as_float`).
@@ -164,17 +164,3 @@ class Normalize:
         return x[0] if crops * clips == 1 else x
 
 
-def normalize_batch(x, norm, size=None):
-    """numpy float32 of a collated uint8 batch `x` [B, ..., C, H, W] (C = 3 * frames) with its
-    `<key>_normalize` metadata `norm` (one [shift, scale] per sample, Normalize above): what
-    `models.pixels.as_float` computes on the device. `size` [B, 2] (PadImages' `<key>_size`) sets
-    the padding outside each sample's height and width to 0.0."""
-    x = np.asarray(x)
-    shift, scale = (np.asarray(v, np.float32) for v in norm[0])
-    reps, shape = x.shape[-3] // 3, [x.shape[-3], 1, 1]
-    out = (x.astype(np.float32) - np.tile(shift, reps).reshape(shape)) * np.tile(scale, reps).reshape(shape)
-    if size is not None:
-        for i, (h, w) in enumerate(np.asarray(size).reshape(-1, 2)):
-            out[i, ..., int(h):, :] = 0.0
-            out[i, ..., :, int(w):] = 0.0
-    return out

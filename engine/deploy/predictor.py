@@ -30,7 +30,6 @@ from engine.deploy.record import BACKEND_OF, as_numpy, check_shape, checked_feed
     uses_runner
 from engine.errors import ConfigError
 from engine.registry import MODELS
-from readers.transforms import normalize_batch
 
 
 _GPU_PRECISION = {"fp32": pi.PrecisionType.Float32, "fp16": pi.PrecisionType.Half,
@@ -270,3 +269,19 @@ class Predictor:
 
     def eval(self):
         return self
+
+
+def normalize_batch(x, norm, size=None):
+    """numpy float32 of a collated uint8 batch `x` [B, ..., C, H, W] (C = 3 * frames) with its
+    `<key>_normalize` metadata `norm` (one [shift, scale] per sample: readers/transforms.py Normalize): what
+    `models.pixels.as_float` computes on the device. `size` [B, 2] (PadImages' `<key>_size`) sets
+    the padding outside each sample's height and width to 0.0."""
+    x = np.asarray(x)
+    shift, scale = (np.asarray(v, np.float32) for v in norm[0])
+    reps, shape = x.shape[-3] // 3, [x.shape[-3], 1, 1]
+    out = (x.astype(np.float32) - np.tile(shift, reps).reshape(shape)) * np.tile(scale, reps).reshape(shape)
+    if size is not None:
+        for i, (h, w) in enumerate(np.asarray(size).reshape(-1, 2)):
+            out[i, ..., int(h):, :] = 0.0
+            out[i, ..., :, int(w):] = 0.0
+    return out
