@@ -6,7 +6,7 @@ from engine import cli
 from engine.errors import ConfigError
 
 
-def main():
+def _args():
     p = cli.parser(__doc__, config_required=False)
     cli.weights_args(p, required=True, help="a .pdparams file, a checkpoint directory, a pretrained entry name, "
                                             "a URL, or an export directory of tools/export.py (then -c is optional)")
@@ -19,8 +19,11 @@ def main():
                    help="also write a per-class report into the output folder: report.md and report.json, and "
                         "where the metric has one the confusion matrix (confusion.json, .csv, .png)")
     cli.trt_flag(p)
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def main():
+    args = _args()
     from engine import runtime  # after parsing: --help needs no paddle
     from engine.session import Session
     from engine.training import trainer
