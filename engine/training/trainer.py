@@ -554,21 +554,20 @@ class _Meter:
         self.intervals, self.last_n = self.intervals + 1, self.n
         avg = self.averages()
         self.check_finite(avg, train_step.scaler)
-        world_size = runtime.world()[0]
+        world_size, rank = runtime.world()
         if world_size > 1:
             t = paddle.to_tensor([avg[k] for k in sorted(avg)], dtype="float64")
             paddle.distributed.all_reduce(t)
             avg = dict(zip(sorted(avg), (t / world_size).tolist()))
         lr = train_step.last_lr if train_step.last_lr is not None else train_step.optimizer.get_lr()
-        if runtime.world()[1] == 0:
-            eta = self.eta(remaining)
+        if rank == 0:
+            rate = self.samples / max(self.t_step, 1e-9)
             log.info("epoch %d batch %d/%d step %d %s lr %.3g | %.3g samples/s reader %.0f%% of step | "
                      "eta %s | mem %.0f MB%s", at.epoch + 1, at.batch, self.batches, at.step, _fmt(avg), lr,
-                     self.samples / max(self.t_step, 1e-9), 100 * share,
-                     eta, runtime.peak_memory_mb(),
+                     rate, 100 * share, self.eta(remaining), runtime.peak_memory_mb(),
                      f" | skipped {self.skipped} bad samples" if self.skipped else "")
             if writer:
-                writer.train(at, dict(avg, lr=lr, samples_per_s=self.samples / max(self.t_step, 1e-9)))
+                writer.train(at, dict(avg, lr=lr, samples_per_s=rate))
         self._reset()
         return share
 
