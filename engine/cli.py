@@ -34,6 +34,21 @@ def trt_flag(p):
                         "and the device is a GPU; --trt on a CPU is an error)")
 
 
+def backend_args(p):
+    """--backend and how an export runs, as infer and eval take them (engine/session.py `runnable`)."""
+    p.add_argument("--backend", choices=["dynamic", "inference", "onnxruntime", "openvino"], default=None,
+                   help="dynamic: the model in Python; inference: an export run by Paddle Inference; onnxruntime or "
+                        "openvino: an export of --format onnx (or an INT8 one of tools/quantize.py) run by ONNX Runtime "
+                        "or OpenVINO on the CPU (default: what the export records, or dynamic for weights)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default=None,
+                   help="an export's float precision (default: the export's); bf16 where the CPU has it, else fp32 "
+                        "with one line")
+    p.add_argument("--ov-hint", choices=["LATENCY", "THROUGHPUT"], default="LATENCY",
+                   help="OpenVINO's performance hint: LATENCY (one request at a time, the default) or THROUGHPUT")
+    p.add_argument("--no-mkldnn", action="store_true", help="inference backend on CPU without oneDNN")
+    trt_flag(p)
+
+
 def weights_args(p, required=False, help=None):
     """--weights and --weights-format, as eval, infer and export take them."""
     p.add_argument("--weights", required=required,

@@ -90,11 +90,15 @@ class Session:
             self.load_weights(model, weights, weights_format, strict, log)
         return model
 
-    def runnable(self, weights, weights_format=None, backend=None, mkldnn=True, tensorrt=None):
+    def runnable(self, weights, weights_format=None, backend=None, mkldnn=True, tensorrt=None, args=None):
         """What eval and infer run: an export directory's programs (engine.deploy.predictor.Predictor) on
         `backend`, by default the one its infer_cfg.yml records (said in one line); else the recipe's
         model with `weights` loaded (backend None or "dynamic"). `tensorrt`: Predictor's (None: on a GPU where
-        the export records it)."""
+        the export records it). `args`: the flags of engine.cli.backend_args, which set all of these."""
+        options = {}
+        if args is not None:
+            backend, mkldnn, tensorrt = args.backend, not args.no_mkldnn, args.trt
+            options = {"precision": args.precision, "ov_hint": args.ov_hint}
         if is_export(weights) and backend in (None, "dynamic"):
             if backend == "dynamic":
                 raise ConfigError(f"--weights {weights} is an export of tools/export.py, which --backend dynamic "
@@ -104,9 +108,11 @@ class Session:
             print(f"note: {weights} is a {record.get('format', 'paddle')} export of {record.get('model')}: "
                   f"running it with --backend {backend}", flush=True)
         if backend in (None, "dynamic"):
+            if options.get("precision"):
+                raise ConfigError("--precision sets how an export runs; for weights use -o eval.amp=...")
             return self.model(weights, weights_format)
         return Predictor(weights, mkldnn=mkldnn, threads=self.rt["threads"], device=self.rt["device"],
-                         model_name=self.cfg["model"]["name"], backend=backend, tensorrt=tensorrt)
+                         model_name=self.cfg["model"]["name"], backend=backend, tensorrt=tensorrt, **options)
 
     def load_weights(self, model, weights, weights_format=None, strict=True, log=print):
         if os.path.isdir(weights) and os.path.isfile(os.path.join(weights, "model.pdparams")):

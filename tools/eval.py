@@ -18,7 +18,7 @@ def _args():
     p.add_argument("--report", action="store_true",
                    help="also write a per-class report into the output folder: report.md and report.json, and "
                         "where the metric has one the confusion matrix (confusion.json, .csv, .png)")
-    cli.trt_flag(p)
+    cli.backend_args(p)
     return p.parse_args()
 
 
@@ -37,7 +37,7 @@ def main():
     if args.report and not hasattr(metric, "report"):
         raise ConfigError(f"--report: metric {type(metric).__name__} has no per-class report (classification, "
                           f"YouTube-8M, GLUE classification and segmentation metrics have one)")
-    model = s.runnable(args.weights, args.weights_format, tensorrt=args.trt)   # an export runs on its recorded backend
+    model = s.runnable(args.weights, args.weights_format, args=args)   # an export: by default on its recorded backend
     metrics = evaluate(model, loader, metric, s.eval_amp)
     report = metric.report(s.label_names()) if args.report else None   # every rank: the metric gathers across ranks
     if rt["rank"] == 0:

@@ -17,12 +17,7 @@ def _parser():
                                             "directory of tools/export.py (then -c is optional)")
     p.add_argument("--input", required=True, nargs="+", help="input files or folders")
     p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--backend", choices=["dynamic", "inference", "onnxruntime"], default=None,
-                   help="dynamic: the model in Python; inference: an export run by Paddle Inference; "
-                        "onnxruntime: an export of --format onnx run by ONNX Runtime on the CPU "
-                        "(default: what the export records, or dynamic for weights)")
-    p.add_argument("--no-mkldnn", action="store_true", help="inference backend on CPU without oneDNN")
-    cli.trt_flag(p)
+    cli.backend_args(p)
     p.add_argument("--output", type=cli.check_output,
                    help="output directory (default: infer/ in the run folder of --weights, else "
                         "output/<config name>/infer)")
@@ -42,7 +37,7 @@ def main():
     runtime.setup_logging(None)
     split = args.split or s.cfg.eval_split()
     dataset = s.input_dataset(args.input, split)
-    model = s.runnable(args.weights, args.weights_format, args.backend, mkldnn=not args.no_mkldnn, tensorrt=args.trt)
+    model = s.runnable(args.weights, args.weights_format, args=args)
     model.eval()
     loader, _, _ = s.loader(split, dataset=dataset, batch_size=args.batch_size, sharded=False)
     writer.open(args.output or cli.default_output(args.config or args.weights, args.weights, "infer"), dataset,

@@ -10,7 +10,8 @@ An export of programs declared by the model (engine/deploy/export.py `programs`)
 class's `exported_runner(programs, settings)`: the Python part of the prediction (a beam search,
 sliding windows, NMS) is the model's own code, the networks are the exported programs. Predictions
 are numpy arrays, or lists of them where the model gives one per image. `backend="onnxruntime"`
-runs an export of `--format onnx` (engine/deploy/onnx.py) the same way, on the CPU.
+runs an export of `--format onnx` (engine/deploy/onnx.py) the same way, on the CPU, and
+`backend="openvino"` that export or an INT8 IR of tools/quantize.py (engine/deploy/openvino.py).
 
 TensorRT (`tensorrt`): None (the default) runs it on a GPU where the export records a `tensorrt`
 section (tools/export.py --trt) and not on a CPU; True requires it (one line on a CPU or without the
@@ -25,8 +26,8 @@ import paddle.inference as pi
 from engine import cpu
 from engine.runtime import selected_gpu
 from engine.components import import_custom, load_all
-from engine.deploy import onnx, tensorrt
-from engine.deploy.record import BACKEND_OF, as_numpy, check_shape, checked_feeds, programs_of, read_infer_cfg, \
+from engine.deploy import onnx, openvino, tensorrt
+from engine.deploy.record import BACKENDS_OF, as_numpy, check_shape, checked_feeds, programs_of, read_infer_cfg, \
     uses_runner
 from engine.errors import ConfigError
 from engine.registry import MODELS
@@ -163,26 +164,29 @@ class Predictor:
     """`precision` (None: the export's, `precision` in infer_cfg.yml) "bf16" runs Paddle Inference's
     oneDNN bf16 kernels where the CPU has native bf16, else fp32 with one log line. `wrap(program)`,
     when given, stands in for each program (quantization records their feeds)."""
-    BACKENDS = ("inference", "onnxruntime")
+    BACKENDS = ("inference", "onnxruntime", "openvino")
     training = False
 
     def __init__(self, export_dir, mkldnn=True, threads=None, device="cpu", model_name=None, backend="inference",
-                 wrap=None, precision=None, tensorrt=None):
+                 wrap=None, precision=None, tensorrt=None, ov_hint="LATENCY", cache_dir=None):
         self.export_dir = export_dir
         if backend not in self.BACKENDS:
             raise ConfigError(f"backend '{backend}': one of {', '.join(self.BACKENDS)}")
         if backend == "onnxruntime":
             onnx.require("--backend onnxruntime")
+        if backend == "openvino":
+            openvino.require("--backend openvino")
         self.record = read_infer_cfg(export_dir)
         fmt = self.record.get("format", "paddle")
-        if BACKEND_OF[fmt] != backend:
-            other = next(f for f, b in BACKEND_OF.items() if b == backend)
-            raise ConfigError(f"{export_dir} holds an export of --format {fmt}, which --backend {BACKEND_OF[fmt]} "
-                              f"runs; for --backend {backend} export with tools/export.py --format {other}")
+        if backend not in BACKENDS_OF[fmt]:
+            other = next(f for f, b in BACKENDS_OF.items() if backend in b)
+            raise ConfigError(f"{export_dir} holds an export of --format {fmt}, which --backend "
+                              f"{' or '.join(BACKENDS_OF[fmt])} runs; for --backend {backend} export with "
+                              f"tools/export.py --format {other}")
         if model_name is not None and self.record["model"] != model_name:
             raise ConfigError(f"{export_dir} holds an exported {self.record['model']}, but the config "
                               f"builds {model_name}")
-        self.inputs = self.record["inputs"]
+        self.inputs, self.backend = self.record["inputs"], backend
         self.precision = self._precision(precision or self.record.get("precision", "fp32"), backend, mkldnn, device)
         bf16 = self.precision == "bf16"
         trt = self._tensorrt(tensorrt, device, backend)
@@ -192,6 +196,8 @@ class Predictor:
         self.tensorrt = bool(trt)
         if backend == "onnxruntime":
             make = lambda name, spec: onnx.Program(export_dir, name, spec, threads)  # noqa: E731
+        elif backend == "openvino":
+            make = self._openvino(fmt, threads, ov_hint, cache_dir)
         else:
             make = lambda name, spec: Program(export_dir, name, spec, mkldnn, threads, device,  # noqa: E731
                                               bf16 and device != "gpu", gpu_precision=self.precision, trt=trt,
@@ -208,6 +214,15 @@ class Predictor:
                                   f"{self.record['model']} has no exported_runner to drive them")
         else:
             self.run = next(iter(self.programs.values()))
+
+    def _openvino(self, fmt, threads, hint, cache_dir):
+        """OpenVINO's program maker: an INT8 IR's float layers in bf16 where OpenVINO has bf16 here."""
+        rest = "bf16" if self.precision == "int8" and fmt == "openvino" and openvino.has_bf16() else "fp32"
+        precision = "int8" if fmt == "openvino" else self.precision
+        if cache_dir is None and os.access(self.export_dir, os.W_OK):   # a second start skips compilation
+            cache_dir = os.path.join(self.export_dir, "openvino_cache")
+        return lambda name, spec: openvino.Program(self.export_dir, name, spec, threads, precision, hint,  # noqa: E731
+                                                   cache_dir, float_precision=rest)
 
     def _tensorrt(self, want, device, backend):
         """The record's `tensorrt` section where TensorRT runs (the module docstring), else None."""
@@ -240,7 +255,9 @@ class Predictor:
         if want == "fp16":
             raise ConfigError("precision fp16 runs on a GPU (Paddle Inference); on a CPU use bf16")
         if want == "bf16":
-            why = ("ONNX Runtime has no bf16 CPU kernels" if backend != "inference" else
+            why = ("ONNX Runtime has no bf16 CPU kernels" if backend == "onnxruntime" else
+                   None if backend == "openvino" and openvino.has_bf16() else
+                   "OpenVINO's CPU plugin reports no bf16 on this CPU (avx512_bf16, amx_bf16)" if backend == "openvino" else
                    "oneDNN is off" if not mkldnn else
                    None if cpu.has_bf16() else "this CPU has no native bf16 (avx512_bf16, amx_bf16)")
             if why:

@@ -2,7 +2,7 @@
 
 An export (engine/deploy/export.py writes it, engine/deploy/predictor.py and onnx.py run it,
 engine/deploy/quantize.py rewrites it as INT8) is a folder of programs (`name.json` + `name.pdiparams`,
-or `name.onnx`) beside `infer_cfg.yml`, the record of everything else the predictor needs: the format
+`name.onnx`, or OpenVINO's `name.xml` + `name.bin`) beside `infer_cfg.yml`, the record of everything else the predictor needs: the format
 and precision, the model's name, its inputs (shapes with -1 where a size may vary, and the largest
 it takes) and outputs, its programs and their methods, the settings of its Python between them, and
 the recipe's reader, `infer` writer and class names; with `tools/export.py --trt`, the `tensorrt`
@@ -21,11 +21,13 @@ EXPORT_VERSION = 1
 PROGRAM = "model"              # model.json + model.pdiparams
 INFER_CFG = "infer_cfg.yml"
 # the files of one program, by export format; `format` in infer_cfg.yml (absent: paddle)
-FORMATS = {"paddle": (".json", ".pdiparams"), "onnx": (".onnx",)}
-BACKEND_OF = {"paddle": "inference", "onnx": "onnxruntime"}
+FORMATS = {"paddle": (".json", ".pdiparams"), "onnx": (".onnx",), "openvino": (".xml", ".bin")}
+# the backends that run each format, the default first (openvino: an INT8 IR of tools/quantize.py --backend openvino)
+BACKENDS_OF = {"paddle": ("inference",), "onnx": ("onnxruntime", "openvino"), "openvino": ("openvino",)}
+BACKEND_OF = {fmt: backends[0] for fmt, backends in BACKENDS_OF.items()}
 # `precision` in infer_cfg.yml (absent: fp32). bf16: the fp32 program, which Paddle Inference runs with
 # oneDNN's bf16 kernels (its bf16 placement pass) where the CPU has them; int8: tools/quantize.py
-PRECISIONS = {"paddle": ("fp32", "bf16"), "onnx": ("fp32", "int8")}
+PRECISIONS = {"paddle": ("fp32", "bf16"), "onnx": ("fp32", "int8"), "openvino": ("int8",)}
 OPSET = 16            # of an onnx export: RoIAlign's half_pixel mode (Mask R-CNN's aligned RoIAlign) needs 16
 
 
