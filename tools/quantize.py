@@ -21,7 +21,7 @@ import _bootstrap  # noqa: F401  (environment before paddle)
 from engine import cli
 
 
-def main():
+def _args():
     p = cli.parser(__doc__)
     cli.weights_args(p, required=True, help="a .pdparams file, checkpoint dir, entry name or URL")
     p.add_argument("--output", required=True, type=cli.check_output, help="the quantized export directory")
@@ -34,8 +34,11 @@ def main():
     p.add_argument("--max-drop", type=float, default=None, help="exit 1 when fp32 - INT8 of --metric exceeds this")
     p.add_argument("--metric", default=None, help="the metric the drop is of")
     p.add_argument("--split", default=None, help="evaluation split (default: test if defined, else val)")
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def main():
+    args = _args()
     from engine import runtime  # after parsing: --help needs no paddle
     from engine.deploy import onnx, openvino, quantize
     from engine.session import Session
