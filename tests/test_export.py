@@ -15,7 +15,7 @@ import pytest
 from engine import builder, config
 from engine.components import load_all
 from engine.cpu import has_bf16
-from engine.deploy import export
+from engine.deploy import export, openvino
 from engine.deploy.predictor import Predictor
 from engine.deploy.quantize import Recorder
 from engine.errors import ConfigError
@@ -131,7 +131,7 @@ def test_exported_program_matches_the_dynamic_model(path, overrides, backend, tm
         assert {p.inference_precision for p in ov.programs.values()} == {"f32"}
     onednn = Predictor(str(tmp_path)) if continuous else None
     spec = export.spec_of(model)
-    for batch in _batches(cfg):
+    for i, batch in enumerate(_batches(cfg)):
         with paddle.no_grad():
             ref = model(batch)
             if type(model).run_exported is not None:   # each network call of the shared Python (before NMS, ...)
@@ -158,8 +158,9 @@ def test_exported_program_matches_the_dynamic_model(path, overrides, backend, tm
         assert set(got) == set(spec["outputs"])
         for key in got:
             assert_same(got[key], ref[key], key)
-        if ov:
-            _openvino_matches(ov, predictor, batch, ref, folder)
+        if ov:   # and on the first batch OpenVINO asked for bf16
+            _openvino_matches(ov, predictor, batch, ref, folder,
+                              Predictor(str(tmp_path), backend="openvino", precision="bf16") if i == 0 else None)
     if backend == "inference":
         _bf16_matches_fp32(str(tmp_path), _batches(cfg)[0])
 
@@ -170,16 +171,32 @@ def test_exported_program_matches_the_dynamic_model(path, overrides, backend, tm
 FLOAT_CHOICES = {"mask_rcnn"}
 
 
-def _openvino_matches(ov, ort, batch, ref, folder):
+def _openvino_matches(ov, ort, batch, ref, folder, bf16=None):
     """OpenVINO's programs on the feeds ONNX Runtime's programs were given (recorded) give their
-    outputs within the golden tolerance, and its predictions the dynamic model's."""
+    outputs within the golden tolerance, and its predictions the dynamic model's. `bf16`: OpenVINO's
+    predictor asked for bf16, whose outputs stay within BF16_RTOL of fp32's where OpenVINO has bf16 on
+    this CPU, and are fp32's (compiled f32) where it has not."""
+    worst = 0.0
     for name, rec in ort.programs.items():
         assert rec.feeds, name
         for feeds in rec.feeds:
             want, got = rec.program(feeds), ov.programs[name](feeds)
             for key in want:
                 assert_same(got[key], want[key], f"openvino: {name}.{key}")
+            if bf16 is not None:
+                half = bf16.programs[name](feeds)
+                for key, value in got.items():
+                    if bf16.precision == "fp32" or not np.issubdtype(value.dtype, np.floating) or not value.size:
+                        assert np.array_equal(half[key], value), (name, key)
+                    else:
+                        rel = np.linalg.norm(half[key] - value) / max(np.linalg.norm(value), 1e-12)
+                        assert rel <= BF16_RTOL, (name, key, rel)
+                        worst = max(worst, rel)
         rec.feeds.clear()
+    if bf16 is not None:
+        assert {p.inference_precision for p in bf16.programs.values()} == {"bf16" if bf16.precision == "bf16" else "f32"}
+        assert bf16.precision == ("bf16" if openvino.has_bf16() else "fp32")
+        assert bf16.precision == "fp32" or worst > 1e-4, "bf16 computed exactly what fp32 did: its kernels did not run"
     if folder not in FLOAT_CHOICES:
         got = ov(batch)
         for key in got:
