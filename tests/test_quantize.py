@@ -20,7 +20,7 @@ from engine.deploy.predictor import Predictor
 from engine.errors import ConfigError
 from tests.conftest import (ATTENTION_CLUSTER_DEMO, ATTENTION_LSTM_DEMO, BERT_GLUE_DEMO, DEEPLAB_DEMO,
                             MASK_RCNN_DEMO, NATIVE_BF16, NEXTVLAD_DEMO, STNET_DEMO, TRANSFORMER_DEMO, TSN_DEMO)
-from tests.helpers import ROOT, one_error_line, tool, tools_in_one_process
+from tests.helpers import ENV, ROOT, one_error_line, tool, tools_in_one_process
 
 # (id, config, the session fixture whose run it quantizes): every demo with a validation metric
 DEMOS = [("tsn", TSN_DEMO, "tsn_demo_run"), ("stnet", STNET_DEMO, "stnet_demo_run"),
@@ -166,6 +166,12 @@ def test_quantize_refuses_bad_input_with_one_line(tsn_int8, tsn_demo_run, tmp_pa
             # a calibration reader that yields nothing: every training video unreadable, skipped
             ("quantize", base + ["-o", f"reader.train.list_file={bad}", "-o", "reader.val.skip_bad=true"], {})]
     results = tools_in_one_process(runs)
+    hidden = tmp_path / "no_nncf"          # an environment without NNCF: importing it fails
+    (hidden / "nncf").mkdir(parents=True)
+    (hidden / "nncf" / "__init__.py").write_text("raise ImportError('no module named nncf')\n")
+    no_nncf = tool("quantize", *base, "--backend", "openvino", check=False, env=dict(ENV, PYTHONPATH=str(hidden)))
+    assert one_error_line({"code": no_nncf.returncode, "stderr": no_nncf.stderr}) == (
+        "error: tools/quantize.py --backend openvino needs nncf: pip install -r requirements-openvino.txt"), no_nncf.stderr
     nothing = results.pop()
     assert one_error_line(nothing) == ("error: the calibration reader (reader.train's samples through "
                                        "reader.val's processing) yielded no batches"), nothing
@@ -228,3 +234,43 @@ def test_a_model_with_nothing_to_quantize_and_kernels_that_compute_something_els
     # the bound against the issue's measurements (not this code's): Paddle Inference's oneDNN INT8 of a
     # paddle.quantization program, 2.1 from its own simulation, which was 0.015 from fp32: refused
     assert not quantize.simulation_agrees(2.1, 0.015)
+
+
+def test_openvino_int8_runs_its_float_layers_in_bf16_only_where_openvino_has_bf16(tmp_path, monkeypatch):
+    """NNCF's INT8 IR compiles its float layers with the bf16 hint where OpenVINO reports bf16 (simulated:
+    its capability check answers yes; this AMD Zen 2 has none), else f32; an fp32 ONNX export stays f32
+    either way. Numbers: the same program against fp32 on this CPU, within the INT8 route's own gap."""
+    from onnx import TensorProto, helper, numpy_helper
+    import onnx
+    from engine.deploy import openvino
+    from engine.deploy.record import write_infer_cfg
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(3):
+        inits.append(numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32) / 4, f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"MatMul.{i}"))
+        x = f"h{i}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 16])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, 16])], inits)
+    src = tmp_path / "fp32"
+    src.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)]), str(src / "model.onnx"))
+    spec = {"name": "x", "shape": [-1, 16], "dtype": "float32"}
+    write_infer_cfg(str(src), {"zoo_export_version": 1, "format": "onnx", "precision": "fp32", "onnx": {"opset": 16},
+                               "model": "Toy", "inputs": [spec], "outputs": ["y"]})
+    feeds = [{"x": rng.standard_normal((4, 16)).astype(np.float32)} for _ in range(4)]
+    q = quantize.quantize_openvino(str(src), str(tmp_path / "int8"), {"model": feeds})
+    assert q["programs"]["model"]["quantized"] == 1 and q["programs"]["model"]["kept_float"] == ["MatMul.0", "MatMul.2"]
+    assert q["int8_vs_fp32"]["model"]["y"] < 0.05, q    # 8-bit steps of one layer's ranges
+    for has in (False, True):
+        monkeypatch.setattr(openvino, "has_bf16", lambda: has)
+        int8 = Predictor(str(tmp_path / "int8"), backend="openvino", cache_dir=False)
+        fp32 = Predictor(str(src), backend="openvino", cache_dir=False)
+        assert int8.precision == "int8" and fp32.precision == "fp32"
+        assert int8.programs["model"].options["INFERENCE_PRECISION_HINT"] == ("bf16" if has else "f32")
+        assert fp32.programs["model"].options["INFERENCE_PRECISION_HINT"] == "f32"
+        assert fp32.programs["model"].inference_precision == "f32"     # what OpenVINO compiled
+        if not has:        # this CPU: what OpenVINO compiled (with the mock, OpenVINO still finds no bf16 here)
+            assert int8.programs["model"].inference_precision == "f32"
+        assert np.allclose(int8.programs["model"](feeds[0])["y"], fp32.programs["model"](feeds[0])["y"],
+                           atol=0.1 * np.abs(fp32.programs["model"](feeds[0])["y"]).max())

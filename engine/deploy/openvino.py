@@ -230,9 +230,9 @@ class Program:
         model = read(self.where)
         if any(op.get_type_name() in _RECURRENT for op in model.get_ops()):
             cache_dir = None      # OpenVINO's cached blob of an LSTM computes something else (_RECURRENT)
-        options = compile_options(float_precision if precision == "int8" else precision, threads, hint, cache_dir)
+        self.options = compile_options(float_precision if precision == "int8" else precision, threads, hint, cache_dir)
         try:
-            self.compiled = core().compile_model(model, "CPU", options)
+            self.compiled = core().compile_model(model, "CPU", self.options)
         except Exception as e:
             raise ConfigError(f"{self.where}: OpenVINO cannot compile it ({_unsupported(self.where, e)})") from None
         names = [n for p in self.compiled.inputs for n in sorted(p.get_names())]   # a port has aliases

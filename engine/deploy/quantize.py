@@ -14,6 +14,7 @@ the INT8 kernels and with every QuantizeLinear/DequantizeLinear computed in floa
 optimization: the simulation), and the two must agree.
 """
 import json
+import logging
 import os
 import tempfile
 
@@ -234,6 +235,7 @@ def quantize_program_openvino(src, dst, feeds, keep_first=True, overflow_fix=Fal
     from engine.deploy import openvino
     if not feeds:
         raise ConfigError(f"{src}: no calibration feeds recorded for this program")
+    nncf.set_log_level(logging.WARNING)          # its INFO line per layer it leaves alone
     with tempfile.TemporaryDirectory() as tmp:
         pre = os.path.join(tmp, "pre.onnx")
         quant_pre_process(src, pre, skip_symbolic_shape=True)      # folds constants (Concat-ed weights)
