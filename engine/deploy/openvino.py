@@ -10,9 +10,11 @@ The compiled model's options are always explicit, never OpenVINO's guess: the in
 (f32 for an fp32 export: OpenVINO would pick bf16 on its own on an AMX Xeon; bf16 only where its CPU
 plugin reports bf16, else f32 with one line), the threads (`runtime.num_threads`), the LATENCY or
 THROUGHPUT hint, and a model cache folder (`cache_dir`, OpenVINO's CACHE_DIR: a second start skips
-compilation; not for a program with a recurrent layer, whose cached form computes something else). The model's Python around its programs (beam search, windows, proposals, NMS) is the
-same as on the other backends.
+compilation; not for a program with a recurrent layer, whose cached form computes something else).
+The model's Python around its programs (beam search, windows, proposals, NMS) is the same as on the
+other backends.
 """
+import functools
 import os
 import re
 
@@ -44,7 +46,9 @@ def require(what, quantize=False):
         raise ConfigError(f"{what} needs {', '.join(missing)}: pip install -r {REQUIREMENTS}")
 
 
+@functools.lru_cache(maxsize=None)
 def core():
+    """One OpenVINO Core per process (made on first use: its plugins load then)."""
     import openvino as ov  # optional: requirements-openvino.txt only
     return ov.Core()
 
@@ -247,8 +251,7 @@ class Program:
     @property
     def inference_precision(self):
         """What the compiled model computes its float layers in: "f32" or "bf16"."""
-        return str(self.compiled.get_property("INFERENCE_PRECISION_HINT")).replace("<Type: '", "").rstrip("'>") \
-            .replace("float32", "f32").replace("bfloat16", "bf16")
+        return self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
 
     def __call__(self, feeds):
         values, shapes = checked_feeds(self.inputs, feeds, self.where)
