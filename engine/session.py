@@ -105,7 +105,8 @@ class Session:
                                   f"cannot run; leave --backend out (its {INFER_CFG} says which backend runs it)")
             record = read_infer_cfg(weights)
             backend = BACKEND_OF[record.get("format", "paddle")]
-            print(f"note: {weights} is a {record.get('format', 'paddle')} export of {record.get('model')}: "
+            fmt = record.get("format", "paddle")
+            print(f"note: {weights} is {'an' if fmt[0] in 'aeiou' else 'a'} {fmt} export of {record.get('model')}: "
                   f"running it with --backend {backend}", flush=True)
         if backend in (None, "dynamic"):
             if options.get("precision"):

@@ -584,7 +584,7 @@ def test_onnx_export_and_runtime_refuse_bad_input_with_one_line(tmp_path, yt8m_d
                 r"infer_cfg\.yml: export format version 2, this code reads version 1",
                 r"holds an export of --format paddle, which --backend inference runs; for --backend onnxruntime "
                 r"export with tools/export\.py --format onnx",
-                r"holds an export of --format onnx, which --backend onnxruntime runs; for --backend inference",
+                r"holds an export of --format onnx, which --backend onnxruntime or openvino runs; for --backend inference",
                 r"--format onnx needs onnx, onnxruntime, paddle2onnx: pip install -r requirements-onnx\.txt$",
                 r"--backend onnxruntime needs onnx, onnxruntime, paddle2onnx: pip install -r requirements-onnx\.txt$"]
     for result, pattern, run in zip(results, expected, runs):
