@@ -5,6 +5,7 @@ MKL_DEBUG_CPU_TYPE=5 makes MKL take its AVX2 path on AMD CPUs, which it otherwis
 forces that same path instead of AVX-512/AMX (~200 -> ~126 GFLOP/s). So it is set on AMD only.
 This module imports nothing heavy: the tools and the tests call it before importing paddle.
 """
+import contextlib
 import ctypes
 import importlib.metadata
 import os
@@ -144,6 +145,22 @@ def mxcsr():
     """The calling thread's MXCSR, or None off x86-64 glibc."""
     got = _fenv()
     return got and got[2]
+
+
+@contextlib.contextmanager
+def ieee_denormals():
+    """FTZ and DAZ off in the calling thread for the block, then as they were: for a library that moves
+    integers through float instructions (OpenVINO 2026.4.1's Where on int64: small integers are
+    denormal bit patterns, read as 0 under DAZ)."""
+    before = mxcsr()
+    if before is None or not before & (FTZ | DAZ):
+        yield
+        return
+    flush_denormals(False)
+    try:
+        yield
+    finally:
+        flush_denormals(bool(before & FTZ))
 
 
 def flush_denormals(on=True):
