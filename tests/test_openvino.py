@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
+from engine.cpu import cpu_flags
 from engine.errors import ConfigError
 from tests.conftest import ATTENTION_LSTM_DEMO
 from tests.helpers import ENV, assert_one_line_error, one_error_line, tool, tools_in_one_process
@@ -176,7 +177,9 @@ def test_shape_keyed_kernel_cache_is_off_and_a_growing_cache_stays_right(tmp_pat
     assert max(ours) < 1e-4, ours
     default = _over_growing_cache(path, {k: v for k, v in options.items() if k != "CPU_RUNTIME_CACHE_CAPACITY"},
                                   heads, dim)
-    assert max(default) > 1, f"OpenVINO's kernel cache is right now ({default}): the capacity 0 may go"
+    if "avx512f" not in cpu_flags():    # measured on an AVX2 CPU (AMD Zen 2); OpenVINO picks its kernels by ISA
+        assert max(default[:7]) < 1e-4 and max(default[7:]) > 1, \
+            f"OpenVINO's kernel cache is right now ({default}): the capacity 0 may go"
 
 
 @pytest.fixture(scope="module")
@@ -272,3 +275,18 @@ def test_infer_refuses_with_one_line(exports, yt8m_demo, tmp_path):
     (hidden / "openvino" / "__init__.py").write_text("raise ImportError('no module named openvino')\n")
     proc = tool("infer", *infer(root / "onnx")[1], check=False, env=dict(ENV, PYTHONPATH=str(hidden)))
     assert_one_line_error(proc, "error: --backend openvino needs openvino: pip install -r requirements-openvino.txt")
+
+
+# OpenVINO 2026.4.1 imports a compiled model from its CACHE_DIR wrongly when the model holds a recurrent
+# layer (ONNX LSTM, GRU and RNN all measured: outputs off by 0.3-1.9 on the second start; a MatMul/Softmax
+# graph is right): the AttentionLSTM demo's GAP on a second start was 0.9294 instead of 0.9312.
+@pytest.mark.xfail(strict=True, reason="OpenVINO 2026.4.1 model cache (CACHE_DIR) + recurrent layers: "
+                                       "engine/deploy/openvino.py still caches such programs")
+def test_a_second_start_from_the_model_cache_computes_what_the_first_did(exports, tmp_path):
+    from engine.deploy.predictor import Predictor
+    root, batch = exports
+    want = Predictor(str(root / "onnx"), backend="onnxruntime")(batch)
+    for start in ("first", "second"):      # the first compiles and fills the cache, the second may read it
+        got = Predictor(str(root / "onnx"), backend="openvino", cache_dir=str(tmp_path / "cache"))(batch)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], atol=1e-4, err_msg=f"{start} start: {key}")
