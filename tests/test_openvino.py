@@ -290,3 +290,28 @@ def test_a_second_start_from_the_model_cache_computes_what_the_first_did(exports
         got = Predictor(str(root / "onnx"), backend="openvino", cache_dir=str(tmp_path / "cache"))(batch)
         for key in want:
             np.testing.assert_allclose(got[key], want[key], atol=1e-4, err_msg=f"{start} start: {key}")
+
+
+# OpenVINO 2026.4.1 moves int64 data through Where (Select) as if it were float: with FTZ/DAZ on (our tools
+# flush denormals by default, runtime.flush_denormals), small integers are denormal bit patterns and come out
+# 0. The trained BERT pretraining demo's mlm_correct was 0 on every sample through tools/infer.py.
+@pytest.mark.xfail(strict=True, reason="OpenVINO 2026.4.1 Where on int64 under FTZ/DAZ: engine/deploy/openvino.py "
+                                       "does not yet run OpenVINO with denormals as IEEE")
+def test_integers_through_where_survive_flushed_denormals(tmp_path):
+    from engine.cpu import flush_denormals, mxcsr
+    zero = numpy_helper.from_array(np.array(0, np.int64), "zero")
+    _save(tmp_path / "model.onnx", [helper.make_node("GreaterOrEqual", ["ids", "zero"], ["keep"]),
+                                    helper.make_node("Where", ["keep", "ids", "zero"], ["kept"]),
+                                    helper.make_node("Cast", ["kept"], ["y"], to=TensorProto.FLOAT)],
+          [("ids", TensorProto.INT64, [None])], [("y", TensorProto.FLOAT, [None])], [zero])
+    ids = np.array([3, 6, -1, 0, 135, 5], np.int64)
+    want = np.maximum(ids, 0).astype(np.float32)
+    spec = {"inputs": [{"name": "ids", "shape": [-1], "dtype": "int64"}], "outputs": ["y"]}
+    before = mxcsr()
+    try:
+        for flush in (False, True):
+            flush_denormals(flush)
+            got = zov.Program(str(tmp_path), "model", spec)({"ids": ids})["y"]
+            assert np.array_equal(got, want), (f"denormals flushed: {flush}", got)
+    finally:
+        flush_denormals(bool(before & 0x8000))
