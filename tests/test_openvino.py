@@ -54,7 +54,8 @@ def _wrong(got, ref):
 def test_log_sum_exp_with_axes_attribute_reduces_over_its_axes(axes, keepdims, tmp_path):
     x = np.random.RandomState(0).randn(2, 3, 4).astype(np.float32) * 3
     want = np.log(np.exp(x.astype(np.float64)).sum(axis=tuple(axes), keepdims=bool(keepdims)))
-    path = _save(tmp_path / "lse.onnx", [helper.make_node("ReduceLogSumExp", ["x"], ["y"], axes=axes, keepdims=keepdims)],
+    node = helper.make_node("ReduceLogSumExp", ["x"], ["y"], axes=axes, keepdims=keepdims)
+    path = _save(tmp_path / "lse.onnx", [node],
                  [("x", TensorProto.FLOAT, list(x.shape))], [("y", TensorProto.FLOAT, list(want.shape))])
     ref = _ort(path, {"x": x})[0]
     np.testing.assert_allclose(ref, want, rtol=1e-5, atol=1e-5)
@@ -121,7 +122,8 @@ def test_lstm_whose_last_state_is_read_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as e:
         zov.read(path)
     assert "\n" not in str(e.value)
-    assert str(e.value).startswith(path) and "LSTM node encoder_lstm" in str(e.value) and "sequence lengths" in str(e.value)
+    line = str(e.value)
+    assert line.startswith(path) and "LSTM node encoder_lstm" in line and "sequence lengths" in line, line
 
 
 def _attention_step(path):
@@ -147,7 +149,8 @@ def _attention_step(path):
              numpy_helper.from_array(np.array([0, 1, heads * dim], np.int64), "flat")]
     return _save(path, nodes, [("x", TensorProto.FLOAT, [None, 1, heads * dim]),
                                ("cache_k", TensorProto.FLOAT, [None, heads, None, dim])],
-                 [("logp", TensorProto.FLOAT, [None, 1, heads * dim]), ("k", TensorProto.FLOAT, [None, heads, None, dim])],
+                 [("logp", TensorProto.FLOAT, [None, 1, heads * dim]),
+                  ("k", TensorProto.FLOAT, [None, heads, None, dim])],
                  inits), (heads, dim)
 
 
