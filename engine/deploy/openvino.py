@@ -195,24 +195,27 @@ def _lstm_without_lengths(node, t):
 
 
 def _unsupported(path, error):
-    """OpenVINO's report, shortened to the operators it names and the nodes (paddle2onnx names them
-    after the Paddle layer) that hold them."""
+    """OpenVINO's report shortened to one line: the operators it could not convert (its summary lines
+    `-- No conversion rule found for operations: Det-16, my.domain.Op` and `-- Conversion is failed for:
+    X-16`) with the nodes that hold them (paddle2onnx names them after the Paddle layer) and, for a
+    failed conversion, the last line of OpenVINO's reason."""
     text = str(error)
-    ops = re.findall(r"^\s*(?:[\w.]+\s*-\s*)?([A-Za-z]\w*) \(?opset|^\s*([\w.]+:[A-Za-z]\w*)", text, re.M)
-    ops = sorted({a or b for a, b in ops})
-    named = re.search(r"OpenVINO does not support the following ONNX operations: ([^\n]+)", text)
-    if named:
-        ops = sorted({o.strip() for o in named.group(1).split(",") if o.strip()})
+    found = re.findall(r"^-- (No conversion rule found for operations|Conversion is failed for): (.+)$", text, re.M)
+    ops = [(o.strip(), kind.startswith("Conversion")) for kind, names in found for o in names.split(",") if o.strip()]
     if not ops or not path.endswith(".onnx"):
         return _summary(error)
     import onnx  # optional: requirements-onnx.txt only (an .onnx program was written with it)
     graph = onnx.load(path, load_external_data=False).graph
     where = []
-    for op in ops:
-        domain, _, kind = op.rpartition(".")
-        nodes = [n.name or n.output[0] for n in graph.node if n.op_type == kind and n.domain in (domain, "")]
-        where.append(f"{kind} (node {', '.join(nodes[:3])})" if nodes else op)
-    return f"unsupported operator {'; '.join(where)}"
+    for op, failed in ops:
+        domain, _, kind = re.sub(r"-\d+$", "", op).rpartition(".")     # Det-16 -> Det; my.domain.Op
+        nodes = [n.name or n.output[0] for n in graph.node
+                 if n.op_type == kind and (n.domain == domain or not domain and n.domain in ("", "ai.onnx"))]
+        said = f"operator {domain + '.' if domain else ''}{kind}" + (f" (node {', '.join(nodes[:3])})" if nodes else "")
+        reason = failed and re.search(rf"^-- {re.escape(op)} with a message:\n(.*?)\n\n", text, re.M | re.S)
+        where.append(f"{said}: {reason.group(1).strip().splitlines()[-1][:200]}" if reason else
+                     said if failed else "no conversion rule for " + said)
+    return "; ".join(where)
 
 
 def _summary(error):
