@@ -30,32 +30,38 @@ DEMOS = [("tsn", TSN_DEMO, "tsn_demo_run"), ("stnet", STNET_DEMO, "stnet_demo_ru
          ("bert_glue", BERT_GLUE_DEMO, "bert_glue_run"), ("deeplabv3", DEEPLAB_DEMO, "deeplab_demo_run"),
          ("mask_rcnn", MASK_RCNN_DEMO, "mask_rcnn_demo_run"), ("transformer", TRANSFORMER_DEMO, "transformer_demo_run")]
 CALIB_BATCHES = "2"
+BACKENDS = ("onnxruntime", "openvino")   # ONNX Runtime's QDQ route, NNCF's into OpenVINO IR
 
 
-def _quantize(runs, out):
-    """tools/quantize.py --split val of each (id, config, run dir), all in one process: {id: (result, dir)}."""
+def _quantize(runs, out, backends=BACKENDS):
+    """tools/quantize.py --split val of each (id, config, run dir) on each backend, all in one process:
+    {id or id-openvino: (result, dir)}."""
+    keys = [(name, cfg, run, b, name if b == "onnxruntime" else f"{name}-{b}") for name, cfg, run in runs for b in backends]
     results = tools_in_one_process([("quantize", ["-c", cfg, "--weights", os.path.join(run, "final"), "--output",
-                                                  out / name, "--split", "val", "--calib-batches", CALIB_BATCHES], {})
-                                    for name, cfg, run in runs], timeout=1800)
-    return {name: (r, out / name) for (name, _, _), r in zip(runs, results)}
+                                                  out / key, "--split", "val", "--calib-batches", CALIB_BATCHES,
+                                                  "--backend", b], {})
+                                    for name, cfg, run, b, key in keys], timeout=1800)
+    return {key: (r, out / key) for (*_, key), r in zip(keys, results)}
 
 
 @pytest.fixture(scope="module")
 def tsn_int8(tsn_demo_run, tmp_path_factory):
     """The TSN demo quantized (what the infer and bad-input tests start from)."""
-    return _quantize([("tsn", TSN_DEMO, tsn_demo_run)], tmp_path_factory.mktemp("int8_tsn"))["tsn"]
+    return _quantize([("tsn", TSN_DEMO, tsn_demo_run)], tmp_path_factory.mktemp("int8_tsn"), ("onnxruntime",))["tsn"]
 
 
 @pytest.fixture(scope="module")
 def quantized(request, tsn_int8, tmp_path_factory):
-    """Every demo of DEMOS quantized: {id: (result, dir)}."""
-    others = [(name, cfg, request.getfixturevalue(fixture)) for name, cfg, fixture in DEMOS if name != "tsn"]
-    return {"tsn": tsn_int8, **_quantize(others, tmp_path_factory.mktemp("int8"))}
+    """Every demo of DEMOS quantized on both routes: {id or id-openvino: (result, dir)}."""
+    runs = [(name, cfg, request.getfixturevalue(fixture)) for name, cfg, fixture in DEMOS]
+    out = tmp_path_factory.mktemp("int8")
+    return {"tsn": tsn_int8, **_quantize(runs[1:], out), **_quantize(runs[:1], out, ("openvino",))}
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", [d[0] for d in DEMOS])
-def test_int8_demo_scores_within_one_point_or_one_sample_of_fp32(quantized, name):
-    result, where = quantized[name]
+def test_int8_demo_scores_within_one_point_or_one_sample_of_fp32(quantized, name, backend):
+    result, where = quantized[name if backend == "onnxruntime" else f"{name}-{backend}"]
     assert result["code"] == 0, result["stdout"][-2000:] + result["stderr"][-2000:]
     with open(where / "metrics.json") as f:
         m = json.load(f)
@@ -69,6 +75,10 @@ def test_int8_demo_scores_within_one_point_or_one_sample_of_fp32(quantized, name
     assert f"{key}: fp32 {fp32[key]:.4f}, int8 {int8[key]:.4f}" in result["stdout"]
     with open(where / "infer_cfg.yml") as f:
         record = yaml.safe_load(f)
+    assert not [f for f in os.listdir(where) if f.startswith(".fp32-")], "the fp32 staging directory is left"
+    if backend == "openvino":
+        _check_openvino_record(record, name)
+        return
     assert record["format"] == "onnx" and record["precision"] == "int8"
     q = record["quantization"]
     assert q["route"] == "onnxruntime-qdq" and q["observer"] == "minmax"
@@ -80,7 +90,19 @@ def test_int8_demo_scores_within_one_point_or_one_sample_of_fp32(quantized, name
     for program, outputs in q["simulation_gap"].items():
         for out, gap in outputs.items():
             assert gap["kernels_vs_simulation"] <= max(0.05, 2 * gap["simulation_vs_fp32"]), (program, out, gap)
-    assert not [f for f in os.listdir(where) if f.startswith(".fp32-")], "the fp32 staging directory is left"
+
+
+def _check_openvino_record(record, name):
+    """NNCF's INT8 as OpenVINO IR: every program quantized (FakeQuantize in it), the first and last
+    layers in float where the ONNX Runtime route keeps them, 7-bit weights without VNNI, and the
+    int8 weights smaller on disk than fp32's."""
+    assert record["format"] == "openvino" and record["precision"] == "int8"
+    q = record["quantization"]
+    assert q["route"] == "openvino-nncf" and q["openvino"] == "2026.4.1" and q["nncf"] == "3.4.0", q
+    assert q["weights"] == ("int8" if cpu.has_vnni() else "int8 (7-bit range, NNCF's overflow fix: this CPU has no VNNI)")
+    assert all(p["quantized"] > 0 and p["fake_quantize_ops"] > 0 and p["kept_float"] for p in q["programs"].values()), q
+    assert q["int8_bytes"] <= (0.9 if name in KEEPS_FLOAT_WEIGHTS else 0.4) * q["fp32_bytes"], q
+    assert set(q["int8_vs_fp32"]) == set(q["programs"]), q
 
 
 # demos whose weights are mostly in layers the route keeps in float (measured: the INT8 files' share):

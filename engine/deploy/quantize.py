@@ -216,6 +216,101 @@ def quantize(src_dir, dst_dir, feeds, observer="minmax", per_channel=True, threa
     return quant
 
 
+# OpenVINO operations NNCF would quantize that stay in float, as on the ONNX Runtime route: norms, softmax
+OV_FLOAT_TYPES = ["MVN", "Softmax", "NormalizeL2", "BatchNormInference"]
+
+
+def quantize_program_openvino(src, dst, feeds, keep_first=True, overflow_fix=False, threads=None):
+    """`src` (fp32 .onnx) -> `dst` (.xml + .bin, OpenVINO's IR with NNCF's FakeQuantize), calibrated on
+    `feeds`. What is quantized is what quantize_program quantizes: convolutions and products with a
+    weight after constant folding (a weight reaching a MatMul through a Concat is folded first), except
+    the first and last; NNCF's other choices (its inputs of additions, pooling) are its own. Norms and
+    softmax stay in float. `overflow_fix`: 7-bit weights where the CPU has no VNNI (NNCF's overflow fix)."""
+    # optional: requirements-openvino.txt (and -onnx.txt: the export was written with it) only
+    import nncf
+    import onnx
+    import openvino as ov
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    from engine.deploy import openvino
+    if not feeds:
+        raise ConfigError(f"{src}: no calibration feeds recorded for this program")
+    with tempfile.TemporaryDirectory() as tmp:
+        pre = os.path.join(tmp, "pre.onnx")
+        quant_pre_process(src, pre, skip_symbolic_shape=True)      # folds constants (Concat-ed weights)
+        graph = onnx.load(pre)
+        candidates = quantizable(graph)
+        keep = ends(graph, candidates, keep_first)
+        chosen = set(candidates) - set(keep)
+        if not chosen:
+            raise ConfigError(f"{src}: no layer to quantize (convolutions and products with weights: "
+                              f"{', '.join(candidates) or 'none'}) besides the first and last, which stay in float")
+        floats = [n.name for n in graph.graph.node if n.op_type in QUANTIZED_OPS and n.name not in chosen]
+        model = openvino.read(pre)
+    # constants folded in OpenVINO's graph too (an LSTM's weights sliced per direction by the repairs):
+    # the CPU plugin wants its LSTM weights as constants in the saved IR, where it folds nothing itself
+    from openvino._offline_transformations import apply_moc_transformations  # optional: openvino only
+    apply_moc_transformations(model, cf=True)
+    names = {n for p in model.inputs for n in p.get_names()}
+    dataset = nncf.Dataset(feeds, lambda f: {k: v for k, v in f.items() if k in names})
+    advanced = nncf.AdvancedQuantizationParameters(
+        overflow_fix=nncf.OverflowFix.ENABLE if overflow_fix else nncf.OverflowFix.DISABLE)
+    quantized = nncf.quantize(model, dataset, subset_size=len(feeds), target_device=nncf.TargetDevice.CPU,
+                              ignored_scope=nncf.IgnoredScope(names=floats, types=OV_FLOAT_TYPES, validate=False),
+                              advanced_parameters=advanced)
+    ov.save_model(quantized, dst + ".tmp.xml", compress_to_fp16=False)
+    os.replace(dst + ".tmp.bin", dst[:-len(".xml")] + ".bin")
+    os.replace(dst + ".tmp.xml", dst)
+    fq = sum(op.get_type_name() == "FakeQuantize" for op in quantized.get_ops())
+    return {"quantized": len(chosen), "kept_float": sorted(keep), "fake_quantize_ops": fq}
+
+
+def output_gap(fp32, int8, feeds):
+    """{output: worst relative L2 of `int8`'s outputs from `fp32`'s} over `feeds` (two programs)."""
+    worst = {}
+    for f in feeds:
+        want, got = fp32(f), int8(f)
+        for key, ref in want.items():
+            if np.issubdtype(ref.dtype, np.floating) and ref.size:
+                worst[key] = round(max(worst.get(key, 0.0), _relative(got[key], ref)), 6)
+    return worst
+
+
+def quantize_openvino(src_dir, dst_dir, feeds, threads=None, check_feeds=2):
+    """The fp32 ONNX export in `src_dir` quantized by NNCF into `dst_dir` as OpenVINO IR (`format:
+    openvino`, `precision: int8`, the same infer_cfg.yml otherwise); returns the quantization record."""
+    from engine.deploy import openvino  # the Predictor's backend module (engine.deploy.predictor imports it too)
+    record = read_infer_cfg(src_dir)
+    if record.get("format") != "onnx" or record.get("precision", "fp32") != "fp32":
+        raise ConfigError(f"{src_dir}: INT8 quantization takes an fp32 export of --format onnx")
+    os.makedirs(dst_dir, exist_ok=True)
+    top = {s["name"] for s in record["inputs"]}
+    overflow_fix = not cpu.has_vnni()   # as reduce_range on the ONNX Runtime route
+    programs = {}
+    for name, spec in programs_of(record).items():
+        keep_first = any(s["name"] in top for s in spec["inputs"])
+        programs[name] = quantize_program_openvino(os.path.join(src_dir, name + ".onnx"),
+                                                   os.path.join(dst_dir, name + ".xml"), feeds.get(name),
+                                                   keep_first, overflow_fix, threads)
+    quant = {"route": "openvino-nncf", **openvino.versions(), "nncf": _nncf_version(),
+             "weights": "int8 (7-bit range, NNCF's overflow fix: this CPU has no VNNI)" if overflow_fix else "int8",
+             "programs": programs, "fp32_bytes": size_on_disk(src_dir),
+             "int8_bytes": sum(os.path.getsize(os.path.join(dst_dir, p + e)) for p in programs for e in (".xml", ".bin"))}
+    write_infer_cfg(dst_dir, dict(record, format="openvino", precision="int8",
+                                  openvino={"route": openvino.ROUTE, **openvino.versions()}, quantization=quant))
+    fp32 = Predictor(src_dir, threads=threads, backend="openvino", cache_dir=False)
+    int8 = Predictor(dst_dir, threads=threads, backend="openvino", cache_dir=False)
+    quant["int8_vs_fp32"] = {name: output_gap(fp32.programs[name], int8.programs[name], feeds[name][:check_feeds])
+                             for name in programs}
+    write_infer_cfg(dst_dir, dict(record, format="openvino", precision="int8",
+                                  openvino={"route": openvino.ROUTE, **openvino.versions()}, quantization=quant))
+    return quant
+
+
+def _nncf_version():
+    import nncf  # optional: requirements-openvino.txt only
+    return nncf.__version__
+
+
 def check_options(observer, calib_batches):
     if observer not in OBSERVERS:
         raise ConfigError(f"--observer {observer}: one of {', '.join(OBSERVERS)}")
@@ -224,7 +319,7 @@ def check_options(observer, calib_batches):
 
 
 def quantize_recipe(session, model, output, calib_batches=8, observer="minmax", split=None, metric=None,
-                    batch_size=None, threads=None):
+                    batch_size=None, threads=None, backend="onnxruntime"):
     """tools/quantize.py: `model` exported to ONNX, calibrated on `calib_batches` batches of
     session.calibration_loader, quantized into `output`, and fp32 and INT8 evaluated on `split`;
     returns what `output/metrics.json` holds ({split, metric, drop, fp32, int8})."""
@@ -242,13 +337,19 @@ def quantize_recipe(session, model, output, calib_batches=8, observer="minmax", 
     os.makedirs(output, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".fp32-", dir=output) as fp32:
         export.export(model, session.cfg, fp32, label_names=session.label_names(), example=batches[0], fmt="onnx")
-        record = quantize(fp32, output, record_feeds(fp32, batches, threads), observer, threads=threads)
-        print(f"quantized {session.cfg['model']['name']} to INT8 in {output} ({record['route']}, {observer} observer, "
+        feeds = record_feeds(fp32, batches, threads)
+        if backend == "openvino":
+            record = quantize_openvino(fp32, output, feeds, threads=threads)
+        else:
+            record = quantize(fp32, output, feeds, observer, threads=threads)
+        how = "NNCF" if backend == "openvino" else f"{observer} observer"
+        print(f"quantized {session.cfg['model']['name']} to INT8 in {output} ({record['route']}, {how}, "
               f"{len(batches)} calibration batches): {record['fp32_bytes'] / 2 ** 20:.1f} -> "
               f"{record['int8_bytes'] / 2 ** 20:.1f} MB ({100.0 * record['int8_bytes'] / record['fp32_bytes']:.0f}%)")
         scores = {}
         for name, where in (("fp32", fp32), ("int8", output)):
-            predictor = Predictor(where, threads=threads, backend="onnxruntime", model_name=session.cfg["model"]["name"])
+            predictor = Predictor(where, threads=threads, backend=backend, model_name=session.cfg["model"]["name"],
+                                  **({"cache_dir": False} if backend == "openvino" else {}))
             scores[name] = {k: float(v) for k, v in evaluate(predictor, loader, session.metric(dataset)).items()}
     out = {"split": split, "metric": key, "drop": scores["fp32"][key] - scores["int8"][key], **scores}
     with open(os.path.join(output, "metrics.json.tmp"), "w") as f:
