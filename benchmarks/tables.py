@@ -92,7 +92,8 @@ OPENVINO_INT8_BF16 = "OpenVINO INT8 + bf16"      # the same IR where OpenVINO ru
 INFER_COLUMNS = (
     ("dynamic", "dynamic", "fp32", None),
     ("exported, oneDNN", "Paddle Inference oneDNN", "fp32", "Paddle Inference (--backend inference)"),
-    ("exported, no oneDNN", "Paddle Inference, no oneDNN", "fp32", "Paddle Inference without oneDNN"),
+    ("exported, no oneDNN", "Paddle Inference, no oneDNN", "fp32",
+     "Paddle Inference without oneDNN (--backend inference --no-mkldnn)"),
     (ONNX_RUNTIME, "ONNX Runtime", "fp32", "ONNX Runtime (--format onnx, --backend onnxruntime)"),
     (OPENVINO, "OpenVINO", "fp32", "OpenVINO (--format onnx, --backend openvino)"),
     (BF16_EXPORT, "Paddle Inference oneDNN bf16", "bf16", "Paddle Inference bf16 (--precision bf16)"),
