@@ -14,7 +14,8 @@ import numpy as np
 import paddle
 
 from benchmarks import report
-from benchmarks.tables import BF16_EXPORT, INT8_EXPORT, ONNX_RUNTIME
+from benchmarks.tables import BF16_EXPORT, INT8_EXPORT, ONNX_RUNTIME, OPENVINO, OPENVINO_BF16, OPENVINO_INT8, \
+    OPENVINO_INT8_BF16
 from engine import builder, runtime
 from engine.deploy import export, quantize
 from engine.deploy.predictor import Predictor
@@ -142,9 +143,50 @@ def _percentile(values, q):
     return float(np.percentile(np.asarray(values) * 1000.0, q))
 
 
+def _rounds(runs, steps, warmup=2):
+    """{name: [seconds] of `steps` rounds}: round r runs every backend once, the order rotated by r, so
+    what else loads the machine (a CI run on the same cores) falls on all of them alike; `warmup`
+    untimed runs of each first (first-call allocations, kernel selection, OpenVINO's compilation)."""
+    names = list(runs)
+    for name in names:
+        for _ in range(warmup):
+            runs[name]()
+    times = {name: [] for name in names}
+    for r in range(steps):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            tic = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - tic)
+    return times
+
+
+def _backends(tmp, onnx_dir, int8_dir, int8_ov_dir, threads):
+    """The predictors the latency table compares, by column name; a bf16 one only where its runtime
+    computes bf16 on this CPU (elsewhere the column would time fp32 again)."""
+    from engine.deploy import openvino  # optional: requirements-openvino.txt only
+    ov_cache = os.path.join(tmp, "openvino_cache")
+    backends = {"exported, oneDNN": Predictor(tmp, mkldnn=True, threads=threads),
+                "exported, no oneDNN": Predictor(tmp, mkldnn=False, threads=threads),
+                ONNX_RUNTIME: Predictor(onnx_dir, threads=threads, backend="onnxruntime"),
+                OPENVINO: Predictor(onnx_dir, threads=threads, backend="openvino", cache_dir=ov_cache),
+                BF16_EXPORT: Predictor(tmp, threads=threads, precision="bf16"),
+                INT8_EXPORT: Predictor(int8_dir, threads=threads, backend="onnxruntime")}
+    if openvino.has_bf16():
+        backends[OPENVINO_BF16] = Predictor(onnx_dir, threads=threads, backend="openvino", precision="bf16",
+                                            cache_dir=ov_cache)
+    # the IR's float layers run in bf16 where OpenVINO has bf16 here (Predictor): the column says which
+    int8 = Predictor(int8_ov_dir, threads=threads, backend="openvino", cache_dir=ov_cache)
+    bf16 = any(p.inference_precision == "bf16" for p in int8.programs.values())
+    backends[OPENVINO_INT8_BF16 if bf16 else OPENVINO_INT8] = int8
+    if backends[BF16_EXPORT].precision != "bf16":   # no native bf16 here: the column would time fp32
+        del backends[BF16_EXPORT]
+    return backends
+
+
 def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
     """Latency per batch of each backend a deployment could choose, on the same batches and threads,
-    with the load average around the run (other work on the machine skews latency)."""
+    timed in alternating rounds (_rounds), with the load average around the run."""
+    from engine.deploy import openvino  # optional: requirements-openvino.txt only
     s = Session.from_file(config_path, overrides)
     rt, cfg = s.setup(), s.cfg
     model = s.model(weights, log=lambda *_: None)
@@ -154,7 +196,7 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
     load_before = round(os.getloadavg()[0], 2)   # other work on the machine skews latency: recorded
     example = next(iter(s.loader(split, batch_size=1, sharded=False)[0]))
     with tempfile.TemporaryDirectory() as tmp:
-        onnx_dir, int8_dir = os.path.join(tmp, "onnx"), os.path.join(tmp, "int8")
+        onnx_dir, int8_dir, int8_ov_dir = (os.path.join(tmp, d) for d in ("onnx", "int8", "int8_openvino"))
         export.export(model, cfg, tmp, example=example)
         export.export(model, cfg, onnx_dir, example=example, fmt="onnx")
         batches = {}
@@ -162,41 +204,34 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
             loader, _, _ = s.loader(split, batch_size=bs, sharded=False)
             batches[bs] = next(b for b in loader if len(b["index"]) == bs)
         # INT8 calibrated on the timed batches themselves (random weights: ranges, not accuracy, matter)
-        quant = quantize.quantize(onnx_dir, int8_dir, quantize.record_feeds(onnx_dir, batches.values(), rt["threads"]),
-                                  threads=rt["threads"])
-        backends = {"dynamic": None,
-                    "exported, oneDNN": Predictor(tmp, mkldnn=True, threads=rt["threads"]),
-                    "exported, no oneDNN": Predictor(tmp, mkldnn=False, threads=rt["threads"]),
-                    ONNX_RUNTIME: Predictor(onnx_dir, threads=rt["threads"], backend="onnxruntime"),
-                    BF16_EXPORT: Predictor(tmp, threads=rt["threads"], precision="bf16"),
-                    INT8_EXPORT: Predictor(int8_dir, threads=rt["threads"], backend="onnxruntime")}
-        if backends[BF16_EXPORT].precision != "bf16":   # no native bf16 here: the column would time fp32
-            del backends[BF16_EXPORT]
-        sizes = {"paddle": quantize.size_on_disk(tmp), "onnx": quant["fp32_bytes"], "int8": quant["int8_bytes"]}
+        feeds = quantize.record_feeds(onnx_dir, batches.values(), rt["threads"])
+        quant = quantize.quantize(onnx_dir, int8_dir, feeds, threads=rt["threads"])
+        quant_ov = quantize.quantize_openvino(onnx_dir, int8_ov_dir, feeds, threads=rt["threads"])
+        backends = _backends(tmp, onnx_dir, int8_dir, int8_ov_dir, rt["threads"])
+        precisions = {name: {prog: p.inference_precision for prog, p in b.programs.items()}
+                      for name, b in backends.items() if b.backend == "openvino"}
+        sizes = {"paddle": quantize.size_on_disk(tmp), "onnx": quant["fp32_bytes"], "int8": quant["int8_bytes"],
+                 "openvino_int8": quant_ov["int8_bytes"]}
         for bs, batch in batches.items():
-            for name, predictor in backends.items():
-                def run():
-                    if predictor is not None:
-                        return predictor(batch)
-                    with paddle.no_grad():   # to host, as the predictor (lists: one array per sample)
-                        return {k: [t.numpy() for t in v] if isinstance(v, list) else v.numpy()
-                                for k, v in model(batch).items()}
-                for _ in range(2):
-                    run()
-                times = []
-                for _ in range(steps):
-                    tic = time.perf_counter()
-                    run()
-                    times.append(time.perf_counter() - tic)
+            def dynamic():
+                with paddle.no_grad():   # to host, as the predictor (lists: one array per sample)
+                    return {k: [t.numpy() for t in v] if isinstance(v, list) else v.numpy()
+                            for k, v in model(batch).items()}
+            runs = {"dynamic": dynamic, **{name: (lambda p=p: p(batch)) for name, p in backends.items()}}
+            for name, times in _rounds(runs, steps).items():
                 rows.append({"batch": bs, "backend": name, "p50_ms": _percentile(times, 50),
                              "p90_ms": _percentile(times, 90), "samples_per_s": bs * len(times) / sum(times)})
     return {"command": _command(),
-            "config": config_path, "overrides": list(overrides), "split": split, "steps": steps,
-            "weights": weights, "git_commit": report.git_commit(), "paddle": paddle.__version__,
+            "config": config_path, "overrides": list(overrides), "model": cfg["model"]["name"], "split": split,
+            "steps": steps, "rounds": "alternating, order rotated each round", "weights": weights,
+            "git_commit": report.git_commit(), "paddle": paddle.__version__, **openvino.versions(),
             **report.cpu_record(), "threads": rt["threads"],
             "env": {k: os.environ.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS")},
             "rows": rows, "size_on_disk_mb": {k: v / 2 ** 20 for k, v in sizes.items()},
+            "openvino_inference_precision": precisions,
             "quantization": {k: quant[k] for k in ("route", "observer", "simulation_gap")},
+            "quantization_openvino": {k: quant_ov[k] for k in ("route", "nncf", "weights", "int8_vs_fp32")
+                                      if k in quant_ov},
             "peak_memory_mb": runtime.peak_memory_mb(),
             "load_avg_1m_before_after": [load_before, round(os.getloadavg()[0], 2)]}
 
@@ -205,6 +240,8 @@ def print_inference(name, r):
     for row in r["rows"]:
         print(f"  {name} batch {row['batch']:>3} {row['backend']:<22} p50 {row['p50_ms']:9.1f} ms  "
               f"p90 {row['p90_ms']:9.1f} ms  {row['samples_per_s']:8.2f} samples/s")
+    for name, programs in r.get("openvino_inference_precision", {}).items():
+        print(f"  {name}: OpenVINO {r.get('openvino')} computes " + ", ".join(f"{k} in {v}" for k, v in programs.items()))
 
 
 def print_result(result):

@@ -83,6 +83,26 @@ BF16 = ["train.amp.enable=true", "train.amp.dtype=bfloat16"]
 ONNX_RUNTIME = "exported, ONNX Runtime"   # tools/export.py --format onnx, the same threads
 BF16_EXPORT = "exported, oneDNN bf16"            # tools/export.py --precision bf16 (CPUs with native bf16 only)
 INT8_EXPORT = "ONNX Runtime INT8"                # tools/quantize.py
+OPENVINO = "exported, OpenVINO"                  # the --format onnx export, --backend openvino
+OPENVINO_BF16 = "OpenVINO bf16"                  # --backend openvino --precision bf16 (where OpenVINO has bf16)
+OPENVINO_INT8 = "OpenVINO INT8"                  # tools/quantize.py --backend openvino (NNCF), float layers f32
+OPENVINO_INT8_BF16 = "OpenVINO INT8 + bf16"      # the same IR where OpenVINO runs its float layers in bf16
+# (column, header, precision, route as a deployment names it): the latency table's columns in order;
+# a column no row of the CPU kind has is left out (no bf16 on this CPU, older rows)
+INFER_COLUMNS = (
+    ("dynamic", "dynamic", "fp32", None),
+    ("exported, oneDNN", "Paddle Inference oneDNN", "fp32", "Paddle Inference (--backend inference)"),
+    ("exported, no oneDNN", "Paddle Inference, no oneDNN", "fp32",
+     "Paddle Inference without oneDNN (--backend inference --no-mkldnn)"),
+    (ONNX_RUNTIME, "ONNX Runtime", "fp32", "ONNX Runtime (--format onnx, --backend onnxruntime)"),
+    (OPENVINO, "OpenVINO", "fp32", "OpenVINO (--format onnx, --backend openvino)"),
+    (BF16_EXPORT, "Paddle Inference oneDNN bf16", "bf16", "Paddle Inference bf16 (--precision bf16)"),
+    (OPENVINO_BF16, "OpenVINO bf16", "bf16", "OpenVINO bf16 (--format onnx, --backend openvino --precision bf16)"),
+    (INT8_EXPORT, "ONNX Runtime INT8", "int8", "ONNX Runtime INT8 (tools/quantize.py)"),
+    (OPENVINO_INT8, "OpenVINO INT8", "int8", "OpenVINO INT8 (tools/quantize.py --backend openvino)"),
+    (OPENVINO_INT8_BF16, "OpenVINO INT8 + bf16", "int8",
+     "OpenVINO INT8, float layers bf16 (tools/quantize.py --backend openvino)"),
+)
 # (name, config, overrides, batch sizes, note): the latency table of docs/performance.md
 INFER_TABLE = [
     ("TSN-R50", "configs/video/tsn/tsn_r50_100e_k400.yaml",
@@ -99,7 +119,7 @@ INFER_TABLE = [
     ("BERT-base", "configs/nlp/bert/bert_base_3e_glue_rte.yaml",
      ["reader.test.data_dir=data/bert_demo/glue", "reader.test.vocab_file=data/bert_demo/vocab_30522.txt",
       "reader.test.collate.max_len=128"],
-     [1, 8], "full-size, seq 128 (padded), demo RTE-format test pairs"),
+     [1, 4], "full-size, seq 128 (padded), demo RTE-format test pairs"),
     # Transformer-base decoding (exported: encoder + decoder step programs, the same Python beam
     # search) of demo source sentences alone; untrained weights run every hypothesis to |source| + 5
     ("Transformer-base", "configs/nlp/transformer/transformer_base_30e_wmt14ende.yaml",
@@ -107,7 +127,7 @@ INFER_TABLE = [
          ("src_file", "data/translation_demo/test.en"), ("tgt_file", "null"),
          ("spm_model", "data/translation_demo/spm.model"), ("vocab", "null"), ("input_format", "raw"))]
      + SOURCE_PLUS_5,
-     [1, 8], "full-size base (vocabulary 33712), beam 5, demo sentences (~15 subwords)"),
+     [1, 4], "full-size base (vocabulary 33712), beam 5, demo sentences (~15 subwords)"),
     # the exported networks are timed with the Python the model's exported_runner runs around them:
     # the arg-max for DeepLabV3; proposals to detections (NMS, top-100, mask head, pasting) for Mask R-CNN
     ("DeepLabV3-R50-OS8", "configs/vision/deeplabv3/deeplabv3_r50vd_os8_40k_voc12aug.yaml",
@@ -205,28 +225,85 @@ def amp_table(args):
 
 
 def inference_table(args):
-    """INFER_TABLE: p50 / p90 latency of each backend per batch size, the speed-ups, sizes on disk."""
+    """INFER_TABLE: p50 / p90 latency of each backend per batch size, the speed-ups over Paddle Inference
+    oneDNN fp32, sizes on disk, and below the table the fastest route per model and precision."""
     rows = _table_rows(args, [
         (name, note, os.path.join(report.results_dir(args.kind), "inference", f"{name.lower()}.json"),
          ["-c", cfg_path, "--backend", "inference", "--batch-sizes", *map(str, sizes),
           *[x for o in overrides for x in ("-o", o)]])
         for name, cfg_path, overrides, sizes, note in INFER_TABLE])
-    lines = ["| model | input | batch | dynamic p50 / p90 ms | exported + oneDNN p50 / p90 ms | exported, no oneDNN "
-             "p50 / p90 ms | ONNX Runtime p50 / p90 ms | oneDNN bf16 p50 / p90 ms | ORT INT8 p50 / p90 ms | "
-             "bf16, INT8 speed-up over oneDNN fp32 (p50) | size on disk fp32 / INT8 MB | "
-             "samples/s (the six, in order) | load (1 min) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    columns = ("dynamic", "exported, oneDNN", "exported, no oneDNN", ONNX_RUNTIME, BF16_EXPORT, INT8_EXPORT)
+    measured = {row["backend"] for _, _, r in rows for row in r["rows"]}
+    columns = [c for c in INFER_COLUMNS if c[0] in measured]
+    faster = [c for c in columns if c[0] not in ("dynamic", "exported, oneDNN", "exported, no oneDNN")]
+    lines = ["| model | input | batch | " + " | ".join(f"{c[1]} p50 / p90 ms" for c in columns)
+             + f" | p50 speed-up over oneDNN fp32 ({' / '.join(c[1] for c in faster)}) | size on disk MB "
+               "(Paddle / ONNX / ORT INT8 / OpenVINO INT8) | load (1 min) |",
+             "|" + "---|" * (len(columns) + 6)]
     for name, note, r in rows:
         for bs in sorted({row["batch"] for row in r["rows"]}):
             by = {row["backend"]: row for row in r["rows"] if row["batch"] == bs}   # older rows lack some: -
-            cells = [f"{by[b]['p50_ms']:.1f} / {by[b]['p90_ms']:.1f}" if b in by else "-" for b in columns]
+            cells = [f"{by[c[0]]['p50_ms']:.1f} / {by[c[0]]['p90_ms']:.1f}" if c[0] in by else "-" for c in columns]
             base = by.get("exported, oneDNN")
-            gain = " / ".join(f"**{base['p50_ms'] / by[b]['p50_ms']:.2f}x**" if b in by and base else "-"
-                              for b in (BF16_EXPORT, INT8_EXPORT))
-            size = r.get("size_on_disk_mb")
-            size = f"{size['paddle']:.1f} / {size['int8']:.1f}" if size else "-"
+            gain = " / ".join(f"**{base['p50_ms'] / by[c[0]]['p50_ms']:.2f}x**" if c[0] in by and base else "-"
+                              for c in faster)
+            size = r.get("size_on_disk_mb") or {}
+            size = " / ".join(f"{size[k]:.1f}" if k in size else "-" for k in ("paddle", "onnx", "int8", "openvino_int8"))
             load = r.get("load_avg_1m_before_after")
             load = "-" if load is None else " / ".join(map(str, load))
-            sps = " / ".join(f"{by[b]['samples_per_s']:.2f}" if b in by else "-" for b in columns)
-            lines.append(f"| {name} | {note} | {bs} | {' | '.join(cells)} | {gain} | {size} | {sps} | {load} |")
+            lines.append(f"| {name} | {note} | {bs} | {' | '.join(cells)} | {gain} | {size} | {load} |")
+    if rows:
+        lines += ["", f"Fastest route measured per model and precision on {rows[0][-1].get('cpu_kind', '?')} "
+                      "(p50; against the runner-up of the same precision):", ""]
+        lines += [f"- {name} {precision}: {text}" for name, _, r in rows for precision, text in fastest(r).items()]
     _emit(args, "bench-inference", lines, rows)
+
+
+def winners(result):
+    """{precision: [(batch, winning column, its p50 speed-up over the runner-up or None, runner-up's
+    header)]} of one latency JSON: per batch size the deployable route (INFER_COLUMNS) with the lowest p50."""
+    out = {}
+    for precision in ("fp32", "bf16", "int8"):
+        routes = [c for c in INFER_COLUMNS if c[2] == precision and c[3]]
+        for bs in sorted({row["batch"] for row in result["rows"]}):
+            by = {row["backend"]: row["p50_ms"] for row in result["rows"] if row["batch"] == bs}
+            ranked = sorted(((by[c[0]], i) for i, c in enumerate(routes) if c[0] in by))
+            if ranked:
+                second = routes[ranked[1][1]] if len(ranked) > 1 else None
+                out.setdefault(precision, []).append((bs, routes[ranked[0][1]], second and ranked[1][0] / ranked[0][0],
+                                                      second and second[1]))
+    return out
+
+
+def fastest(result):
+    """{precision: "OpenVINO 1.12x ONNX Runtime (batch 1), 1.05x ONNX Runtime (batch 4)"}: winners() as text."""
+    out = {}
+    for precision, wins in winners(result).items():
+        against = [f"{ratio:.2f}x {second}" if second else "" for _, _, ratio, second in wins]
+        if len({w[1] for w in wins}) == 1 and not any(against):
+            out[precision] = f"{wins[0][1][1]} (the only route of {precision} measured)"
+        elif len({w[1] for w in wins}) == 1:
+            out[precision] = f"{wins[0][1][1]} " + ", ".join(f"{a} (batch {w[0]})" for w, a in zip(wins, against))
+        else:
+            out[precision] = ", ".join(f"batch {w[0]}: {w[1][1]} {a}" for w, a in zip(wins, against))
+    return out
+
+
+def recommendation(config_path, model_name, precision, kind=None):
+    """One line naming the fastest route measured on this CPU kind (or `kind`) for a model and precision,
+    from benchmarks/results/<kind>/inference/*.json: the row of the same config file name, else of the
+    same model name; None where no row or no route of that precision was measured."""
+    folder = os.path.join(report.results_dir(kind), "inference")
+    results = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.endswith(".json"):
+            with open(os.path.join(folder, name)) as f:
+                results.append(json.load(f))
+    base = os.path.basename(config_path or "")
+    match = next((r for r in results if os.path.basename(r.get("config", "")) == base), None) or \
+        next((r for r in results if model_name and r.get("model") == model_name), None)
+    wins = winners(match).get(precision) if match else None
+    if not wins:
+        return None
+    how = "; ".join(dict.fromkeys(w[1][3] for w in wins))
+    return (f"fastest measured on {match.get('cpu_kind', kind)} for {os.path.basename(match['config'])} {precision} "
+            f"(p50): {fastest(match)[precision]}; run it with {how}")

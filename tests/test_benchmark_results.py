@@ -139,3 +139,38 @@ def test_the_tables_live_in_the_performance_page_and_readme_is_an_alias():
         assert "<!-- bench" not in f.read()
     assert benchmark._parser().parse_args(["--show", "--readme"]).docs
     assert benchmark._parser().parse_args(["--show", "--docs"]).docs
+
+
+def _latency_json(config, model, p50s):
+    """A latency record (benchmarks/recipes.py bench_inference) with the given p50 per (batch, backend)."""
+    return {"cpu": "AMD EPYC", "cpu_vendor": "AuthenticAMD", "cpu_kind": AMD, "threads": 2, "paddle": "3.3.1",
+            "git_commit": "0123456789", "config": config, "model": model,
+            "rows": [{"batch": bs, "backend": b, "p50_ms": v, "p90_ms": v + 1, "samples_per_s": bs / v * 1000}
+                     for (bs, b), v in p50s.items()]}
+
+
+def test_the_latency_table_names_the_fastest_route_and_export_reads_it(results, monkeypatch, capsys):
+    """Per precision the lowest p50 among deployable routes (not the dynamic model), against the
+    runner-up: 100 / 80 = 1.25x, 300 / 250 = 1.20x, 40 / 50 = 0.8 so ONNX Runtime INT8 wins at batch 4."""
+    from benchmarks import tables
+    p50s = {(1, "dynamic"): 10.0, (1, "exported, oneDNN"): 100.0, (1, "exported, ONNX Runtime"): 120.0,
+            (1, "exported, OpenVINO"): 80.0, (4, "exported, oneDNN"): 300.0, (4, "exported, OpenVINO"): 250.0,
+            (1, "ONNX Runtime INT8"): 40.0, (1, "OpenVINO INT8"): 30.0,
+            (4, "ONNX Runtime INT8"): 40.0, (4, "OpenVINO INT8"): 50.0}
+    folder = results / "results" / AMD / "inference"
+    folder.mkdir()
+    (folder / "tsn-r50.json").write_text(json.dumps(_latency_json("configs/video/tsn/tsn_r50_100e_k400.yaml", "TSN", p50s)))
+    text = tables.fastest(json.loads((folder / "tsn-r50.json").read_text()))
+    assert text["fp32"] == "OpenVINO 1.25x Paddle Inference oneDNN (batch 1), 1.20x Paddle Inference oneDNN (batch 4)"
+    assert text["int8"] == "batch 1: OpenVINO INT8 1.33x ONNX Runtime INT8, batch 4: ONNX Runtime INT8 1.25x OpenVINO INT8"
+    assert "bf16" not in text
+    line = tables.recommendation("elsewhere/tsn_r50_100e_k400.yaml", None, "fp32", AMD)   # by config file name
+    assert line.startswith(f"fastest measured on {AMD} for tsn_r50_100e_k400.yaml fp32") and "--backend openvino" in line
+    assert tables.recommendation("my_tsn.yaml", "TSN", "int8", AMD).count("tools/quantize.py") == 2   # by model name
+    assert tables.recommendation("my_tsn.yaml", "TSN", "bf16", AMD) is None
+    assert tables.recommendation("bert.yaml", "BERT", "fp32", AMD) is None
+    monkeypatch.setattr(sys, "argv", ["tools/benchmark.py", "--show", "--backend", "inference", "--kind", AMD])
+    benchmark.main()
+    out = capsys.readouterr().out
+    assert "| OpenVINO p50 / p90 ms |" in out and "ONNX Runtime p50" in out and "bf16" not in out
+    assert "- TSN-R50 fp32: OpenVINO 1.25x" in out

@@ -20,8 +20,10 @@ reader_time / (reader_time + model_time) for a reader with the given workers fee
 
 `--backend inference` times prediction instead: the dynamic model in eval mode against the same
 model exported by tools/export.py and run by Paddle Inference, with oneDNN on and off, and exported
-with --format onnx and run by ONNX Runtime (the same threads), on a val batch of each size; it
-reports the latency per batch (p50, p90) and samples/s.
+with --format onnx and run by ONNX Runtime and OpenVINO (the same threads), each also in bf16 where
+the CPU computes it and INT8 (tools/quantize.py, both routes), on a val batch of each size; the
+backends alternate in rounds (each round runs every one once, the order rotated), so other load on
+the machine falls on all alike; it reports the latency per batch (p50, p90 of the rounds) and samples/s.
 
 `--amp-table` runs each AMP_TABLE row twice, fp32 and `train.amp` bf16 (each in its own process, so
 each peak memory is its own), and tabulates samples/s, their ratio and the peak memory side by side;
@@ -77,7 +79,7 @@ def _parser():
                    help="with --show/--table: write the table into docs/performance.md (--readme: the same)")
     p.add_argument("--backend", choices=["dynamic", "inference"], default="dynamic",
                    help="inference: prediction latency, dynamic vs exported (Paddle Inference with oneDNN on/off, "
-                        "ONNX Runtime)")
+                        "ONNX Runtime, OpenVINO)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="with --backend inference")
     p.add_argument("--weights", help="with --backend inference: weights to load (default: initial weights)")
     return p
