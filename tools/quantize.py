@@ -56,10 +56,20 @@ def main():
     print(f"int8: {cli.format_metrics(m['int8'])}")
     key = m["metric"]
     print(f"{key}: fp32 {m['fp32'][key]:.4f}, int8 {m['int8'][key]:.4f}, drop {m['drop']:.4f}")
+    _recommend(args.config, s.cfg["model"]["name"])
     if args.max_drop is not None and m["drop"] > args.max_drop:
         print(f"error: INT8 {key} is {m['drop']:.4f} below fp32 (more than --max-drop {args.max_drop}); "
               f"the quantized model is in {args.output}")
         raise SystemExit(1)
+
+
+def _recommend(config, model_name):
+    """The fastest INT8 route measured on this CPU kind for this model (docs/performance.md's latency
+    table), in one line; nothing where none was measured."""
+    from benchmarks import tables   # the measured latency rows (no paddle); tools sit above benchmarks
+    line = tables.recommendation(config, model_name, "int8")
+    if line:
+        print(line)
 
 
 if __name__ == "__main__":
