@@ -295,5 +295,5 @@ def test_openvino_int8_runs_its_float_layers_in_bf16_only_where_openvino_has_bf1
         assert fp32.programs["model"].inference_precision == "f32"     # what OpenVINO compiled
         if not has:        # this CPU: what OpenVINO compiled (with the mock, OpenVINO still finds no bf16 here)
             assert int8.programs["model"].inference_precision == "f32"
-        assert np.allclose(int8.programs["model"](feeds[0])["y"], fp32.programs["model"](feeds[0])["y"],
-                           atol=0.1 * np.abs(fp32.programs["model"](feeds[0])["y"]).max())
+        got, ref = int8.programs["model"](feeds[0])["y"], fp32.programs["model"](feeds[0])["y"]
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.15    # the bound above, on this CPU's kernels
