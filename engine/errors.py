@@ -20,3 +20,16 @@ def did_you_mean(name, choices):
     """The hint " (did you mean 'x'?)" for the closest of `choices` to `name`, or an empty string."""
     close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.5)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def require_packages(what, modules, requirements):
+    """Each of `modules` importable, or one line naming those that are not and the requirements file
+    that installs them (the optional backends: ONNX, OpenVINO)."""
+    missing = []
+    for module in modules:
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise ConfigError(f"{what} needs {', '.join(missing)}: pip install -r {requirements}")

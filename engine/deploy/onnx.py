@@ -22,7 +22,7 @@ import sys
 import paddle
 
 from engine.deploy.record import OPSET, checked_feeds
-from engine.errors import ConfigError
+from engine.errors import ConfigError, require_packages
 
 REQUIREMENTS = "requirements-onnx.txt"
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,14 +46,7 @@ _STRUCTURAL = {"pd_op.data", "pd_op.fetch", "builtin.parameter", "builtin.shadow
 
 def require(what):
     """The ONNX packages, or one line naming the requirements file."""
-    missing = []
-    for module in ("onnx", "onnxruntime", "paddle2onnx"):
-        try:
-            __import__(module)
-        except ImportError:
-            missing.append(module)
-    if missing:
-        raise ConfigError(f"{what} needs {', '.join(missing)}: pip install -r {REQUIREMENTS}")
+    require_packages(what, ("onnx", "onnxruntime", "paddle2onnx"), REQUIREMENTS)
 
 
 def versions():

@@ -23,7 +23,7 @@ import paddle
 
 from engine import cpu
 from engine.deploy.record import checked_feeds
-from engine.errors import ConfigError
+from engine.errors import ConfigError, require_packages
 
 REQUIREMENTS = "requirements-openvino.txt"
 HINTS = ("LATENCY", "THROUGHPUT")
@@ -37,14 +37,7 @@ _RECURRENT = ("LSTMSequence", "GRUSequence", "RNNSequence", "LSTMCell", "GRUCell
 
 def require(what, quantize=False):
     """openvino (and nncf to quantize), or one line naming the requirements file."""
-    missing = []
-    for module in ("openvino",) + (("nncf",) if quantize else ()):
-        try:
-            __import__(module)
-        except ImportError:
-            missing.append(module)
-    if missing:
-        raise ConfigError(f"{what} needs {', '.join(missing)}: pip install -r {REQUIREMENTS}")
+    require_packages(what, ("openvino",) + (("nncf",) if quantize else ()), REQUIREMENTS)
 
 
 @functools.lru_cache(maxsize=None)

@@ -85,6 +85,24 @@ def ends(model, names, first=True):
     return sorted(set(last) | set(reach(nodes, lambda n: n.input, lambda n: n.output) if first else ()))
 
 
+def _choose(src, pre, keep_first, route):
+    """ONNX Runtime's pre-processing of `src` into `pre` (shape inference, constant folding: a weight
+    reaching a MatMul through a Concat becomes a constant), and the layers to quantize there:
+    (graph, kept in float, chosen), what both routes quantize (QUANTIZED_OPS, ends)."""
+    # optional: requirements-onnx.txt only
+    import onnx
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    quant_pre_process(src, pre, skip_symbolic_shape=True)
+    model = onnx.load(pre)
+    candidates = quantizable(model)
+    keep = ends(model, candidates, keep_first)
+    chosen = [n for n in candidates if n not in keep]
+    if not chosen:
+        raise ConfigError(f"{src}: no layer {route} quantizes (convolutions and products with weights: "
+                          f"{', '.join(candidates) or 'none'}) besides the first and last, which stay in float")
+    return model, keep, chosen
+
+
 class _Feeds:
     """onnxruntime.quantization.CalibrationDataReader over recorded feeds."""
 
@@ -104,23 +122,14 @@ def quantize_program(src, dst, feeds, observer="minmax", per_channel=True, keep_
     box head behind RoIAlign, nor a decoder step behind the beam search). `reduce_range`: 7-bit
     weights, for CPUs without VNNI (engine.cpu.has_vnni)."""
     # optional: requirements-onnx.txt only
-    import onnx
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
     if observer not in OBSERVERS:
         raise ConfigError(f"observer '{observer}': one of {', '.join(OBSERVERS)}")
     if not feeds:
         raise ConfigError(f"{src}: no calibration feeds recorded for this program")
     with tempfile.TemporaryDirectory() as tmp:
         pre = os.path.join(tmp, "pre.onnx")
-        quant_pre_process(src, pre, skip_symbolic_shape=True)
-        model = onnx.load(pre)
-        candidates = quantizable(model)
-        keep = ends(model, candidates, keep_first)
-        chosen = [n for n in candidates if n not in keep]
-        if not chosen:
-            raise ConfigError(f"{src}: no layer ONNX Runtime quantizes (convolutions and products with weights: "
-                              f"{', '.join(candidates) or 'none'}) besides the first and last, which stay in float")
+        model, keep, chosen = _choose(src, pre, keep_first, "ONNX Runtime")
         reader = type("CalibrationFeeds", (_Feeds, CalibrationDataReader), {})(
             feeds, {i.name for i in model.graph.input})
         method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
@@ -220,30 +229,22 @@ def quantize(src_dir, dst_dir, feeds, observer="minmax", per_channel=True, threa
 OV_WEIGHTED = ("Convolution", "GroupConvolution", "MatMul")   # what QUANTIZED_OPS become in OpenVINO
 
 
-def quantize_program_openvino(src, dst, feeds, keep_first=True, overflow_fix=False, threads=None):
+def quantize_program_openvino(src, dst, feeds, keep_first=True, overflow_fix=False):
     """`src` (fp32 .onnx) -> `dst` (.xml + .bin, OpenVINO's IR with NNCF's FakeQuantize), calibrated on
-    `feeds`. What is quantized is what quantize_program quantizes: convolutions and products with a
-    weight after constant folding (a weight reaching a MatMul through a Concat is folded first), except
-    the first and last; everything else (norms, softmax, additions, pooling) stays in float. `overflow_fix`: 7-bit weights where the CPU has no VNNI (NNCF's overflow fix)."""
-    # optional: requirements-openvino.txt (and -onnx.txt: the export was written with it) only
+    `feeds`. What is quantized is what quantize_program quantizes (_choose); everything else (norms,
+    softmax, additions, pooling) stays in float. `overflow_fix`: 7-bit weights where the CPU has no
+    VNNI (NNCF's overflow fix)."""
+    # optional: requirements-openvino.txt only
     import nncf
-    import onnx
     import openvino as ov
-    from onnxruntime.quantization.shape_inference import quant_pre_process
     from engine.deploy import openvino
     if not feeds:
         raise ConfigError(f"{src}: no calibration feeds recorded for this program")
     nncf.set_log_level(logging.WARNING)          # its INFO line per layer it leaves alone
     with tempfile.TemporaryDirectory() as tmp:
         pre = os.path.join(tmp, "pre.onnx")
-        quant_pre_process(src, pre, skip_symbolic_shape=True)      # folds constants (Concat-ed weights)
-        graph = onnx.load(pre)
-        candidates = quantizable(graph)
-        keep = ends(graph, candidates, keep_first)
-        chosen = set(candidates) - set(keep)
-        if not chosen:
-            raise ConfigError(f"{src}: no layer to quantize (convolutions and products with weights: "
-                              f"{', '.join(candidates) or 'none'}) besides the first and last, which stay in float")
+        _, keep, chosen = _choose(src, pre, keep_first, "NNCF")
+        chosen = set(chosen)
         model = openvino.read(pre)
     # constants folded in OpenVINO's graph too (an LSTM's weights sliced per direction by the repairs):
     # the CPU plugin wants its LSTM weights as constants in the saved IR, where it folds nothing itself
@@ -299,19 +300,19 @@ def quantize_openvino(src_dir, dst_dir, feeds, threads=None, check_feeds=2):
         keep_first = any(s["name"] in top for s in spec["inputs"])
         programs[name] = quantize_program_openvino(os.path.join(src_dir, name + ".onnx"),
                                                    os.path.join(dst_dir, name + ".xml"), feeds.get(name),
-                                                   keep_first, overflow_fix, threads)
+                                                   keep_first, overflow_fix)
     quant = {"route": "openvino-nncf", **openvino.versions(), "nncf": _nncf_version(),
              "weights": "int8 (7-bit range, NNCF's overflow fix: this CPU has no VNNI)" if overflow_fix else "int8",
              "programs": programs, "fp32_bytes": size_on_disk(src_dir),
              "int8_bytes": sum(os.path.getsize(os.path.join(dst_dir, p + e)) for p in programs for e in (".xml", ".bin"))}
-    write_infer_cfg(dst_dir, dict(record, format="openvino", precision="int8",
-                                  openvino={"route": openvino.ROUTE, **openvino.versions()}, quantization=quant))
+    out = dict(record, format="openvino", precision="int8", openvino={"route": openvino.ROUTE, **openvino.versions()},
+               quantization=quant)
+    write_infer_cfg(dst_dir, out)           # the Predictor below reads it; written again with the gaps
     fp32 = Predictor(src_dir, threads=threads, backend="openvino", cache_dir=False)
     int8 = Predictor(dst_dir, threads=threads, backend="openvino", cache_dir=False)
     quant["int8_vs_fp32"] = {name: output_gap(fp32.programs[name], int8.programs[name], feeds[name][:check_feeds])
                              for name in programs}
-    write_infer_cfg(dst_dir, dict(record, format="openvino", precision="int8",
-                                  openvino={"route": openvino.ROUTE, **openvino.versions()}, quantization=quant))
+    write_infer_cfg(dst_dir, out)
     return quant
 
 
