@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 DEMO ?= configs/video/attention_lstm/attention_lstm_demo.yaml
 export GLOG_minloglevel := 2
 
-.PHONY: demo test docs docs-images ops bench bench-peers bench-peers-bf16 venv clean
+.PHONY: demo test docs docs-images ops bench bench-peers bench-peers-bf16 bench-memory venv clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -68,6 +68,10 @@ bench-peers: $(VENV)/.installed-peers
 	$(VPY) benchmarks/peers.py --reference $(PEERS_ARGS)
 	$(VPY) benchmarks/peers.py --show --docs
 	uptime
+
+bench-memory: $(VENV)/.installed-peers
+	$(VPY) benchmarks/memory.py $(PEERS_ARGS)
+	$(VPY) benchmarks/memory.py --show --docs
 
 clean:
 	rm -rf output log

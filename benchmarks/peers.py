@@ -113,7 +113,8 @@ def make_batch(key, batch, seed=0):
 
 
 # ------------------------------------------------------------------------------- one process
-def _ours(spec, threads, fast_ops, precision="fp32"):
+def our_step(spec, threads, fast_ops=True, precision="fp32"):
+    """(the trainer's TrainStep on the recipe's model, its batch of paddle tensors, versions)."""
     before_paddle()
     # in the --run child only, once before_paddle() has set what paddle reads when it loads
     import paddle
@@ -130,18 +131,28 @@ def _ours(spec, threads, fast_ops, precision="fp32"):
     step.model.train()
     batch = {k: paddle.to_tensor(v) for k, v in make_batch(spec["key"], spec["batch"]).items()}
     batch["index"] = paddle.arange(spec["batch"], dtype="int64")
-    return lambda: step(batch)["loss"].item(), {"paddle": paddle.__version__}
+    return step, batch, {"paddle": paddle.__version__}
 
 
-def _theirs(spec, threads, precision="fp32"):
+def their_step(spec, threads, precision="fp32"):
+    """(model, optimizer, step_fn(batch) -> loss, the numpy batch, versions) of benchmarks/torch_peers.py."""
     # an optional dependency (benchmarks/requirements.txt), in the --run child only
     import torch
     from benchmarks import torch_peers
     torch.manual_seed(0)
     torch.set_num_threads(threads)
-    _, _, step = torch_peers.BUILDERS[spec["key"]](spec, autocast=precision == "bf16")
-    batch = make_batch(spec["key"], spec["batch"])
-    return lambda: step(batch).item(), {"torch": torch.__version__}
+    model, optimizer, step = torch_peers.BUILDERS[spec["key"]](spec, autocast=precision == "bf16")
+    return model, optimizer, step, make_batch(spec["key"], spec["batch"]), {"torch": torch.__version__}
+
+
+def _ours(spec, threads, fast_ops, precision="fp32"):
+    step, batch, versions = our_step(spec, threads, fast_ops, precision)
+    return lambda: step(batch)["loss"].item(), versions
+
+
+def _theirs(spec, threads, precision="fp32"):
+    _, _, step, batch, versions = their_step(spec, threads, precision)
+    return lambda: step(batch).item(), versions
 
 
 def _profile(side, run):

@@ -126,8 +126,16 @@ def bias_act(x, bias, act=None, p=0.0, training=True, keep=None):
     `keep` (reference only, tests): a given uint8/bool keep-mask."""
     if keep is None and act in _ACTS and active(x, bias):
         seed, p = _seed(p, training)
-        return _run("zoo_bias_act", x, bias, _ACTS[act], seed, p)[0]
+        return _bias_act(x, bias, _ACTS[act], seed, p)
     return reference.bias_act(x, bias, act, p, training, keep)
+
+
+def _bias_act(x, bias, act, seed, p):
+    # without an activation, the operator whose backward keeps neither x nor the bias (nor, at p = 0,
+    # a mask): BERT-base's q/k/v projections save 113 MB less (batch 8 x 128)
+    if act == 0:
+        return _run("zoo_bias_dropout", x, bias, seed, p)[0]
+    return _run("zoo_bias_act", x, bias, act, seed, p)[0]
 
 
 def matmul(x, y, transpose_x=False, transpose_y=False):
@@ -151,7 +159,7 @@ def linear(x, weight, bias=None, act=None, p=0.0, training=True):
     kernel (its bias gradient is a vectorised column sum; paddle's is a slow row reduction on CPU)."""
     if bias is not None and act in _ACTS and active(x, weight, bias):
         seed, p = _seed(p, training)
-        return _run("zoo_bias_act", matmul(x, weight), bias, _ACTS[act], seed, p)[0]
+        return _bias_act(matmul(x, weight), bias, _ACTS[act], seed, p)
     y = matmul(x, weight) if bias is None else reference.linear(x, weight, bias)
     return reference.dropout(reference.ACTIVATIONS[act](y), p, training)
 

@@ -110,6 +110,22 @@ def test_bias_act(act, p):
         _finite_differences(fast, [x, b])
 
 
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_bias_dropout(p):
+    """bias_act without an activation, the operator whose backward reads only the mask (none at p = 0)."""
+    x, b = _t(RNG.standard_normal((5, 3, 37)) * 2), _t(RNG.standard_normal(37))
+    y, keep = _run("zoo_bias_dropout", x, b, 1234, p)
+    assert keep.shape == ([0] if p == 0 else [5, 3, 37])
+
+    def fast(x, b):
+        return _run("zoo_bias_dropout", x, b, 1234, p)[0]
+
+    def ref(x, b):
+        return reference.bias_act(x, b, None, p, True, keep if p else None)
+    _compare(fast, ref, [x, b])
+    _finite_differences(fast, [x, b])
+
+
 @pytest.mark.parametrize("p", [0.0, 0.25])
 def test_bias_dropout_residual(p):
     x, b, r = _t(RNG.standard_normal((7, 45))), _t(RNG.standard_normal(45)), _t(RNG.standard_normal((7, 45)))

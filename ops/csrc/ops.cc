@@ -196,7 +196,7 @@ void bias_act_rows(const float* px, const float* pb, const uint8_t* pk, int64_t 
 #pragma omp parallel for num_threads(threads()) schedule(static)
   for (int64_t i = 0; i < M; ++i) {
     const float* xr = px + i * N;
-    const uint8_t* kr = pk + i * N;
+    const uint8_t* kr = pk ? pk + i * N : nullptr;
     float* yr = py + i * N;
     if (p > 0.f) {
 #pragma omp simd
@@ -254,6 +254,44 @@ std::vector<paddle::Tensor> BiasActBackward(const paddle::Tensor& x, const paddl
   if (act == 1) bias_act_rows_grad<1>(px, pb, pk, pdy, M, N, p, pdx);
   else if (act == 2) bias_act_rows_grad<2>(px, pb, pk, pdy, M, N, p, pdx);
   else bias_act_rows_grad<0>(px, pb, pk, pdy, M, N, p, pdx);
+  column_sums(M, N, db.data<float>(), [&](int64_t i, int64_t j) { return pdx[i * N + j]; });
+  return {dx, db};
+}
+
+// out = keep * (x + b) / (1 - p): bias_act without an activation, whose backward reads the dropout
+// mask only. Neither x nor the bias is saved for it, and without dropout (p = 0) no mask is made:
+// Keep is empty and the gradient of x is dy.
+std::vector<paddle::Tensor> BiasDropoutForward(const paddle::Tensor& x, const paddle::Tensor& b, int64_t seed,
+                                               float p) {
+  if (p > 0.f) return BiasActForward(x, b, 0, seed, p);
+  zoo_apply_fp_mode();
+  check(x, "x");
+  check(b, "bias");
+  const int64_t N = last_dim(x), M = x.numel() / N;
+  PD_CHECK(b.numel() == N, "bias has ", b.numel(), " values for rows of ", N);
+  auto y = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto keep = paddle::empty({0}, paddle::DataType::UINT8, x.place());
+  bias_act_rows<0>(x.data<float>(), b.data<float>(), nullptr, M, N, 0.f, y.data<float>());
+  return {y, keep};
+}
+
+std::vector<paddle::Tensor> BiasDropoutBackward(const paddle::Tensor& keep, const paddle::Tensor& dy, float p) {
+  zoo_apply_fp_mode();
+  const int64_t N = last_dim(dy), M = dy.numel() / N;
+  auto dx = paddle::empty(dy.shape(), dy.dtype(), dy.place());
+  auto db = paddle::empty({N}, dy.dtype(), dy.place());
+  const float* pdy = dy.data<float>();
+  float* pdx = dx.data<float>();
+  const uint8_t* pk = keep.numel() ? keep.data<uint8_t>() : nullptr;
+  const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t i = 0; i < M; ++i) {
+#pragma omp simd
+    for (int64_t j = 0; j < N; ++j) {
+      const int64_t k = i * N + j;
+      pdx[k] = pk ? (pk[k] ? flush(pdy[k] * scale) : 0.f) : pdy[k];
+    }
+  }
   column_sums(M, N, db.data<float>(), [&](int64_t i, int64_t j) { return pdx[i * N + j]; });
   return {dx, db};
 }
@@ -337,13 +375,13 @@ std::vector<paddle::Tensor> BDRForward(const paddle::Tensor& x, const paddle::Te
 }
 
 // dx = dout * keep * scale, db = column sums of dx, dres = dout
-std::vector<paddle::Tensor> BDRBackward(const paddle::Tensor& x, const paddle::Tensor& keep,
-                                        const paddle::Tensor& dout, float p) {
+// reads the mask and the output's gradient only: x is not kept for it (its shape is dout's)
+std::vector<paddle::Tensor> BDRBackward(const paddle::Tensor& keep, const paddle::Tensor& dout, float p) {
   zoo_apply_fp_mode();
-  const int64_t N = last_dim(x), M = x.numel() / N;
-  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
-  auto db = paddle::empty({N}, x.dtype(), x.place());
-  auto dres = paddle::empty(x.shape(), x.dtype(), x.place());
+  const int64_t N = last_dim(dout), M = dout.numel() / N;
+  auto dx = paddle::empty(dout.shape(), dout.dtype(), dout.place());
+  auto db = paddle::empty({N}, dout.dtype(), dout.place());
+  auto dres = paddle::empty(dout.shape(), dout.dtype(), dout.place());
   const float* d = dout.data<float>();
   const uint8_t* k = keep.data<uint8_t>();
   float *pdx = dx.data<float>(), *pr = dres.data<float>();
@@ -802,13 +840,24 @@ PD_BUILD_GRAD_OP(zoo_bias_act)
     .Attrs({"act: int", "p: float"})
     .SetKernelFn(PD_KERNEL(BiasActBackward));
 
+PD_BUILD_OP(zoo_bias_dropout)
+    .Inputs({"X", "Bias"})
+    .Outputs({"Out", "Keep"})
+    .Attrs({"seed: int64_t", "p: float"})
+    .SetKernelFn(PD_KERNEL(BiasDropoutForward));
+PD_BUILD_GRAD_OP(zoo_bias_dropout)
+    .Inputs({"Keep", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Bias")})
+    .Attrs({"p: float"})
+    .SetKernelFn(PD_KERNEL(BiasDropoutBackward));
+
 PD_BUILD_OP(zoo_bias_dropout_residual)
     .Inputs({"X", "Bias", "Residual"})
     .Outputs({"Out", "Keep"})
     .Attrs({"seed: int64_t", "p: float"})
     .SetKernelFn(PD_KERNEL(BDRForward));
 PD_BUILD_GRAD_OP(zoo_bias_dropout_residual)
-    .Inputs({"X", "Keep", paddle::Grad("Out")})
+    .Inputs({"Keep", paddle::Grad("Out")})
     .Outputs({paddle::Grad("X"), paddle::Grad("Bias"), paddle::Grad("Residual")})
     .Attrs({"p: float"})
     .SetKernelFn(PD_KERNEL(BDRBackward));
