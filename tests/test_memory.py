@@ -139,6 +139,7 @@ class _Apply(paddle.nn.Layer):
 
 def test_fused_operators_save_only_what_their_backward_reads(op_path_fp32):
     from models.nlp.bert import EncoderLayer
+    from models.nlp.transformer import EncoderLayer as PreNormEncoderLayer
     from models.vision.resnet import ConvBN
     x = paddle.randn([3])
     x.stop_gradient = False
@@ -151,11 +152,13 @@ def test_fused_operators_save_only_what_their_backward_reads(op_path_fp32):
         t.stop_gradient = False
     block = ConvBN(8, 16, 3)
     encoder = EncoderLayer(64, 4, 256, "gelu", 0.1, 0.1, 1e-12)
+    pre_norm = PreNormEncoderLayer(64, 4, 256, 0.1, 0.1, 0.1, normalize_before=True)   # the Transformer's
     for name, layer, inputs in (("conv+BN+ReLU", block, [x]), ("conv+BN+residual+ReLU", block, [x, residual]),
-                                ("BERT encoder layer", encoder, [h, paddle.zeros([2, 1, 1, 10])])):
+                                ("BERT encoder layer", encoder, [h, paddle.zeros([2, 1, 1, 10])]),
+                                ("pre-norm Transformer encoder layer", pre_norm, [h, paddle.zeros([2, 1, 1, 10])])):
         layer.train()
         owned = {t.data_ptr() for t in [*layer.parameters(), *layer.buffers()]}
         unread = _saved_but_unread(layer, inputs, owned)
         assert not unread, f"{name} saves {unread} for a backward that does not read them"
     op_path_fp32.check("zoo_conv2d", "zoo_bn_act", "zoo_bn_add_act", "zoo_matmul", "zoo_bias_act", "zoo_bias_dropout",
-                       "zoo_bias_dropout_residual_ln", "zoo_softmax_dropout")
+                       "zoo_bias_dropout_residual_ln", "zoo_bias_dropout_residual", "zoo_softmax_dropout")
