@@ -120,9 +120,8 @@ def our_step(spec, threads, fast_ops=True, precision="fp32"):
     import paddle
     from engine.session import Session
     from engine.training import trainer
-    overrides = list(spec.get("overrides", [])) + [f"runtime.num_threads={threads}",
-                                                   f"runtime.fast_ops={'true' if fast_ops else 'false'}",
-                                                   "runtime.seed=0", *AMP[precision]]
+    overrides = [f"runtime.num_threads={threads}", f"runtime.fast_ops={'true' if fast_ops else 'false'}",
+                 "runtime.seed=0", *AMP[precision], *spec.get("overrides", [])]   # the spec's last: they win
     s = Session.from_file(os.path.join(ROOT, spec["config"]), overrides)
     s.setup()
     if precision != "fp32" and not s.train_amp.enable:
