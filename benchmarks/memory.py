@@ -230,7 +230,8 @@ def _parts(p):
 
 def table_lines(result):
     lines = [f"{result['cpu']} ({result.get('cpu_kind')}), {result['threads']} threads, paddle {result.get('paddle')} "
-             f"vs torch {result.get('torch')}, fp32, {result['rounds']} rounds per side (the median run), commit "
+             f"vs torch {result.get('torch')}, fp32, {result['rounds']} rounds per side (each side's median run by peak "
+             f"above baseline; of two, the lower), commit "
              f"{str(result.get('git_commit'))[:10]}",
              "",
              "| model | batch | ours: peak / baseline MB | PyTorch: peak / baseline MB | ours / PyTorch above baseline "
