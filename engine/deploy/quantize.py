@@ -13,6 +13,7 @@ recurrent layers stay in floating point. `check_simulation` runs the quantized p
 the INT8 kernels and with every QuantizeLinear/DequantizeLinear computed in float (no graph
 optimization: the simulation), and the two must agree.
 """
+import contextlib
 import json
 import logging
 import os
@@ -263,15 +264,47 @@ def quantize_program_openvino(src, dst, feeds, keep_first=True, overflow_fix=Fal
         raise ConfigError(f"{src}: none of the layers to quantize ({', '.join(sorted(chosen))}) is in OpenVINO's graph")
     advanced = nncf.AdvancedQuantizationParameters(
         overflow_fix=nncf.OverflowFix.ENABLE if overflow_fix else nncf.OverflowFix.DISABLE)
-    quantized = nncf.quantize(model, dataset, subset_size=len(feeds), target_device=nncf.TargetDevice.CPU,
-                              preset=nncf.QuantizationPreset.MIXED,
-                              ignored_scope=nncf.IgnoredScope(names=sorted(ops - matched), validate=False),
-                              advanced_parameters=advanced)
+    with _statistics_compiled_as_predicted():
+        quantized = nncf.quantize(model, dataset, subset_size=len(feeds), target_device=nncf.TargetDevice.CPU,
+                                  preset=nncf.QuantizationPreset.MIXED,
+                                  ignored_scope=nncf.IgnoredScope(names=sorted(ops - matched), validate=False),
+                                  advanced_parameters=advanced)
     ov.save_model(quantized, dst + ".tmp.xml", compress_to_fp16=False)
     os.replace(dst + ".tmp.bin", dst[:-len(".xml")] + ".bin")
     os.replace(dst + ".tmp.xml", dst)
     fq = sum(op.get_type_name() == "FakeQuantize" for op in quantized.get_ops())
     return {"quantized": len(matched), "kept_float": sorted(keep), "fake_quantize_ops": fq}
+
+
+@contextlib.contextmanager
+def _statistics_compiled_as_predicted():
+    """NNCF's calibration runs the model as the Predictor does: compiled with our options
+    (engine.deploy.openvino.compile_options: f32, the shape-keyed kernel cache off) and with IEEE
+    denormals. NNCF 3.4.0 compiles it in OVNativeEngine with a Core of its own and only an f32 hint,
+    so OpenVINO 2026.4.1's kernel cache fault (tests/test_openvino.py) struck its statistics: from the
+    Transformer decoder step's 8th feed (cache length 7) on, its attention outputs were in the hundreds
+    instead of below 8, the output projections' input ranges came out +-620 and +-1180 instead of +-7
+    and +-8, and the demo lost 46 BLEU."""
+    # optional: requirements-openvino.txt only
+    import nncf.openvino.engine as nncf_engine
+    from nncf.openvino.graph.model_utils import model_has_state
+    from engine.deploy import openvino
+    real = nncf_engine.OVNativeEngine
+
+    class Engine(real):
+        def __init__(self, model, use_fp32_precision=True):    # statistics in f32 always
+            with cpu.ieee_denormals():
+                compiled = openvino.core().compile_model(model, "CPU", openvino.compile_options())
+            self.engine = nncf_engine.OVCompiledModelEngine(compiled, model_has_state(model))
+
+        def infer(self, input_data):
+            with cpu.ieee_denormals():
+                return self.engine.infer(input_data)
+    nncf_engine.OVNativeEngine = Engine
+    try:
+        yield
+    finally:
+        nncf_engine.OVNativeEngine = real
 
 
 def output_gap(fp32, int8, feeds):
