@@ -94,7 +94,7 @@ def _ours(spec, threads):
     """(run one step, the layers, parameters, optimizer-state tensors, saved-tensor hooks, allocator)."""
     step, batch, versions = peers.our_step(spec, threads)
     import paddle  # already imported by our_step (the --run child)
-    from paddle.base import core
+    from paddle.base import core  # its host allocator's statistics (the --run child, paddle loaded)
     params = [p for p in step.model.parameters()]
 
     def nbytes(t):
@@ -209,17 +209,7 @@ def _save(args, rows, commit):
               "threads": args.threads, "python": platform.python_version(), "git_commit": commit,
               "rounds": args.rounds, "paddle": first["ours"][0].get("paddle"), "torch": first["theirs"][0].get("torch"),
               "rows": rows}
-    path = os.path.join(ROOT, args.json)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    old = {}
-    if os.path.isfile(path) and args.only:          # --only updates those rows, keeps the others
-        with open(path) as f:
-            old = {r["name"]: r for r in json.load(f).get("rows", [])}
-    old.update({r["name"]: r for r in rows})
-    result["rows"] = [old[n] for n in peers.PEERS if n in old]
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(path + ".tmp", path)
+    peers.write_rows(os.path.join(ROOT, args.json), result, args.only)
     return result
 
 

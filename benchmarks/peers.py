@@ -287,17 +287,23 @@ def _save(args, env, rows, sides=("ours", "theirs")):
         for side in sides:
             result.update({k: row["runs"][side][0][k] for k in ("paddle", "torch") if k in row["runs"][side][0]})
     if args.json:
-        path = os.path.join(ROOT, args.json)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        old = {}
-        if os.path.isfile(path) and args.only:          # --only updates those rows, keeps the others
-            with open(path) as f:
-                old = {r["name"]: r for r in json.load(f).get("rows", [])}
-        old.update({r["name"]: r for r in rows})
-        result["rows"] = [old[n] for n in PEERS if n in old]
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
+        write_rows(os.path.join(ROOT, args.json), result, args.only)
     return result
+
+
+def write_rows(path, result, only):
+    """Write `result` to `path`; with `only` (--only), its rows merged into the file's other rows, in
+    PEERS' order. Atomic: a stopped run leaves the previous file."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rows = {}
+    if os.path.isfile(path) and only:          # --only updates those rows, keeps the others
+        with open(path) as f:
+            rows = {r["name"]: r for r in json.load(f).get("rows", [])}
+    rows.update({r["name"]: r for r in result["rows"]})
+    result["rows"] = [rows[n] for n in PEERS if n in rows]
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def _uptime():
