@@ -138,6 +138,7 @@ class _Apply(paddle.nn.Layer):
 
 
 def test_fused_operators_save_only_what_their_backward_reads(op_path_fp32):
+    # the layers under test, imported here as the other tests of this file need no model code
     from models.nlp.bert import EncoderLayer
     from models.nlp.transformer import EncoderLayer as PreNormEncoderLayer
     from models.vision.resnet import ConvBN
