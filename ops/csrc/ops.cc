@@ -222,24 +222,32 @@ void bias_act_rows_grad(const float* px, const float* pb, const uint8_t* pk, con
   }
 }
 
-// out = keep * act(x + b) / (1 - p)
-std::vector<paddle::Tensor> BiasActForward(const paddle::Tensor& x, const paddle::Tensor& b, int act, int64_t seed,
-                                           float p) {
+// out = keep * act(x + b) / (1 - p). `mask_at_p0`: Keep is made (all ones) also without dropout, as
+// bias_act's backward reads it; else it is empty then.
+std::vector<paddle::Tensor> bias_act_forward(const paddle::Tensor& x, const paddle::Tensor& b, int act, int64_t seed,
+                                             float p, bool mask_at_p0) {
   zoo_apply_fp_mode();
   check(x, "x");
   check(b, "bias");
   const int64_t N = last_dim(x), M = x.numel() / N;
   PD_CHECK(b.numel() == N, "bias has ", b.numel(), " values for rows of ", N);
   auto y = paddle::empty(x.shape(), x.dtype(), x.place());
-  auto keep = paddle::empty(x.shape(), paddle::DataType::UINT8, x.place());
-  uint8_t* pk = keep.data<uint8_t>();
-  dropout_mask(pk, x.numel(), seed, p);
+  const bool masked = p > 0.f || mask_at_p0;
+  auto keep = masked ? paddle::empty(x.shape(), paddle::DataType::UINT8, x.place())
+                     : paddle::empty({0}, paddle::DataType::UINT8, x.place());
+  uint8_t* pk = masked ? keep.data<uint8_t>() : nullptr;
+  if (masked) dropout_mask(pk, x.numel(), seed, p);
   const float *px = x.data<float>(), *pb = b.data<float>();
   float* py = y.data<float>();
   if (act == 1) bias_act_rows<1>(px, pb, pk, M, N, p, py);
   else if (act == 2) bias_act_rows<2>(px, pb, pk, M, N, p, py);
   else bias_act_rows<0>(px, pb, pk, M, N, p, py);
   return {y, keep};
+}
+
+std::vector<paddle::Tensor> BiasActForward(const paddle::Tensor& x, const paddle::Tensor& b, int act, int64_t seed,
+                                           float p) {
+  return bias_act_forward(x, b, act, seed, p, true);
 }
 
 std::vector<paddle::Tensor> BiasActBackward(const paddle::Tensor& x, const paddle::Tensor& b,
@@ -263,16 +271,7 @@ std::vector<paddle::Tensor> BiasActBackward(const paddle::Tensor& x, const paddl
 // Keep is empty and the gradient of x is dy.
 std::vector<paddle::Tensor> BiasDropoutForward(const paddle::Tensor& x, const paddle::Tensor& b, int64_t seed,
                                                float p) {
-  if (p > 0.f) return BiasActForward(x, b, 0, seed, p);
-  zoo_apply_fp_mode();
-  check(x, "x");
-  check(b, "bias");
-  const int64_t N = last_dim(x), M = x.numel() / N;
-  PD_CHECK(b.numel() == N, "bias has ", b.numel(), " values for rows of ", N);
-  auto y = paddle::empty(x.shape(), x.dtype(), x.place());
-  auto keep = paddle::empty({0}, paddle::DataType::UINT8, x.place());
-  bias_act_rows<0>(x.data<float>(), b.data<float>(), nullptr, M, N, 0.f, y.data<float>());
-  return {y, keep};
+  return bias_act_forward(x, b, 0, seed, p, false);
 }
 
 std::vector<paddle::Tensor> BiasDropoutBackward(const paddle::Tensor& keep, const paddle::Tensor& dy, float p) {
@@ -377,25 +376,8 @@ std::vector<paddle::Tensor> BDRForward(const paddle::Tensor& x, const paddle::Te
 // dx = dout * keep * scale, db = column sums of dx, dres = dout
 // reads the mask and the output's gradient only: x is not kept for it (its shape is dout's)
 std::vector<paddle::Tensor> BDRBackward(const paddle::Tensor& keep, const paddle::Tensor& dout, float p) {
-  zoo_apply_fp_mode();
-  const int64_t N = last_dim(dout), M = dout.numel() / N;
-  auto dx = paddle::empty(dout.shape(), dout.dtype(), dout.place());
-  auto db = paddle::empty({N}, dout.dtype(), dout.place());
-  auto dres = paddle::empty(dout.shape(), dout.dtype(), dout.place());
-  const float* d = dout.data<float>();
-  const uint8_t* k = keep.data<uint8_t>();
-  float *pdx = dx.data<float>(), *pr = dres.data<float>();
-  const float scale = 1.0f / (1.0f - p);
-#pragma omp parallel for num_threads(threads()) schedule(static)
-  for (int64_t i = 0; i < M; ++i) {
-#pragma omp simd
-    for (int64_t j = 0; j < N; ++j) {
-      pdx[i * N + j] = k[i * N + j] ? d[i * N + j] * scale : 0.f;
-      pr[i * N + j] = d[i * N + j];
-    }
-  }
-  column_sums(M, N, db.data<float>(), [&](int64_t i, int64_t j) { return pdx[i * N + j]; });
-  return {dx, db, dres};
+  auto g = BiasDropoutBackward(keep, dout, p);   // dx and db as for the bias and dropout alone
+  return {g[0], g[1], dout.copy_to(dout.place(), true)};
 }
 
 std::vector<paddle::Tensor> BDRLNForward(const paddle::Tensor& x, const paddle::Tensor& b, const paddle::Tensor& res,
