@@ -1,4 +1,4 @@
-"""The OpenVINO backend (engine/deploy/openvino.py): its workarounds of five OpenVINO 2026.4.1 faults, each
+"""The OpenVINO backend (engine/deploy/openvino.py): its workarounds of six OpenVINO 2026.4.1 faults, each
 against ONNX Runtime and numpy on a tiny graph; fp32 runs f32 whatever the CPU offers; and the one-line
 errors of tools/infer.py --backend openvino. Its results on the trained demos are compared with ONNX
 Runtime's in tests/test_export.py's infer tests."""
@@ -342,3 +342,37 @@ def test_integers_through_where_survive_flushed_denormals(tmp_path):
     proc = subprocess.run([sys.executable, "-c", fault, str(tmp_path / "model.onnx")], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["[0.0,", "0.0,", "0.0,", "0.0,", "0.0,", "0.0]"], proc.stdout + proc.stderr
+
+
+# OpenVINO 2026.4.1's CPU plugin refuses to compile ("Accessing out-of-range dimension") a program that holds
+# a FakeQuantize (an INT8 IR: NNCF's, or QuantizeLinear/DequantizeLinear) and a scalar integer cast to float
+# times a [1] constant (paddle's `scale` on a shape dim, as NeXtVLAD's reshapes of [B, M*G, K] compute M*G):
+# NeXtVLAD's INT8 IR failed whichever single layer NNCF quantized; without a FakeQuantize it compiles.
+# The constant is made a scalar and the product unsqueezed (engine/deploy/openvino.py _scalar_scales).
+def test_a_scaled_shape_dim_beside_a_fake_quantize_compiles(tmp_path):
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)
+    f32 = lambda name, v: numpy_helper.from_array(np.array(v, np.float32), name)
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Slice", ["shape", "one", "two"], ["m1"]),
+             helper.make_node("Squeeze", ["m1", "zero"], ["m"]),                         # M, rank 0
+             helper.make_node("Cast", ["m"], ["mf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["mf", "groups"], ["mg"]),                          # [1] * M
+             helper.make_node("Cast", ["mg"], ["mgi"], to=TensorProto.INT64),
+             helper.make_node("Concat", ["minus", "mgi", "width"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["r"]),                        # [B, M*2, 4]
+             helper.make_node("QuantizeLinear", ["r", "scale", "point"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "scale", "point"], ["dq"]),
+             helper.make_node("MatMul", ["dq", "w"], ["y"])]
+    rng = np.random.default_rng(0)
+    inits = [i64("one", [1]), i64("two", [2]), i64("zero", [0]), f32("groups", [2.0]), i64("minus", [-1]),
+             i64("width", [4]), f32("scale", 0.02), numpy_helper.from_array(np.array(128, np.uint8), "point"),
+             f32("w", rng.standard_normal((4, 3)))]
+    path = _save(tmp_path / "scale.onnx", nodes, [("x", TensorProto.FLOAT, ["b", "m", 8])],
+                 [("y", TensorProto.FLOAT, ["b", "n", 3])], inits)
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    with pytest.raises(RuntimeError, match="out-of-range dimension"):
+        _openvino(path, {"x": x}, repaired=False)          # when this compiles: drop the repair
+    ref = _ort(path, {"x": x})[0]
+    got = _openvino(path, {"x": x})[0]
+    assert got.shape == ref.shape == (2, 10, 3)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

@@ -96,12 +96,17 @@ def _repaired(path):
     - LSTM ignores its sequence_lens (each sample runs over the padding; a reverse direction starts
       in it): each direction becomes an LSTM without lengths, the reverse one run forward over each
       sample's steps reversed in place (ReverseSequence, which leaves the padding where it is) and
-      reversed back, and the outputs past each length are zeroed as ONNX's LSTM leaves them."""
+      reversed back, and the outputs past each length are zeroed as ONNX's LSTM leaves them;
+    - a scalar integer cast to float and scaled by a one-element constant of shape [1] (paddle's `scale`
+      on a shape dim, NeXtVLAD's reshapes) fails the CPU plugin's compilation ("Accessing out-of-range
+      dimension") once the program holds a FakeQuantize (an INT8 IR): the constant becomes a scalar and
+      the product is unsqueezed to [1] (_scalar_scales; the same numbers and shapes)."""
     import onnx  # optional: requirements-onnx.txt only (an .onnx program was written with it)
     model = onnx.load(path)
     lse = [n for n in model.graph.node if n.op_type == "ReduceLogSumExp" and any(a.name == "axes" for a in n.attribute)]
     lstm = [n for n in model.graph.node if n.op_type == "LSTM" and len(n.input) > 4 and n.input[4]]
-    if not lse and not lstm:
+    scales = _scalar_scales(model)
+    if not lse and not lstm and not scales:
         return None
     for i, node in enumerate(lse):
         _replace(model, node, _log_sum_exp(node, f"zoo.lse.{i}."))
@@ -112,6 +117,33 @@ def _repaired(path):
                               f"states the program reads (only its outputs can be rebuilt)")
         _replace(model, node, _lstm_without_lengths(node, f"zoo.lstm.{i}."))
     return model.SerializeToString()
+
+
+def _scalar_scales(model):
+    """Mul/Add of a rank-0 Cast (int -> float) by a [1] initializer rewritten as the product by a scalar
+    then Unsqueeze to [1] (_repaired); returns how many it rewrote."""
+    import onnx  # optional: requirements-onnx.txt only
+    from onnx import TensorProto, helper, numpy_helper  # optional: as above
+    graph = model.graph
+    consts = {i.name: i for i in graph.initializer}
+    typed = onnx.shape_inference.infer_shapes(model).graph
+    rank = {v.name: len(v.type.tensor_type.shape.dim) for v in list(typed.value_info) + list(typed.input)
+            if v.type.tensor_type.HasField("shape")}
+    made = {n.output[0] for n in graph.node if n.op_type == "Cast" and
+            {a.name: a.i for a in n.attribute}.get("to") in (TensorProto.FLOAT, TensorProto.DOUBLE)}
+    found = [n for n in graph.node if n.op_type in ("Mul", "Add") and len(n.input) == 2 and
+             any(i in made and rank.get(i) == 0 for i in n.input) and
+             any(i in consts and list(consts[i].dims) == [1] for i in n.input)]
+    for k, node in enumerate(found):
+        t = f"zoo.scalar.{k}."
+        const = next(i for i in node.input if i in consts and list(consts[i].dims) == [1])
+        graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(consts[const]).reshape(()), t + "c"))
+        node.input[:] = [t + "c" if i == const else i for i in node.input]
+        out, node.output[0] = node.output[0], t + "y"
+        at = list(graph.node).index(node) + 1
+        graph.node.insert(at, helper.make_node("Unsqueeze", [t + "y", t + "axes"], [out], name=t + "unsqueeze"))
+        graph.initializer.append(helper.make_tensor(t + "axes", TensorProto.INT64, [1], [0]))
+    return len(found)
 
 
 def _replace(model, node, new):
