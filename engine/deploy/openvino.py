@@ -126,14 +126,16 @@ def _scalar_scales(model):
     from onnx import TensorProto, helper, numpy_helper  # optional: as above
     graph = model.graph
     consts = {i.name: i for i in graph.initializer}
-    typed = onnx.shape_inference.infer_shapes(model).graph
-    rank = {v.name: len(v.type.tensor_type.shape.dim) for v in list(typed.value_info) + list(typed.input)
-            if v.type.tensor_type.HasField("shape")}
     made = {n.output[0] for n in graph.node if n.op_type == "Cast" and
             {a.name: a.i for a in n.attribute}.get("to") in (TensorProto.FLOAT, TensorProto.DOUBLE)}
     found = [n for n in graph.node if n.op_type in ("Mul", "Add") and len(n.input) == 2 and
-             any(i in made and rank.get(i) == 0 for i in n.input) and
-             any(i in consts and list(consts[i].dims) == [1] for i in n.input)]
+             any(i in made for i in n.input) and any(i in consts and list(consts[i].dims) == [1] for i in n.input)]
+    if not found:
+        return 0      # most programs: no shape inference (a copy of the whole model, weights and all)
+    typed = onnx.shape_inference.infer_shapes(model).graph
+    rank = {v.name: len(v.type.tensor_type.shape.dim) for v in list(typed.value_info) + list(typed.input)
+            if v.type.tensor_type.HasField("shape")}
+    found = [n for n in found if any(i in made and rank.get(i) == 0 for i in n.input)]
     for k, node in enumerate(found):
         t = f"zoo.scalar.{k}."
         const = next(i for i in node.input if i in consts and list(consts[i].dims) == [1])
@@ -249,6 +251,13 @@ def _summary(error):
     return lines[-1][:400] if lines else type(error).__name__
 
 
+def compile_cpu(model, options):
+    """`model` compiled for the CPU plugin with `options` (compile_options()), as every program of ours
+    is: with IEEE denormals, so the threads OpenVINO starts here run as inference does (Program.__call__)."""
+    with cpu.ieee_denormals():
+        return core().compile_model(model, "CPU", options)
+
+
 class Program:
     """One program compiled by OpenVINO: `program(feeds)` with numpy feeds by input name -> {output:
     numpy}, the interface of engine.deploy.predictor.Program (paddle.Tensor feeds -> tensors, through
@@ -265,8 +274,7 @@ class Program:
             cache_dir = None      # OpenVINO's cached blob of an LSTM computes something else (_RECURRENT)
         self.options = compile_options(float_precision if precision == "int8" else precision, threads, hint, cache_dir)
         try:
-            with cpu.ieee_denormals():    # the threads OpenVINO starts here run as this one does (__call__)
-                self.compiled = core().compile_model(model, "CPU", self.options)
+            self.compiled = compile_cpu(model, self.options)
         except Exception as e:
             raise ConfigError(f"{self.where}: OpenVINO cannot compile it ({_unsupported(self.where, e)})") from None
         names = [n for p in self.compiled.inputs for n in sorted(p.get_names())]   # a port has aliases

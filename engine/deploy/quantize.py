@@ -293,8 +293,7 @@ def _statistics_compiled_as_predicted():
 
     class Engine(real):
         def __init__(self, model, use_fp32_precision=True):    # statistics in f32 always
-            with cpu.ieee_denormals():
-                compiled = openvino.core().compile_model(model, "CPU", openvino.compile_options())
+            compiled = openvino.compile_cpu(model, openvino.compile_options())
             self.engine = nncf_engine.OVCompiledModelEngine(compiled, model_has_state(model))
 
         def infer(self, input_data):
