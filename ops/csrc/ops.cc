@@ -208,6 +208,8 @@ void bias_act_rows(const float* px, const float* pb, const uint8_t* pk, int64_t 
   }
 }
 
+// dx = keep * dy * act'(x + b) / (1 - p). Without a mask (pk null: no dropout) every element is kept;
+// without an activation (ACT 0) x and b are not read (they may be null).
 template <int ACT>
 void bias_act_rows_grad(const float* px, const float* pb, const uint8_t* pk, const float* pdy, int64_t M, int64_t N,
                         float p, float* pdx) {
@@ -217,7 +219,8 @@ void bias_act_rows_grad(const float* px, const float* pb, const uint8_t* pk, con
 #pragma omp simd
     for (int64_t j = 0; j < N; ++j) {
       const int64_t k = i * N + j;
-      pdx[k] = pk[k] ? flush(pdy[k] * scale * act_grad<ACT>(px[k] + pb[j])) : 0.f;
+      const float g = ACT == 0 ? pdy[k] * scale : pdy[k] * scale * act_grad<ACT>(px[k] + pb[j]);
+      pdx[k] = (pk == nullptr || pk[k]) ? flush(g) : 0.f;
     }
   }
 }
@@ -279,18 +282,9 @@ std::vector<paddle::Tensor> BiasDropoutBackward(const paddle::Tensor& keep, cons
   const int64_t N = last_dim(dy), M = dy.numel() / N;
   auto dx = paddle::empty(dy.shape(), dy.dtype(), dy.place());
   auto db = paddle::empty({N}, dy.dtype(), dy.place());
-  const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
-  const uint8_t* pk = keep.numel() ? keep.data<uint8_t>() : nullptr;
-  const float scale = 1.0f / (1.0f - p);
-#pragma omp parallel for num_threads(threads()) schedule(static)
-  for (int64_t i = 0; i < M; ++i) {
-#pragma omp simd
-    for (int64_t j = 0; j < N; ++j) {
-      const int64_t k = i * N + j;
-      pdx[k] = pk ? (pk[k] ? flush(pdy[k] * scale) : 0.f) : pdy[k];
-    }
-  }
+  bias_act_rows_grad<0>(nullptr, nullptr, keep.numel() ? keep.data<uint8_t>() : nullptr, dy.data<float>(), M, N, p,
+                        pdx);
   column_sums(M, N, db.data<float>(), [&](int64_t i, int64_t j) { return pdx[i * N + j]; });
   return {dx, db};
 }
