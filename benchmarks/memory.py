@@ -33,6 +33,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from benchmarks import peers, report  # noqa: E402  (no paddle import)
 from engine.cpu import process_environment  # noqa: E402
+from engine.errors import ConfigError  # noqa: E402  (no paddle import)
 
 MB = 2 ** 20
 
@@ -256,7 +257,10 @@ def main():
     args = p.parse_args()
     args.json = args.json or os.path.relpath(os.path.join(report.results_dir(args.kind), "memory.json"), ROOT)
     if args.run:
-        print(json.dumps(profile(args.run, args.side, args.threads, args.batch, args.override)))
+        try:
+            print(json.dumps(profile(args.run, args.side, args.threads, args.batch, args.override)))
+        except ConfigError as e:      # a bad -o: one line, as the tools give it
+            raise SystemExit(f"error: {e}") from None
     elif args.show or args.docs:
         if not os.path.isfile(os.path.join(ROOT, args.json)):
             raise SystemExit(f"error: {args.json}: no memory results of this CPU kind yet (make bench-memory)")
