@@ -222,6 +222,35 @@ def test_rmsprop_centered_reaches_paddle(centered):
     assert net.w.numpy()[0] == pytest.approx(1 - 0.1 / math.sqrt(ms + 1e-6), rel=1e-6)
 
 
+@pytest.mark.parametrize("centered,momentum", [(False, 0.0), (True, 0.0), (True, 0.5)])
+def test_rmsprop_steps_follow_the_formulas_and_momentum_0_keeps_no_buffer(centered, momentum):
+    # paddle.optimizer.RMSProp's documented rule, in numpy, with L2 (wd) added to the gradient:
+    # ms = rho ms + (1 - rho) g^2; mg = rho mg + (1 - rho) g (centered; else mg = 0);
+    # v = momentum v + lr g / sqrt(ms - mg^2 + eps); w -= v. Three steps on gradients of 0.5 w^2 + c w.
+    rho, eps, lr, wd = 0.9, 1e-6, 0.01, 0.1
+    rng = np.random.default_rng(0)
+    w0, c = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    layer = paddle.nn.Linear(4, 3)
+    layer.weight.set_value(w0.T.copy())
+    opt = build_optimizer({"name": "RMSProp", "rho": rho, "epsilon": eps, "momentum": momentum,
+                           "centered": centered, "weight_decay": wd, "no_decay": []}, layer, lr)
+    w, ms, mg, v = w0.astype(np.float64), 0.0, 0.0, 0.0
+    for _ in range(3):
+        wt = layer.weight.T
+        ((wt * wt).sum() / 2 + (wt * paddle.to_tensor(c)).sum()).backward()
+        opt.step()
+        opt.clear_grad()
+        g = w + c + wd * w
+        ms = rho * ms + (1 - rho) * g * g
+        mg = rho * mg + (1 - rho) * g if centered else 0.0
+        v = momentum * v + lr * g / np.sqrt(ms - mg * mg + eps)
+        w = w - v
+        np.testing.assert_allclose(layer.weight.numpy().T, w, rtol=1e-5, atol=1e-7)
+    buffers = [k for k in opt.state_dict() if "momentum" in k]
+    # at momentum 0 no parameter-sized momentum buffer is kept (issue 42: 415 MB on AttentionLSTM)
+    assert len(buffers) == (1 if momentum else 0), buffers   # the weight only: the bias gets no gradient
+
+
 def test_momentum_and_adam_options_reach_paddle():
     opt = build_optimizer({"name": "Momentum", "momentum": 0.8, "use_nesterov": True}, Scalar(), 0.1)
     assert opt._momentum == 0.8 and opt._use_nesterov is True

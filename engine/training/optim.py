@@ -31,6 +31,7 @@ import bisect
 import math
 
 import paddle
+from paddle import _C_ops
 from paddle.optimizer.lr import LRScheduler
 
 from engine.model import NormLayer
@@ -388,8 +389,53 @@ class RMSProp(_Optimizer):
         self.rho, self.epsilon, self.momentum, self.centered = rho, epsilon, momentum, centered
 
     def make(self, lr, groups):
-        return paddle.optimizer.RMSProp(learning_rate=lr, rho=self.rho, epsilon=self.epsilon,
-                                        momentum=self.momentum, centered=self.centered, parameters=groups)
+        rule = paddle.optimizer.RMSProp if self.momentum else _RMSPropWithoutMomentum
+        return rule(learning_rate=lr, rho=self.rho, epsilon=self.epsilon, momentum=self.momentum,
+                    centered=self.centered, parameters=groups)
+
+
+class _RMSPropWithoutMomentum(paddle.optimizer.RMSProp):
+    """paddle's RMSProp at momentum 0, without its `momentum` accumulator.
+
+    paddle keeps that accumulator for every parameter even at momentum 0, where its kernel only uses
+    it to carry the step's update (v = 0 * v + lr * g / sqrt(ms - mg^2 + eps); p -= v): a full copy of
+    the parameters kept for nothing (415 MB of AttentionLSTM's 1244 MB of optimizer state; PyTorch's
+    RMSProp has no such buffer at momentum 0). Here the gradient, dead once the update is made, is
+    passed as that buffer: the kernel reads g[i] and writes v[i] element by element, so sharing the
+    storage is safe (tests/test_optim.py checks the updates against the formulas). A parameter kept
+    in fp16/bf16 with an fp32 master copy keeps paddle's own path (its update is fp32, its gradient not).
+    """
+
+    def _own_path(self, param, grad=None):
+        return param.dtype == paddle.float32 and (grad is None or (grad.dtype == param.dtype and grad.is_dense()))
+
+    def _create_accumulators(self, block, parameters):
+        params = parameters.get("params") if isinstance(parameters, dict) else parameters
+        paddle_path = []
+        for p in params:
+            if p.name in self._already_create_accumulator:
+                continue
+            if not self._own_path(p):
+                paddle_path.append(p)
+                continue
+            self._add_accumulator(self._mean_square_acc_str, p)
+            self._add_accumulator(self._mean_grad_acc_str, p)
+            self._already_create_accumulator.add(p.name)
+        if paddle_path:
+            super()._create_accumulators(block, paddle_path)
+
+    def _append_optimize_op(self, block, param_and_grad):
+        if isinstance(param_and_grad, dict):
+            param_and_grad = self._update_param_group(param_and_grad)
+        param, grad = param_and_grad
+        if not paddle.in_dynamic_mode() or not self._own_path(param, grad):
+            return super()._append_optimize_op(block, param_and_grad)
+        # paddle's own kernel, its moment buffer the gradient (see the class docstring)
+        _C_ops.rmsprop_(param, self._get_accumulator_master(self._mean_square_acc_str, param), grad, grad,
+                        self._create_param_lr(param_and_grad),
+                        self._get_accumulator_master(self._mean_grad_acc_str, param), None,
+                        self._epsilon, self._rho, 0.0, self._centered, False)
+        return None
 
 
 def build_optimizer(cfg, model, lr):
