@@ -105,6 +105,16 @@ def _numpy(value):
     return value.numpy() if isinstance(value, paddle.Tensor) else np.asarray(value)
 
 
+def recomputed(layer, *args):
+    """`layer(*args)` in training whose activations are recomputed during backward instead of kept
+    (activation checkpointing). paddle's non-reentrant recompute (saved-tensor hooks): the reentrant
+    one fails inside DataParallel's gradient reducer. The RNG state is restored for the second run,
+    so its dropout masks are the first run's and the gradients those of a plain step."""
+    # paddle.distributed loads its collective machinery: only a recomputing model needs it
+    from paddle.distributed.fleet.utils import recompute
+    return recompute(layer, *args, use_reentrant=False)
+
+
 def unwrap(model):
     """The model inside paddle.DataParallel (which keeps it as `_layers`)."""
     return model._layers if isinstance(model, paddle.DataParallel) else model

@@ -223,6 +223,29 @@ def peaked_transformer(**settings):
     return m, src
 
 
+def gradients_with_and_without(model, switch, batch, layer, seed=7):
+    """[(loss, {name: gradient}, forward calls of `layer`), ...] of one training step with
+    `switch(model, False)` then `switch(model, True)`: the same seed, so dropout draws alike; a
+    recomputing step runs `layer` twice (forward and again in backward)."""
+    # import cost: paddle (~2.5 s) for every test session (conftest imports helpers)
+    import paddle
+    calls = []
+    hook = layer.register_forward_post_hook(lambda *a: calls.append(1))
+    runs = []
+    for on in (False, True):
+        switch(model, on)
+        model.train()
+        model.clear_gradients()
+        calls.clear()
+        paddle.seed(seed)
+        loss = model(batch)["loss"]
+        loss.backward()
+        runs.append((loss.item(), {n: p.grad.numpy().copy() for n, p in model.named_parameters()
+                                   if p.grad is not None}, len(calls)))
+    hook.remove()
+    return runs
+
+
 def doc_blocks(path, lang):
     """The fenced ```lang code blocks of a markdown file, in order."""
     with open(path, encoding="utf-8") as f:

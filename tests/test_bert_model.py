@@ -13,7 +13,7 @@ from engine.components import load_all
 from engine.errors import ConfigError
 from engine.weights.pretrained import WEIGHTS, load_entry_state, load_pretrained, map_keys
 from ops import functional, library
-from tests.helpers import golden_close as close, golden_stats_close as stats_close, ROOT, counting_fused_ops
+from tests.helpers import golden_close as close, golden_stats_close as stats_close, ROOT, counting_fused_ops, gradients_with_and_without
 
 load_all()
 from api.bert import load_bert, load_tokenizer, sentence_embeddings  # noqa: E402
@@ -302,28 +302,13 @@ def _tiny_batch():
 def test_recompute_gives_the_same_gradients_with_dropout_on():
     paddle.seed(1)
     model = B.BertForPretraining(**dict(TINY, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3))
-    batch = _tiny_batch()
-    calls = []
-    layer = model.bert.encoder.layers[0]
-    hook = layer.register_forward_post_hook(lambda *a: calls.append(1))
-
-    def grads(recompute):
-        model.bert.encoder.recompute = recompute
-        model.train()
-        model.clear_gradients()
-        calls.clear()
-        paddle.seed(7)
-        loss = model(batch)["loss"]
-        loss.backward()
-        return loss.item(), {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}, len(calls)
-
-    loss_a, ga, calls_a = grads(False)
-    loss_b, gb, calls_b = grads(True)
-    hook.remove()
+    (loss_a, ga, calls_a), (loss_b, gb, calls_b) = gradients_with_and_without(
+        model, lambda m, on: setattr(m.bert.encoder, "recompute", on), _tiny_batch(), model.bert.encoder.layers[0])
     assert (calls_a, calls_b) == (1, 2)       # recompute ran the layer again in backward
     assert loss_a == loss_b and ga.keys() == gb.keys() and len(ga) == len(list(model.parameters()))
     for k in ga:
         np.testing.assert_allclose(ga[k], gb[k], rtol=1e-6, atol=1e-7, err_msg=k)
+    batch = _tiny_batch()
     paddle.seed(8)   # and dropout is really on: another seed, another loss
     model.bert.encoder.recompute = False
     assert model(batch)["loss"].item() != loss_a

@@ -14,7 +14,7 @@ from engine.weights.pretrained import WEIGHTS, PretrainedEntry, load_entry_state
 from models.video.stnet import StNet, inflate_conv1, stnet_fluid_key_map
 from models.video.tsn import TSN
 from models.vision.resnet import ResNet, build_backbone, kit_block_name, resnet_key_map
-from tests.helpers import golden_close as close, golden_stats_close as stats_close
+from tests.helpers import golden_close as close, golden_stats_close as stats_close, gradients_with_and_without
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 sys.path.insert(0, DATA)
@@ -238,6 +238,30 @@ def test_stnet_train_step_and_views():
         one = model({"imgs": views[:, 1]})
     assert out["probs"].shape == [2, 5] and one["probs"].shape == [2, 5]
     np.testing.assert_allclose(out["probs"].numpy().sum(-1), 1.0, rtol=1e-5)
+
+
+def test_stnet_recompute_gives_the_same_gradients_and_bn_statistics():
+    paddle.seed(0)
+    model = StNet(num_classes=5, seglen=2, backbone={"name": "ResNet", "depth": 18})
+    batch = {"imgs": paddle.randn([2, 3, 6, 32, 32]), "label": paddle.to_tensor([[0], [3]], dtype="int64")}
+    start = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    stats = {}
+
+    def switch(m, on):
+        if on:   # each step from the same running statistics
+            stats[False] = {k: v.numpy().copy() for k, v in m.state_dict().items() if "_mean" in k or "_variance" in k}
+            m.set_state_dict(start)
+        m.backbone.recompute = on
+
+    (loss_a, ga, calls_a), (loss_b, gb, calls_b) = gradients_with_and_without(model, switch, batch,
+                                                                              model.backbone.stages[2])
+    assert (calls_a, calls_b) == (1, 2) and loss_a == loss_b and ga.keys() == gb.keys()
+    for k in ga:
+        np.testing.assert_allclose(ga[k], gb[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    # the stage run again in backward does not fold the batch into BN's running statistics twice
+    after = {k: v.numpy() for k, v in model.state_dict().items() if k in stats[False]}
+    assert stats[False] and all(np.array_equal(after[k], stats[False][k]) for k in after)
+    assert any(not np.array_equal(after[k], start[k]) for k in after)   # and they did move, once
 
 
 def test_stnet_multi_view_output_is_the_view_average():

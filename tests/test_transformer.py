@@ -23,7 +23,7 @@ from engine.weights.pretrained import WEIGHTS, load_entry_state
 from metrics.translation import BLEU
 from models.nlp.transformer import Transformer, length_penalty, search_options
 from readers.translation import Translation
-from tests.helpers import ROOT, assert_one_line_error, peaked_transformer, read_metrics, tool
+from tests.helpers import ROOT, assert_one_line_error, gradients_with_and_without, peaked_transformer, read_metrics, tool
 
 load_all()
 DATA = os.path.join(ROOT, "tests", "data")
@@ -148,6 +148,29 @@ def test_label_smoothed_loss_ignores_padding():
     with_pad = m(batch)["loss"].item()
     batch["tgt_out"] = paddle.to_tensor([[3, 1, 2]])   # another label under the mask changes nothing
     assert m(batch)["loss"].item() == pytest.approx(with_pad, rel=1e-6)
+
+
+@pytest.mark.parametrize("normalize_before", [True, False])
+def test_recompute_gives_the_same_gradients_with_dropout_on(normalize_before):
+    paddle.seed(2)
+    m = Transformer(src_vocab_size=16, trg_vocab_size=16, d_model=16, d_inner_hid=32, n_head=2, num_encoder_layers=2,
+                    num_decoder_layers=2, max_length=12, dropout=0.3, normalize_before=normalize_before)
+    rng = np.random.default_rng(0)
+    ids = lambda: paddle.to_tensor(rng.integers(2, 16, (3, 7)))   # noqa: E731
+    batch = {"src_ids": ids(), "tgt_in": ids(), "tgt_out": ids()}
+
+    def switch(model, on):
+        model.transformer.encoder.recompute = model.transformer.decoder.recompute = on
+
+    (loss_a, ga, calls_a), (loss_b, gb, calls_b) = gradients_with_and_without(m, switch, batch,
+                                                                              m.transformer.decoder.layers[1])
+    assert (calls_a, calls_b) == (1, 2)       # the decoder layer ran again in backward
+    assert loss_a == loss_b and ga.keys() == gb.keys() and len(ga) >= len(list(m.parameters())) - 1
+    for k in ga:
+        np.testing.assert_allclose(ga[k], gb[k], rtol=1e-6, atol=1e-7, err_msg=k)
+    switch(m, False)
+    paddle.seed(8)   # and dropout is really on: another seed, another loss
+    assert m(batch)["loss"].item() != loss_a
 
 
 # ------------------------------------------------------------------------------------ decoding

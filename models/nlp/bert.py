@@ -29,11 +29,10 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
-from paddle.distributed.fleet.utils import recompute
 from paddle.static import InputSpec
 
 import ops
-from engine.model import DataAgreement, Weights, ZooModel
+from engine.model import DataAgreement, Weights, ZooModel, recomputed
 from engine.errors import ConfigError
 from engine.registry import MODELS
 from models.nlp.bert_weights import hf_layout, task_file_layout
@@ -140,10 +139,7 @@ class Encoder(nn.Layer):
     def forward(self, x, bias):
         for layer in self.layers:
             if self.recompute and self.training and not x.stop_gradient:
-                # non-reentrant (saved-tensor hooks), as models/vision/resnet.py: paddle's reentrant
-                # recompute fails inside DataParallel's gradient reducer; the RNG state is restored
-                # either way, so the recomputed dropout masks are the first pass's
-                x = recompute(layer, x, bias, use_reentrant=False)
+                x = recomputed(layer, x, bias)
             else:
                 x = layer(x, bias)
         return x

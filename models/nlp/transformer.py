@@ -50,7 +50,7 @@ import paddle.nn.functional as F
 from paddle.static import InputSpec
 
 import ops
-from engine.model import DataAgreement, ZooModel
+from engine.model import DataAgreement, ZooModel, recomputed
 from engine.errors import ConfigError
 from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
@@ -230,30 +230,44 @@ class DecoderLayer(_Sublayers):
         return self._block(x, self.norm3, self._ffn)
 
 
-class Encoder(nn.Layer):
-    def __init__(self, num_layers, final_norm, d_model, **layer_args):
-        super().__init__()
-        self.layers = nn.LayerList([EncoderLayer(d_model=d_model, **layer_args) for _ in range(num_layers)])
-        self.norm = nn.LayerNorm(d_model) if final_norm else None
+class _Stack(nn.Layer):
+    """The layers of the encoder or decoder; with `recompute`, each layer's activations are recomputed
+    during a training backward instead of kept (not for cached decoding, which has no backward)."""
 
-    def forward(self, x, bias):
-        for layer in self.layers:
-            x = layer(x, bias)
+    def __init__(self, layer_class, num_layers, final_norm, d_model, recompute=False, **layer_args):
+        super().__init__()
+        self.layers = nn.LayerList([layer_class(d_model=d_model, **layer_args) for _ in range(num_layers)])
+        self.norm = nn.LayerNorm(d_model) if final_norm else None
+        self.recompute = recompute
+
+    def run_layers(self, x, *args):
+        remat = self.recompute and self.training and paddle.is_grad_enabled()
+        for i, layer in enumerate(self.layers):
+            per_layer = [a[i] if isinstance(a, list) else a for a in args]   # memory_kv: one per layer
+            x = recomputed(layer, x, *per_layer) if remat else layer(x, *per_layer)
         return self.norm(x) if self.norm is not None else x
 
 
-class Decoder(nn.Layer):
-    def __init__(self, num_layers, final_norm, d_model, **layer_args):
-        super().__init__()
-        self.layers = nn.LayerList([DecoderLayer(d_model=d_model, **layer_args) for _ in range(num_layers)])
-        self.norm = nn.LayerNorm(d_model) if final_norm else None
+class Encoder(_Stack):
+    def __init__(self, num_layers, final_norm, d_model, recompute=False, **layer_args):
+        super().__init__(EncoderLayer, num_layers, final_norm, d_model, recompute, **layer_args)
+
+    def forward(self, x, bias):
+        return self.run_layers(x, bias)
+
+
+class Decoder(_Stack):
+    def __init__(self, num_layers, final_norm, d_model, recompute=False, **layer_args):
+        super().__init__(DecoderLayer, num_layers, final_norm, d_model, recompute, **layer_args)
 
     def memory_kv(self, memory):
         return [layer.cross_attn.project_kv(memory) for layer in self.layers]
 
     def forward(self, x, memory_kv, self_bias, memory_bias, caches=None):
+        if caches is None:
+            return self.run_layers(x, memory_kv, self_bias, memory_bias)
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory_kv[i], self_bias, memory_bias, None if caches is None else caches[i])
+            x = layer(x, memory_kv[i], self_bias, memory_bias, caches[i])
         return self.norm(x) if self.norm is not None else x
 
 
@@ -279,6 +293,9 @@ class Transformer(ZooModel):
     `encoder_with_post_norm`, in 2.8.1). So a PaddleNLP post-norm file needs `final_norm: false`,
     which is also the paper's post-norm; a strict load that misses only these keys says so
     (`weights_hint`).
+
+    `recompute`: each encoder and decoder layer's activations are recomputed during backward instead
+    of kept (the same gradients; the cost is in docs/performance.md, "Memory of a training step").
 
     Batch keys: `src_ids` [B, S] (source tokens + `<e>`), `tgt_in` [B, T] (`<s>` + target) and
     `tgt_out` [B, T] (target + `<e>`), padded with `pad_id`, with the `<key>_mask` a PadSequences
@@ -316,7 +333,7 @@ class Transformer(ZooModel):
                  max_length: int = 257, bos_id: int = 0, eos_id: int = 1, pad_id: int = 0,
                  label_smooth_eps: float = 0.1, beam_size: int = 5, beam_search_version: str = "v1",
                  max_out_len: int = None, alpha: float = None, max_len_a: float = None, max_len_b: int = None,
-                 use_cache: bool = True, final_norm: bool = True):
+                 use_cache: bool = True, final_norm: bool = True, recompute: bool = False):
         super().__init__()
         if weight_sharing and src_vocab_size != trg_vocab_size:
             raise ConfigError(f"Transformer: weight_sharing needs one joint vocabulary, but src_vocab_size "
@@ -348,8 +365,8 @@ class Transformer(ZooModel):
                           attn_dropout=dropout if attn_dropout is None else attn_dropout,
                           act_dropout=dropout if act_dropout is None else act_dropout,
                           normalize_before=normalize_before)
-        self.transformer = _Body(Encoder(num_encoder_layers, final_norm, **layer_args),
-                                 Decoder(num_decoder_layers, final_norm, **layer_args))
+        self.transformer = _Body(Encoder(num_encoder_layers, final_norm, recompute=recompute, **layer_args),
+                                 Decoder(num_decoder_layers, final_norm, recompute=recompute, **layer_args))
         self.weight_sharing = weight_sharing
         if not weight_sharing:
             self.linear = nn.Linear(d_model, trg_vocab_size, bias_attr=False)

@@ -10,6 +10,8 @@ ResNet's conv1 takes 3*seglen channels. Layout after PaddlePaddle/models PaddleC
 - max over T -> fc (Uniform(+-1/sqrt(2048)) init) -> softmax cross-entropy.
 ImageNet init: conv1's RGB kernel is averaged over RGB, divided by seglen and repeated to 3*seglen
 channels (`inflate_conv1`); the temporal blocks, Xception and fc keep their initialisation.
+`backbone.recompute: true` recomputes each ResNet stage's activations during backward (the temporal
+blocks between stages keep theirs), as TSN and DeepLabV3 do.
 """
 import functools
 import math
@@ -25,7 +27,7 @@ from engine.errors import ConfigError
 from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
 from models.video.clips import as_float, classify, split_views
-from models.vision.resnet import DEPTHS, ResNet, build_backbone, resnet_key_map
+from models.vision.resnet import DEPTHS, ResNet, build_backbone, recompute_stage, resnet_key_map
 
 _MSRA = paddle.ParamAttr(initializer=nn.initializer.KaimingUniform())  # Fluid MSRAInitializer default
 _ZERO = paddle.ParamAttr(initializer=nn.initializer.Constant(0.0))
@@ -124,8 +126,9 @@ class StNet(ZooModel):
             raise ConfigError(f"StNet: imgs has {c} channels per segment, seglen={self.seglen} needs "
                               f"{3 * self.seglen}")
         x = self.backbone.forward_stem(imgs.reshape([-1] + list(imgs.shape[3:])))
+        remat = self.backbone.recompute and self.training and paddle.is_grad_enabled()
         for i, stage in enumerate(self.backbone.stages):
-            x = stage(x)
+            x = recompute_stage(stage, x) if remat else stage(x)
             if i == 1:
                 x = self.temporal1(x, t)
             elif i == 2:
