@@ -73,7 +73,7 @@ def run_paddle(threads):
     import paddle
     import ops
     from ops import functional, library
-    cpu.keep_freed_memory()   # as runtime.setup does for training
+    cpu.keep_freed_memory()   # the kernels' time, not that of faulting their outputs in (runtime.keep_freed_memory)
     paddle.base.core.set_num_threads(threads)
     functional.set_enabled(True, threads)
     if not functional.active(paddle.ones([1])) or not library.state["dnnl"]:

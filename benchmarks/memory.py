@@ -18,6 +18,10 @@ layer running when it was saved). The rest is everything else: the batch, transi
 backward, the kernels' work space, memory the allocator keeps, library pages touched after the
 baseline. For ours, paddle's host allocator also gives its peak of live tensors in the step, and
 what lies outside it (oneDNN work space, glibc's kept blocks, libraries).
+
+Where a model can recompute its activations (RECOMPUTE), a third run per round is ours with it on:
+the table gives its peak and its step time over ours without (one more step after the profiled one,
+timed without the counting hooks, in every run).
 """
 import argparse
 import collections
@@ -27,6 +31,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -36,6 +41,11 @@ from engine.cpu import process_environment  # noqa: E402
 from engine.errors import ConfigError  # noqa: E402  (no paddle import)
 
 MB = 2 ** 20
+
+# the recipe override that turns activation recomputation on, per model (AttentionLSTM has none: its
+# LSTMs are one paddle operator each); the table's third run, "ours with recompute"
+RECOMPUTE = {"BERT-base": "model.recompute=true", "Transformer-base": "model.recompute=true",
+             "TSN-R50": "model.backbone.recompute=true", "DeepLabV3-R50": "model.backbone.recompute=true"}
 
 
 def status_mb(key):
@@ -155,13 +165,17 @@ def profile(name, side, threads, batch=None, overrides=()):
     peak = status_mb("VmHWM")
     for h in handles:
         h.remove()
+    tic = time.perf_counter()
+    run()                                           # timed without the hooks: what recompute costs
+    seconds = time.perf_counter() - tic
     state = state()                                # made by the first step
     trainable = [p for p in params if (not p.stop_gradient if side == "ours" else p.requires_grad)]
     parts = {"parameters": sum(nbytes(p) for p in params), "gradients": sum(nbytes(p) for p in trainable),
              "optimizer_state": sum(nbytes(t) for t in state), "saved_for_backward": saved.total()}
     out = {"name": name, "side": side, "batch": spec["batch"], "threads": threads, "loss": loss,
            "baseline_mb": round(baseline, 1), "built_mb": round(built, 1), "warm_mb": round(warm, 1),
-           "peak_mb": round(peak, 1), "peak_above_baseline_mb": round(peak - baseline, 1),
+           "peak_mb": round(peak, 1), "peak_above_baseline_mb": round(peak - baseline, 1), "s_per_step": seconds,
+           "overrides": list(overrides),
            **{k + "_mb": _mb(v) for k, v in parts.items()},
            "rest_mb": round(peak - baseline - sum(parts.values()) / MB, 1),
            "saved_by_kind_mb": {k: _mb(v) for k, v in saved.by_kind.most_common() if v >= MB / 10},
@@ -174,7 +188,9 @@ def profile(name, side, threads, batch=None, overrides=()):
 
 # ------------------------------------------------------------------------------- the table
 def _spawn(name, side, args, env):
-    cmd = [sys.executable, os.path.abspath(__file__), "--run", name, "--side", side, "--threads", str(args.threads)]
+    """One profile in its own process; side "recompute" is ours with RECOMPUTE[name]."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--run", name, "--threads", str(args.threads)]
+    cmd += ["--side", "ours", "-o", RECOMPUTE[name]] if side == "recompute" else ["--side", side]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
@@ -190,14 +206,15 @@ def table(args):
     commit = report.git_commit()
     rows = []
     for name in args.only or list(peers.PEERS):
-        runs = {"ours": [], "theirs": []}
+        sides = ("ours", "theirs") + (("recompute",) if name in RECOMPUTE else ())
+        runs = {side: [] for side in sides}
         for r in range(args.rounds):
-            for side in ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours"):
+            for side in sides if r % 2 == 0 else sides[::-1]:
                 runs[side].append(_spawn(name, side, args, env))
         # each side's median run by its peak above the baseline (the figure the table compares)
         med = {side: sorted(v, key=lambda x: x["peak_above_baseline_mb"])[(len(v) - 1) // 2] for side, v in runs.items()}
         rows.append({"name": name, "batch": peers.PEERS[name]["batch"], "input": peers.PEERS[name]["input"],
-                     "ours": med["ours"], "theirs": med["theirs"],
+                     "ours": med["ours"], "theirs": med["theirs"], "recompute": med.get("recompute"),
                      "ratio": med["ours"]["peak_above_baseline_mb"] / med["theirs"]["peak_above_baseline_mb"],
                      "runs": runs})
         result = _save(args, rows, commit)
@@ -226,14 +243,24 @@ def table_lines(result):
              f"{str(result.get('git_commit'))[:10]}",
              "",
              "| model | batch | ours: peak / baseline MB | PyTorch: peak / baseline MB | ours / PyTorch above baseline "
-             "| ours: params / grads / optimizer / saved / rest MB | PyTorch: the same | ours: outside paddle's allocator MB |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| ours: params / grads / optimizer / saved / rest MB | PyTorch: the same | ours: outside paddle's allocator MB "
+             "| ours with recompute: above baseline MB (step time x) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         o, t = r["ours"], r["theirs"]
         lines.append(f"| {r['name']} | {r['batch']} | {o['peak_mb']:.0f} / {o['baseline_mb']:.0f} | "
                      f"{t['peak_mb']:.0f} / {t['baseline_mb']:.0f} | **{r['ratio']:.2f}** | {_parts(o)} | {_parts(t)} | "
-                     f"{o.get('outside_allocator_mb', float('nan')):.0f} |")
+                     f"{o.get('outside_allocator_mb', float('nan')):.0f} | {_recompute(r)} |")
     return lines
+
+
+def _recompute(row):
+    """"peak (step time with / without)", the medians of the recompute and plain runs; "-" without."""
+    rc = row.get("recompute")
+    if not rc:
+        return "-"
+    times = {side: statistics.median(x["s_per_step"] for x in row["runs"][side]) for side in ("ours", "recompute")}
+    return f"{rc['peak_above_baseline_mb']:.0f} ({times['recompute'] / times['ours']:.2f}x)"
 
 
 def show(result):

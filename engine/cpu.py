@@ -110,8 +110,11 @@ def keep_freed_memory(limit=1 << 30):
     them. Paddle's CPU allocator returns every tensor to malloc; a block above glibc's mmap threshold
     (32 MB at most) is unmapped on free and faulted in again page by page when the next step asks for
     it (paddle.zeros of 138 MB, the Transformer's [tokens, vocabulary] logits: 60 ms, 2.3 GB/s).
-    `runtime.keep_freed_memory` (default true) decides; tools/benchmark.py with it false and true:
-    Transformer-base step 1.21 -> 1.09 s (+70 MB peak), DeepLabV3-R50 8.06 -> 6.14 s (+475 MB).
+    The price is the heap's fragmentation: blocks of many sizes in one heap leave holes a larger
+    request cannot use, so the heap (and the peak) grows past what is alive. `runtime.keep_freed_memory`
+    (default false) decides; on amd-zen2, a training step with it true against false (docs/performance.md,
+    "Memory of a training step"): TSN-R50 7% faster for +289 MB of peak, AttentionLSTM 6% for +685 MB,
+    Transformer-base 5% for +95 MB, BERT-base 2% for +164 MB, DeepLabV3-R50 none for +581 MB.
     False off glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")

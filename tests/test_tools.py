@@ -91,10 +91,10 @@ def test_freed_memory_is_kept_in_the_heap():
     assert libc.mallinfo2().fordblks >= size
 
 
-def test_runtime_keeps_freed_memory_unless_the_config_says_no(monkeypatch):
+def test_runtime_keeps_freed_memory_only_when_the_config_says_so(monkeypatch):
     calls = []
     monkeypatch.setattr(cpu, "keep_freed_memory", lambda: calls.append(1) or True)
-    for overrides, expected in (([], [1]), (["runtime.keep_freed_memory=false"], [])):
+    for overrides, expected in (([], []), (["runtime.keep_freed_memory=true"], [1])):
         calls.clear()
         cfg = config.load("configs/nlp/bert/bert_glue_demo.yaml", overrides + ["runtime.device=cpu"],
                           validate_config=False)
