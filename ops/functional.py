@@ -22,6 +22,7 @@ No operator writes a subnormal float where the exact result is below float32's n
 (csrc/ops.cc says why); `library.set_flush_denormals` (runtime.flush_denormals) adds FTZ/DAZ for
 the threads that run the operators (tests/test_denormals.py).
 """
+import functools
 import os
 
 import paddle
@@ -219,12 +220,36 @@ def conv2d(x, conv):
             and x.ndim == 4)
     if fast and active(x, conv.weight) and library.state["dnnl"]:
         args = (x, conv.weight, list(s.stride), list(s.padding), list(s.dilation), not x.stop_gradient)
-        if _state["bf16"] and _state["route"] == "operands":
+        operands = _state["bf16"] and _state["route"] == "operands"
+        if _columns_per_thread(tuple(x.shape), tuple(conv.weight.shape), *map(tuple, args[2:5]),
+                               2 if operands else int(_state["bf16"]), os.environ.get("ZOO_FAST_OPS_THREADS")):
+            return conv(x)
+        if operands:
             y = _run("zoo_conv2d_bf16", *args)[0]
         else:
             y = _run("zoo_conv2d", *args, _state["bf16"])[0]
         return y if conv.bias is None else y + conv.bias.reshape([1, -1, 1, 1])
     return conv(x)
+
+
+WORK_SPACE_FLOOR = 32 << 20   # bytes (_columns_per_thread)
+
+
+@functools.lru_cache(maxsize=1024)
+def _columns_per_thread(x_shape, w_shape, strides, pads, dilations, math, threads):
+    """Whether oneDNN needs more work space for this convolution than one sample's im2col columns, and
+    over WORK_SPACE_FLOOR (below it the work space is small beside a step's activations and oneDNN's
+    kernel is the faster: a ResNet stem, 16 MB at 2 x 512 x 512). Where it has no direct kernel for a pass (on AVX2: the dilated 3x3 convolutions of DeepLabV3's ASPP
+    and last stages) it runs im2col + GEMM with a column buffer per thread: 288 MB each at 2048 channels
+    x 64 x 64 (DeepLabV3-R50's peak +264 MB from 1 to 2 threads; 16 threads would hold 4.6 GB). paddle's
+    own convolution is im2col + GEMM with one buffer, so it takes those: DeepLabV3-R50 at 2 x 512 on
+    amd-zen2, peak above baseline 4035 -> 3699 MB, step 15.7 -> 16.3 s. `threads`: the operators'
+    thread setting, part of the cache key (the work space grows with it)."""
+    oh, ow = [(x_shape[2 + i] + 2 * pads[i] - dilations[i] * (w_shape[2 + i] - 1) - 1) // strides[i] + 1
+              for i in (0, 1)]
+    columns = w_shape[1] * w_shape[2] * w_shape[3] * oh * ow * 4
+    return (library.conv_work_space(x_shape, w_shape, strides, pads, dilations, math) or 0) > max(columns,
+                                                                                                WORK_SPACE_FLOOR)
 
 
 def batch_norm_act(x, bn, relu=True, residual=None):

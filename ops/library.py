@@ -212,6 +212,21 @@ def bf16_supported():
     return state["bf16"]
 
 
+def conv_work_space(x_shape, w_shape, strides, pads, dilations, math):
+    """Bytes of work space oneDNN's convolution of these shapes needs (the largest of its forward and
+    two backward passes, with the configured threads; csrc/dnnl.cc, zoo_conv_work_space); -1 when
+    oneDNN has no convolution for them, None without the library."""
+    if not (load() and state["dnnl"]):
+        return None
+    lib = _cdll()
+    if "conv_ws" not in state:
+        lib.zoo_conv_work_space.restype = ctypes.c_longlong
+        lib.zoo_conv_work_space.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 5 + [ctypes.c_int]
+        state["conv_ws"] = True
+    arrays = [(ctypes.c_int64 * len(v))(*[int(d) for d in v]) for v in (x_shape, w_shape, strides, pads, dilations)]
+    return int(lib.zoo_conv_work_space(*arrays, int(math)))
+
+
 def threads_mxcsr(n):
     """The MXCSR of the calling thread as our operators set it, and of `n` OpenMP threads in one of
     their parallel regions (what the guard's tests check); None without the library."""

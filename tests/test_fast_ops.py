@@ -366,8 +366,10 @@ CONVS = [((2, 3, 11, 9), 5, 3, 1, 1, 1, False, True),
 
 
 @pytest.mark.parametrize("shape,cout,kernel,stride,padding,dilation,bias,x_grad", CONVS)
-def test_conv2d(shape, cout, kernel, stride, padding, dilation, bias, x_grad):
-    """oneDNN's convolution against paddle's own (conv2d and its two gradients)."""
+def test_conv2d(shape, cout, kernel, stride, padding, dilation, bias, x_grad, monkeypatch):
+    """oneDNN's convolution against paddle's own (conv2d and its two gradients), whatever work space
+    oneDNN needs for it (below: which of the two runs a convolution)."""
+    monkeypatch.setattr(functional, "_columns_per_thread", lambda *a: False)
     paddle.seed(0)
     conv = nn.Conv2D(shape[1], cout, kernel, stride=stride, padding=padding, dilation=dilation,
                      bias_attr=None if bias else False)
@@ -382,6 +384,35 @@ def test_conv2d(shape, cout, kernel, stride, padding, dilation, bias, x_grad):
     p, d = (list(padding) if isinstance(padding, tuple) else [padding] * 2), [dilation] * 2
     if x_grad:
         _finite_differences(lambda x, w: _run("zoo_conv2d", x, w, s, p, d, True, False)[0], [x, _t(conv.weight.numpy())])
+
+
+def test_convolutions_oneDNN_would_run_on_per_thread_columns_take_paddle(monkeypatch):
+    """A convolution for which oneDNN asks more work space than one sample's im2col columns (its GEMM
+    convolution, a column buffer per thread: DeepLabV3's dilated 3x3 on AVX2) and more than
+    WORK_SPACE_FLOOR is paddle's own, which is im2col + GEMM with one buffer; the others are oneDNN's.
+    The rule on the query's answer, for a dilated 3x3 convolution of 6 -> 4 channels over 2 x 17 x 14
+    (padding 2, dilation 2: output 17 x 14): one sample's columns are 6 * 3 * 3 * 17 * 14 * 4 = 51408
+    bytes (hand arithmetic); with the floor lowered to 0, then at its 32 MB."""
+    conv = nn.Conv2D(6, 4, 3, padding=2, dilation=2, bias_attr=False)
+    x = _t(RNG.standard_normal((2, 6, 17, 14)))
+    asked = []
+    for floor, work_space, runs_ours in ((0, 51408, True), (0, 51409, False), (0, 0, True),
+                                         (32 << 20, 32 << 20, True), (32 << 20, (32 << 20) + 1, False)):
+        monkeypatch.setattr(functional, "WORK_SPACE_FLOOR", floor)
+        monkeypatch.setattr(library, "conv_work_space", lambda *a, ws=work_space: asked.append(a) or ws)
+        functional._columns_per_thread.cache_clear()
+        with functional.enabled_as(True), _counting() as ran:
+            y = functional.conv2d(x, conv)
+        assert bool(ran) is runs_ours, (work_space, ran)
+        with functional.enabled_as(False):
+            _close(y.numpy(), conv(x).numpy())
+    assert asked[0] == ((2, 6, 17, 14), (4, 6, 3, 3), (1, 1), (2, 2), (2, 2), 0)
+    monkeypatch.undo()
+    functional._columns_per_thread.cache_clear()
+    # and oneDNN answers: no work space for a plain 3x3 convolution here; a positive size or none
+    # (-1 would say it has no convolution) for the dilated one, whose kernel depends on the CPU
+    assert library.conv_work_space((2, 64, 32, 32), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 0) >= 0
+    assert library.conv_work_space((2, 6, 17, 14), (4, 6, 3, 3), (1, 1), (2, 2), (2, 2), 0) >= 0
 
 
 def test_conv2d_layers_it_does_not_cover_take_paddle():

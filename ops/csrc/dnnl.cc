@@ -420,6 +420,7 @@ struct ConvPlan {
   dnnl::convolution_forward fwd_prim;
   dnnl::convolution_backward_data bwd_data_prim;
   dnnl::convolution_backward_weights bwd_weights_prim;
+  size_t work_space = 0;  // bytes: the largest scratchpad of the three (zoo_conv_work_space)
 };
 
 // Call inside Context::enter().
@@ -459,6 +460,16 @@ const ConvPlan& conv_plan(const std::vector<int64_t>& xs, const std::vector<int6
     p->fwd_prim = dnnl::convolution_forward(p->fwd);
     p->bwd_data_prim = dnnl::convolution_backward_data(p->bwd_data);
     p->bwd_weights_prim = dnnl::convolution_backward_weights(p->bwd_weights);
+    // the scratchpad sizes, which oneDNN reports only for descriptors in user scratchpad mode (the
+    // choice of kernel does not depend on the mode)
+    dnnl::primitive_attr probe = attr;
+    probe.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    const auto f = dnnl::convolution_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, alg, xa, wa, ya,
+                                                             st, dl, pd, pd, probe);
+    const auto d = dnnl::convolution_backward_data::primitive_desc(eng, alg, dxa, wa, dya, st, dl, pd, pd, f, probe);
+    const auto w = dnnl::convolution_backward_weights::primitive_desc(eng, alg, xa, dwa, dya, st, dl, pd, pd, f, probe);
+    p->work_space = std::max({f.scratchpad_desc().get_size(), d.scratchpad_desc().get_size(),
+                              w.scratchpad_desc().get_size()});
     return p;
   });
 }
@@ -550,6 +561,22 @@ std::vector<paddle::Tensor> ConvBf16Backward(const paddle::Tensor& x, const padd
 extern "C" {
 // Called through ctypes by ops/library.py: 1 when oneDNN computes bf16 natively on this CPU.
 int zoo_bf16_supported() { return zoo_dnnl::bf16_native() ? 1 : 0; }
+
+// Called through ctypes by ops/library.py: the work space in bytes oneDNN's convolution of these shapes
+// (x NCHW, w OIHW; strides, pads, dilations of 2) needs in its forward or backward with the configured
+// threads, the largest of the three; -1 when oneDNN has no convolution for them.
+long long zoo_conv_work_space(const int64_t* xs, const int64_t* ws, const int64_t* strides, const int64_t* pads,
+                              const int64_t* dilations, int math) {
+  try {
+    int nt;
+    auto lock = zoo_dnnl::Context::get().enter(&nt);
+    const auto& p = zoo_dnnl::conv_plan({xs, xs + 4}, {ws, ws + 4}, {strides, strides + 2}, {pads, pads + 2},
+                                        {dilations, dilations + 2}, math, nt);
+    return static_cast<long long>(p.work_space);
+  } catch (...) {
+    return -1;
+  }
+}
 }
 
 PD_BUILD_OP(zoo_matmul)
