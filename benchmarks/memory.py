@@ -25,6 +25,7 @@ timed without the counting hooks, in every run).
 """
 import argparse
 import collections
+import contextlib
 import json
 import os
 import platform
@@ -156,11 +157,14 @@ def profile(name, side, threads, batch=None, overrides=()):
     built = status_mb("VmRSS")
     run()                                           # warm-up: the optimizer's state, kernel choice, caches
     warm = status_mb("VmRSS")
-    handles = _hook(layers, side, saved)
+    # paddle's recompute holds the saved-tensor hooks itself (one pair at a time): with it on, the saved
+    # tensors are not counted (they are in the rest)
+    counting = RECOMPUTE.get(name) not in overrides
+    handles = _hook(layers, side, saved) if counting else []
     reset_peak()
     if allocator:
         allocator["reset"]()
-    with hooks():
+    with hooks() if counting else contextlib.nullcontext():
         loss = run()
     peak = status_mb("VmHWM")
     for h in handles:
@@ -176,7 +180,7 @@ def profile(name, side, threads, batch=None, overrides=()):
            "baseline_mb": round(baseline, 1), "built_mb": round(built, 1), "warm_mb": round(warm, 1),
            "peak_mb": round(peak, 1), "peak_above_baseline_mb": round(peak - baseline, 1), "s_per_step": seconds,
            "overrides": list(overrides),
-           **{k + "_mb": _mb(v) for k, v in parts.items()},
+           **{k + "_mb": _mb(v) for k, v in parts.items()}, **({} if counting else {"saved_for_backward_mb": None}),
            "rest_mb": round(peak - baseline - sum(parts.values()) / MB, 1),
            "saved_by_kind_mb": {k: _mb(v) for k, v in saved.by_kind.most_common() if v >= MB / 10},
            "saved_tensors": saved.saves, **versions}
