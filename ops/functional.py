@@ -214,17 +214,14 @@ def smooth_cross_entropy(logits, labels, eps=0.0):
 
 def conv2d(x, conv):
     """conv(x) for a paddle Conv2D layer, through oneDNN's direct convolution (csrc/dnnl.cc) when the
-    layer is NCHW with zero padding given as numbers and one group; other layers take the layer itself."""
+    layer is NCHW with zero padding given as numbers and one group; other layers, and those oneDNN would
+    run with a column buffer per thread (_columns_per_thread), take the layer itself."""
     s = conv2d_settings(conv)
     fast = (s.data_format == "NCHW" and s.groups == 1 and s.padding_mode == "zeros" and s.padding is not None
             and x.ndim == 4)
-    if fast and active(x, conv.weight) and library.state["dnnl"]:
+    if fast and active(x, conv.weight) and library.state["dnnl"] and not _paddle_computes(x, conv, s):
         args = (x, conv.weight, list(s.stride), list(s.padding), list(s.dilation), not x.stop_gradient)
-        operands = _state["bf16"] and _state["route"] == "operands"
-        if _columns_per_thread(tuple(x.shape), tuple(conv.weight.shape), *map(tuple, args[2:5]),
-                               2 if operands else int(_state["bf16"]), os.environ.get("ZOO_FAST_OPS_THREADS")):
-            return conv(x)
-        if operands:
+        if _state["bf16"] and _state["route"] == "operands":
             y = _run("zoo_conv2d_bf16", *args)[0]
         else:
             y = _run("zoo_conv2d", *args, _state["bf16"])[0]
@@ -233,6 +230,13 @@ def conv2d(x, conv):
 
 
 WORK_SPACE_FLOOR = 32 << 20   # bytes (_columns_per_thread)
+
+
+def _paddle_computes(x, conv, s):
+    """Whether paddle's convolution takes this one (_columns_per_thread); dynamic mode only."""
+    math = 2 if _state["bf16"] and _state["route"] == "operands" else int(_state["bf16"])
+    return _columns_per_thread(tuple(x.shape), tuple(conv.weight.shape), tuple(s.stride), tuple(s.padding),
+                               tuple(s.dilation), math, os.environ.get("ZOO_FAST_OPS_THREADS"))
 
 
 @functools.lru_cache(maxsize=1024)
