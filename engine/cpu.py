@@ -112,9 +112,10 @@ def keep_freed_memory(limit=1 << 30):
     it (paddle.zeros of 138 MB, the Transformer's [tokens, vocabulary] logits: 60 ms, 2.3 GB/s).
     The price is the heap's fragmentation: blocks of many sizes in one heap leave holes a larger
     request cannot use, so the heap (and the peak) grows past what is alive. `runtime.keep_freed_memory`
-    (default false) decides; on amd-zen2, a training step with it true against false (docs/performance.md,
-    "Memory of a training step"): TSN-R50 7% faster for +289 MB of peak, AttentionLSTM 6% for +685 MB,
-    Transformer-base 5% for +95 MB, BERT-base 2% for +164 MB, DeepLabV3-R50 none for +581 MB.
+    (default false; the BERT and Transformer recipes set it) decides; on amd-zen2, a training step with it
+    true against false (docs/performance.md, "Memory of a training step"): BERT-base ~5% faster for
+    +69 MB of peak, Transformer-base ~6% for +35 MB, TSN-R50 ~10% for +304 MB, AttentionLSTM ~13% for
+    +211 MB, DeepLabV3-R50 ~15% for +834 MB.
     False off glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
