@@ -243,12 +243,13 @@ def _paddle_computes(x, conv, s):
 def _columns_per_thread(x_shape, w_shape, strides, pads, dilations, math, threads):
     """Whether oneDNN needs more work space for this convolution than one sample's im2col columns, and
     over WORK_SPACE_FLOOR (below it the work space is small beside a step's activations and oneDNN's
-    kernel is the faster: a ResNet stem, 16 MB at 2 x 512 x 512). Where it has no direct kernel for a pass (on AVX2: the dilated 3x3 convolutions of DeepLabV3's ASPP
-    and last stages) it runs im2col + GEMM with a column buffer per thread: 288 MB each at 2048 channels
-    x 64 x 64 (DeepLabV3-R50's peak +264 MB from 1 to 2 threads; 16 threads would hold 4.6 GB). paddle's
-    own convolution is im2col + GEMM with one buffer, so it takes those: DeepLabV3-R50 at 2 x 512 on
-    amd-zen2, peak above baseline 4035 -> 3699 MB, step 15.7 -> 16.3 s. `threads`: the operators'
-    thread setting, part of the cache key (the work space grows with it)."""
+    kernel is the faster: a ResNet stem, 16 MB at 2 x 512 x 512). Where it has no direct kernel for a
+    pass (on AVX2: the dilated 3x3 convolutions of DeepLabV3's ASPP and last stages) it runs im2col +
+    GEMM with a column buffer per thread: 288 MB each at 2048 channels x 64 x 64 (DeepLabV3-R50's peak
+    +264 MB from 1 to 2 threads; 16 threads would hold 4.6 GB). paddle's own convolution is im2col +
+    GEMM with one buffer, so it takes those: DeepLabV3-R50 at 2 x 512 on amd-zen2, peak above baseline
+    4035 -> 3718 MB, step 15.7 -> 15.9 s. `threads`: the operators' thread setting, part of the cache
+    key (the work space grows with it)."""
     oh, ow = [(x_shape[2 + i] + 2 * pads[i] - dilations[i] * (w_shape[2 + i] - 1) - 1) // strides[i] + 1
               for i in (0, 1)]
     columns = w_shape[1] * w_shape[2] * w_shape[3] * oh * ow * 4

@@ -190,6 +190,9 @@ def _cdll():
     if "cdll" not in state:
         state["cdll"] = ctypes.CDLL(state["path"])
         state["cdll"].zoo_threads_mxcsr.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.c_int]
+        if state["dnnl"]:
+            state["cdll"].zoo_conv_work_space.restype = ctypes.c_longlong
+            state["cdll"].zoo_conv_work_space.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 5 + [ctypes.c_int]
     return state["cdll"]
 
 
@@ -218,13 +221,8 @@ def conv_work_space(x_shape, w_shape, strides, pads, dilations, math):
     oneDNN has no convolution for them, None without the library."""
     if not (load() and state["dnnl"]):
         return None
-    lib = _cdll()
-    if "conv_ws" not in state:
-        lib.zoo_conv_work_space.restype = ctypes.c_longlong
-        lib.zoo_conv_work_space.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 5 + [ctypes.c_int]
-        state["conv_ws"] = True
     arrays = [(ctypes.c_int64 * len(v))(*[int(d) for d in v]) for v in (x_shape, w_shape, strides, pads, dilations)]
-    return int(lib.zoo_conv_work_space(*arrays, int(math)))
+    return int(_cdll().zoo_conv_work_space(*arrays, int(math)))
 
 
 def threads_mxcsr(n):

@@ -232,7 +232,7 @@ class DecoderLayer(_Sublayers):
 
 class _Stack(nn.Layer):
     """The layers of the encoder or decoder; with `recompute`, each layer's activations are recomputed
-    during a training backward instead of kept (not for cached decoding, which has no backward)."""
+    during a training backward instead of kept (never in decoding, which has no backward)."""
 
     def __init__(self, layer_class, num_layers, final_norm, d_model, recompute=False, **layer_args):
         super().__init__()
@@ -241,9 +241,10 @@ class _Stack(nn.Layer):
         self.recompute = recompute
 
     def run_layers(self, x, *args):
+        """The layers on `x`; an argument given as a list has one entry per layer (memory_kv, caches)."""
         remat = self.recompute and self.training and paddle.is_grad_enabled()
         for i, layer in enumerate(self.layers):
-            per_layer = [a[i] if isinstance(a, list) else a for a in args]   # memory_kv: one per layer
+            per_layer = [a[i] if isinstance(a, list) else a for a in args]
             x = recomputed(layer, x, *per_layer) if remat else layer(x, *per_layer)
         return self.norm(x) if self.norm is not None else x
 
@@ -264,11 +265,7 @@ class Decoder(_Stack):
         return [layer.cross_attn.project_kv(memory) for layer in self.layers]
 
     def forward(self, x, memory_kv, self_bias, memory_bias, caches=None):
-        if caches is None:
-            return self.run_layers(x, memory_kv, self_bias, memory_bias)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, memory_kv[i], self_bias, memory_bias, caches[i])
-        return self.norm(x) if self.norm is not None else x
+        return self.run_layers(x, memory_kv, self_bias, memory_bias, caches)
 
 
 class _Body(nn.Layer):

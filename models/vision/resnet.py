@@ -16,11 +16,10 @@ Our parameter names (kit names are reached through `resnet_key_map`):
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
-from paddle.distributed.fleet.utils import recompute
 
 import ops
 from ops.paddle_attrs import batch_norm_settings
-from engine.model import Weights, ZooModel
+from engine.model import Weights, ZooModel, recomputed
 from engine.errors import ConfigError
 from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
@@ -209,10 +208,8 @@ class ResNet(ZooModel):
 def recompute_stage(stage, x):
     """`stage(x)` whose inner activations are recomputed during backward instead of kept.
 
-    paddle's non-reentrant recompute (saved-tensor hooks: it works under paddle.DataParallel, where
-    the reentrant one fails in the gradient reducer) runs the stage again inside backward; its BN
-    layers would then fold the batch into their running statistics twice, so every run after the
-    first puts them back.
+    engine.model.recomputed runs the stage again inside backward; its BN layers would then fold the
+    batch into their running statistics twice, so every run after the first puts them back.
     """
     runs = []
 
@@ -229,7 +226,7 @@ def recompute_stage(stage, x):
             s.variance.set_value(var)
         return out
 
-    return recompute(run, x, use_reentrant=False)
+    return recomputed(run, x)
 
 
 def build_backbone(cfg, **forced):

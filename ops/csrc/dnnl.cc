@@ -412,16 +412,53 @@ std::vector<paddle::DataType> LinearBf16InferDtype(const paddle::DataType& x, co
 // and dw stay fp32).
 using dnnl::memory;
 
-struct ConvPlan {
+struct ConvDescs {
   memory::desc x, w, y;  // paddle's layouts
   dnnl::convolution_forward::primitive_desc fwd;
   dnnl::convolution_backward_data::primitive_desc bwd_data;
   dnnl::convolution_backward_weights::primitive_desc bwd_weights;
+};
+
+struct ConvPlan : ConvDescs {
   dnnl::convolution_forward fwd_prim;
   dnnl::convolution_backward_data bwd_data_prim;
   dnnl::convolution_backward_weights bwd_weights_prim;
-  size_t work_space = 0;  // bytes: the largest scratchpad of the three (zoo_conv_work_space)
 };
+
+// The three descriptors (oneDNN picks its kernels here); `user_scratchpad`: in user scratchpad mode,
+// the only mode in which oneDNN reports the scratchpad's size (the kernels chosen do not depend on it).
+// Call inside Context::enter(): oneDNN sizes the work space by the OpenMP threads set there.
+ConvDescs conv_descs(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,
+                     const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                     const std::vector<int64_t>& dilations, int math, bool user_scratchpad) {
+  using Tag = memory::format_tag;
+  const auto f32 = memory::data_type::f32;
+  const memory::dims st{strides[0], strides[1]}, pd{pads[0], pads[1]};
+  const memory::dims dl{dilations[0] - 1, dilations[1] - 1};  // oneDNN counts the gaps
+  memory::dims ys{xs[0], ws[0], 0, 0};
+  for (int i = 0; i < 2; ++i) {
+    const int64_t span = dilations[i] * (ws[2 + i] - 1) + 1;
+    ys[2 + i] = (xs[2 + i] + 2 * pads[i] - span) / strides[i] + 1;
+  }
+  ConvDescs p;
+  p.x = memory::desc(memory::dims(xs.begin(), xs.end()), f32, Tag::nchw);
+  p.w = memory::desc(memory::dims(ws.begin(), ws.end()), f32, Tag::oihw);
+  p.y = memory::desc(ys, f32, Tag::nchw);
+  const auto in = math == 2 ? memory::data_type::bf16 : f32;   // x, w, and dy in the backward
+  const memory::desc xa(p.x.get_dims(), in, Tag::any), wa(p.w.get_dims(), in, Tag::any), ya(ys, f32, Tag::any);
+  const memory::desc dya(ys, in, Tag::any), dxa(p.x.get_dims(), f32, Tag::any), dwa(p.w.get_dims(), f32, Tag::any);
+  const auto alg = dnnl::algorithm::convolution_direct;
+  const dnnl::engine& eng = Context::get().engine();
+  dnnl::primitive_attr attr;
+  if (math == 1) attr.set_fpmath_mode(dnnl::fpmath_mode::bf16);
+  if (user_scratchpad) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  p.fwd = dnnl::convolution_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, alg, xa, wa, ya,
+                                                    st, dl, pd, pd, attr);
+  p.bwd_data = dnnl::convolution_backward_data::primitive_desc(eng, alg, dxa, wa, dya, st, dl, pd, pd, p.fwd, attr);
+  p.bwd_weights =
+      dnnl::convolution_backward_weights::primitive_desc(eng, alg, xa, dwa, dya, st, dl, pd, pd, p.fwd, attr);
+  return p;
+}
 
 // Call inside Context::enter().
 const ConvPlan& conv_plan(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,
@@ -431,45 +468,11 @@ const ConvPlan& conv_plan(const std::vector<int64_t>& xs, const std::vector<int6
   for (const auto* v : {&xs, &ws, &strides, &pads, &dilations})
     for (int64_t d : *v) key += "," + std::to_string(d);
   return Context::get().cached<ConvPlan>(key, [&]() {
-    using Tag = memory::format_tag;
-    const auto f32 = memory::data_type::f32;
-    const memory::dims st{strides[0], strides[1]}, pd{pads[0], pads[1]};
-    const memory::dims dl{dilations[0] - 1, dilations[1] - 1};  // oneDNN counts the gaps
-    memory::dims ys{xs[0], ws[0], 0, 0};
-    for (int i = 0; i < 2; ++i) {
-      const int64_t span = dilations[i] * (ws[2 + i] - 1) + 1;
-      ys[2 + i] = (xs[2 + i] + 2 * pads[i] - span) / strides[i] + 1;
-    }
     auto p = std::make_shared<ConvPlan>();
-    p->x = memory::desc(memory::dims(xs.begin(), xs.end()), f32, Tag::nchw);
-    p->w = memory::desc(memory::dims(ws.begin(), ws.end()), f32, Tag::oihw);
-    p->y = memory::desc(ys, f32, Tag::nchw);
-    const auto in = math == 2 ? memory::data_type::bf16 : f32;   // x, w, and dy in the backward
-    const memory::desc xa(p->x.get_dims(), in, Tag::any), wa(p->w.get_dims(), in, Tag::any), ya(ys, f32, Tag::any);
-    const memory::desc dya(ys, in, Tag::any), dxa(p->x.get_dims(), f32, Tag::any), dwa(p->w.get_dims(), f32, Tag::any);
-    const auto alg = dnnl::algorithm::convolution_direct;
-    const dnnl::engine& eng = Context::get().engine();
-    dnnl::primitive_attr attr;
-    if (math == 1) attr.set_fpmath_mode(dnnl::fpmath_mode::bf16);
-    p->fwd = dnnl::convolution_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, alg, xa, wa, ya,
-                                                       st, dl, pd, pd, attr);
-    p->bwd_data =
-        dnnl::convolution_backward_data::primitive_desc(eng, alg, dxa, wa, dya, st, dl, pd, pd, p->fwd, attr);
-    p->bwd_weights =
-        dnnl::convolution_backward_weights::primitive_desc(eng, alg, xa, dwa, dya, st, dl, pd, pd, p->fwd, attr);
+    static_cast<ConvDescs&>(*p) = conv_descs(xs, ws, strides, pads, dilations, math, false);
     p->fwd_prim = dnnl::convolution_forward(p->fwd);
     p->bwd_data_prim = dnnl::convolution_backward_data(p->bwd_data);
     p->bwd_weights_prim = dnnl::convolution_backward_weights(p->bwd_weights);
-    // the scratchpad sizes, which oneDNN reports only for descriptors in user scratchpad mode (the
-    // choice of kernel does not depend on the mode)
-    dnnl::primitive_attr probe = attr;
-    probe.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    const auto f = dnnl::convolution_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, alg, xa, wa, ya,
-                                                             st, dl, pd, pd, probe);
-    const auto d = dnnl::convolution_backward_data::primitive_desc(eng, alg, dxa, wa, dya, st, dl, pd, pd, f, probe);
-    const auto w = dnnl::convolution_backward_weights::primitive_desc(eng, alg, xa, dwa, dya, st, dl, pd, pd, f, probe);
-    p->work_space = std::max({f.scratchpad_desc().get_size(), d.scratchpad_desc().get_size(),
-                              w.scratchpad_desc().get_size()});
     return p;
   });
 }
@@ -570,9 +573,10 @@ long long zoo_conv_work_space(const int64_t* xs, const int64_t* ws, const int64_
   try {
     int nt;
     auto lock = zoo_dnnl::Context::get().enter(&nt);
-    const auto& p = zoo_dnnl::conv_plan({xs, xs + 4}, {ws, ws + 4}, {strides, strides + 2}, {pads, pads + 2},
-                                        {dilations, dilations + 2}, math, nt);
-    return static_cast<long long>(p.work_space);
+    const auto d = zoo_dnnl::conv_descs({xs, xs + 4}, {ws, ws + 4}, {strides, strides + 2}, {pads, pads + 2},
+                                        {dilations, dilations + 2}, math, true);
+    return static_cast<long long>(std::max({d.fwd.scratchpad_desc().get_size(), d.bwd_data.scratchpad_desc().get_size(),
+                                            d.bwd_weights.scratchpad_desc().get_size()}));
   } catch (...) {
     return -1;
   }
