@@ -360,11 +360,14 @@ def check_options(observer, calib_batches):
         raise ConfigError(f"--calib-batches must be >= 1, got {calib_batches}")
 
 
-def quantize_recipe(session, model, output, calib_batches=8, observer="minmax", split=None, metric=None,
-                    batch_size=None, threads=None, backend="onnxruntime"):
+def quantize_recipe(session, model, outputs, calib_batches=8, observer="minmax", split=None, metric=None,
+                    batch_size=None, threads=None):
     """tools/quantize.py: `model` exported to ONNX, calibrated on `calib_batches` batches of
-    session.calibration_loader, quantized into `output`, and fp32 and INT8 evaluated on `split`;
-    returns what `output/metrics.json` holds ({split, metric, drop, fp32, int8})."""
+    session.calibration_loader and quantized by each backend of `outputs` ({backend: folder}); fp32
+    and each INT8 evaluated on `split`. One export, one recording of the calibration feeds and one fp32
+    evaluation (through the first backend: the backends' fp32 scores agree to 1e-4) serve every
+    backend, which is what comparing the two routes costs no more than running the second. Returns
+    {backend: what its `metrics.json` holds ({split, metric, drop, fp32, int8, fp32_backend})}."""
     split = split or session.cfg.eval_split()
     loader, dataset, _ = session.loader(split, batch_size=batch_size, sharded=False)
     names = session.metric(dataset).names()
@@ -376,28 +379,38 @@ def quantize_recipe(session, model, output, calib_batches=8, observer="minmax", 
     if not batches:
         raise ConfigError(f"the calibration reader (reader.train's samples through reader.{split}'s processing) "
                           f"yielded no batches")
-    os.makedirs(output, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".fp32-", dir=output) as fp32:
+    for output in outputs.values():
+        os.makedirs(output, exist_ok=True)
+    name = session.cfg["model"]["name"]
+
+    def score(where, backend):
+        predictor = Predictor(where, threads=threads, backend=backend, model_name=name,
+                              **({"cache_dir": False} if backend == "openvino" else {}))
+        return {k: float(v) for k, v in evaluate(predictor, loader, session.metric(dataset)).items()}
+    first = next(iter(outputs))
+    with tempfile.TemporaryDirectory(prefix=".fp32-", dir=outputs[first]) as fp32:
         export.export(model, session.cfg, fp32, label_names=session.label_names(), example=batches[0], fmt="onnx")
         feeds = record_feeds(fp32, batches, threads)
-        if backend == "openvino":
-            record = quantize_openvino(fp32, output, feeds, threads=threads)
-        else:
-            record = quantize(fp32, output, feeds, observer, threads=threads)
-        how = "NNCF" if backend == "openvino" else f"{observer} observer"
-        print(f"quantized {session.cfg['model']['name']} to INT8 in {output} ({record['route']}, {how}, "
-              f"{len(batches)} calibration batches): {record['fp32_bytes'] / 2 ** 20:.1f} -> "
-              f"{record['int8_bytes'] / 2 ** 20:.1f} MB ({100.0 * record['int8_bytes'] / record['fp32_bytes']:.0f}%)")
-        scores = {}
-        for name, where in (("fp32", fp32), ("int8", output)):
-            predictor = Predictor(where, threads=threads, backend=backend, model_name=session.cfg["model"]["name"],
-                                  **({"cache_dir": False} if backend == "openvino" else {}))
-            scores[name] = {k: float(v) for k, v in evaluate(predictor, loader, session.metric(dataset)).items()}
-    out = {"split": split, "metric": key, "drop": scores["fp32"][key] - scores["int8"][key], **scores}
-    with open(os.path.join(output, "metrics.json.tmp"), "w") as f:
-        json.dump(out, f, indent=1)
-    os.replace(os.path.join(output, "metrics.json.tmp"), os.path.join(output, "metrics.json"))
-    return out
+        int8 = {}
+        for backend, output in outputs.items():
+            if backend == "openvino":
+                record = quantize_openvino(fp32, output, feeds, threads=threads)
+            else:
+                record = quantize(fp32, output, feeds, observer, threads=threads)
+            how = "NNCF" if backend == "openvino" else f"{observer} observer"
+            print(f"quantized {name} to INT8 in {output} ({record['route']}, {how}, {len(batches)} calibration "
+                  f"batches): {record['fp32_bytes'] / 2 ** 20:.1f} -> {record['int8_bytes'] / 2 ** 20:.1f} MB "
+                  f"({100.0 * record['int8_bytes'] / record['fp32_bytes']:.0f}%)")
+            int8[backend] = score(output, backend)
+        fp32_scores = score(fp32, first)
+    results = {}
+    for backend, output in outputs.items():
+        out = results[backend] = {"split": split, "metric": key, "drop": fp32_scores[key] - int8[backend][key],
+                                  "fp32": fp32_scores, "int8": int8[backend], "fp32_backend": first}
+        with open(os.path.join(output, "metrics.json.tmp"), "w") as f:
+            json.dump(out, f, indent=1)
+        os.replace(os.path.join(output, "metrics.json.tmp"), os.path.join(output, "metrics.json"))
+    return results
 
 
 def _first(loader, n):
