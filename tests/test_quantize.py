@@ -97,7 +97,8 @@ def test_int8_demo_scores_within_one_point_or_one_sample_of_fp32(quantized, name
     bound = max(point, 1.0 / fp32["num_samples"]) if "num_samples" in fp32 else point
     assert fp32[key] - int8[key] <= bound + 1e-9, (name, key, fp32, int8)
     assert abs(m["drop"] - (fp32[key] - int8[key])) < 1e-9
-    assert f"{key}: fp32 {fp32[key]:.4f}, int8 {int8[key]:.4f}, drop {m['drop']:.4f} ({backend}: {where})" in result["stdout"]
+    report = f"{key}: fp32 {fp32[key]:.4f}, int8 {int8[key]:.4f}, drop {m['drop']:.4f} ({backend}: {where})"
+    assert report in result["stdout"], result["stdout"][-2000:]
     with open(where / "infer_cfg.yml") as f:
         record = yaml.safe_load(f)
     assert not [f for f in os.listdir(where) if f.startswith(".fp32-")], "the fp32 staging directory is left"

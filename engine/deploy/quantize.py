@@ -366,7 +366,7 @@ def quantize_recipe(session, model, outputs, calib_batches=8, observer="minmax",
     session.calibration_loader and quantized by each backend of `outputs` ({backend: folder}); fp32
     and each INT8 evaluated on `split`. One export, one recording of the calibration feeds and one fp32
     evaluation (through the first backend: the backends' fp32 scores agree to 1e-4) serve every
-    backend, which is what comparing the two routes costs no more than running the second. Returns
+    backend, so comparing the two routes costs little more than running one. Returns
     {backend: what its `metrics.json` holds ({split, metric, drop, fp32, int8, fp32_backend})}."""
     split = split or session.cfg.eval_split()
     loader, dataset, _ = session.loader(split, batch_size=batch_size, sharded=False)

@@ -39,7 +39,8 @@ class TrainStep:
     `update` (the last micro-batch of an accumulation) unscale, clip, step, scaler update, free the
     gradients and advance the LR schedule. Freed, not zeroed (PyTorch's set_to_none): zeroed buffers
     would be alive through the next forward, at the step's peak (BERT-base: -321 MB, no slower).
-    Under data parallel the gradients of an accumulation are all-reduced once, at its last micro-batch. Returns the detached losses: no host synchronisation.
+    Under data parallel the gradients of an accumulation are all-reduced once, at its last
+    micro-batch. Returns the detached losses: no host synchronisation.
     """
 
     def __init__(self, net, optimizer, scaler, lr=None, amp=None, accum_steps=1, clip_grad_norm=None):
