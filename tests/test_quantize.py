@@ -175,7 +175,10 @@ def test_quantize_refuses_bad_input_with_one_line(tsn_int8, tsn_demo_run, tmp_pa
     (int4 / "infer_cfg.yml").write_text(text)
     videos = os.path.join(ROOT, "data", "kinetics_demo", "kinetics_appearance", "videos", "val", "red")
     base = ["-c", TSN_DEMO, "--weights", weights, "--output", tmp_path / "q", "--split", "val"]
+    (tmp_path / "both").mkdir()
+    (tmp_path / "both" / "openvino").write_text("a file where the OpenVINO route's folder goes")
     runs = [("quantize", base + ["--observer", "kl"], {}),
+            ("quantize", base + ["--backend", "onnxruntime", "openvino", "--output", tmp_path / "both"], {}),
             ("quantize", base + ["--calib-batches", "0"], {}),
             ("quantize", base + ["--metric", "bleu"], {}),
             ("infer", ["-c", TSN_DEMO, "--weights", corrupt, "--backend", "onnxruntime", "--input", videos,
@@ -184,7 +187,8 @@ def test_quantize_refuses_bad_input_with_one_line(tsn_int8, tsn_demo_run, tmp_pa
                        "--split", "val", "--output", tmp_path / "i2"], {}),
             ("export", ["-c", TSN_DEMO, "--weights", weights, "--output", tmp_path / "e", "--format", "onnx",
                         "--precision", "bf16"], {})]
-    want = [("--observer kl", "minmax"), ("--calib-batches", "0"), ("--metric bleu",),
+    want = [("--observer kl", "minmax"), (f"--output {tmp_path / 'both' / 'openvino'} is an existing file",),
+            ("--calib-batches", "0"), ("--metric bleu",),
             ("model.onnx", "not a model ONNX Runtime can load"), ("precision 'int4'",),
             ("bf16", "ONNX Runtime")]
     runs += [("export", ["-c", TSN_DEMO, "--weights", weights, "--output", tmp_path / "bf16", "--precision", "bf16"], {}),

@@ -50,13 +50,14 @@ def main():
     s = Session.from_args(args)
     onnx.require("tools/quantize.py")
     backends = list(dict.fromkeys(args.backend))
+    outputs = {b: cli.check_output(args.output if len(backends) == 1 else os.path.join(args.output, b))
+               for b in backends}
     if "openvino" in backends:
         openvino.require("tools/quantize.py --backend openvino", quantize=True)
     quantize.check_options(args.observer, args.calib_batches)
     rt = s.setup(device="cpu")
     runtime.setup_logging(None)
     model = s.model(args.weights, args.weights_format)
-    outputs = {b: args.output if len(backends) == 1 else os.path.join(args.output, b) for b in backends}
     results = quantize.quantize_recipe(s, model, outputs, args.calib_batches, args.observer, args.split, args.metric,
                                        args.batch_size, rt["threads"])
     print(f"fp32: {cli.format_metrics(results[backends[0]]['fp32'])}")
