@@ -95,12 +95,18 @@ class autocast:
         _state.update(bf16=self.before["bf16"], route=self.before["route"])
 
 
-def active(*tensors):
-    """Whether the fused path applies to these tensors now (see the module docstring)."""
+def active(*tensors, activations=()):
+    """Whether the fused path applies to these tensors now (see the module docstring). `activations`:
+    those of an operator whose kernels also take bf16 activations (float32 or all bfloat16)."""
     if not _state["enabled"] or not paddle.in_dynamic_mode():
         return False
     for t in tensors:
         if t.dtype != paddle.float32 or not t.place.is_cpu_place():
+            return False
+    for t in activations:
+        if t.dtype not in (paddle.float32, paddle.bfloat16) or t.dtype != activations[0].dtype:
+            return False
+        if not t.place.is_cpu_place():
             return False
     return library.load()
 
@@ -260,12 +266,13 @@ def _columns_per_thread(x_shape, w_shape, strides, pads, dilations, math, thread
 def batch_norm_act(x, bn, relu=True, residual=None):
     """act(bn(x) [+ residual]) for a paddle BatchNorm layer on NCHW input. The fused kernel covers
     training with batch statistics (the running statistics are updated as paddle's kernel does);
-    inference, global statistics and other layouts take the reference path."""
+    inference, global statistics and other layouts take the reference path. x and residual may be
+    bfloat16 (both): y is then bfloat16, the statistics and the parameters' gradients float32."""
     s = batch_norm_settings(bn)
     fast = (bn.training and not s.use_global_stats and s.data_format in ("NCHW", "NCL", "NC", "NCDHW")
             and bn.weight is not None and bn.bias is not None)
     args = (x, bn.weight, bn.bias, s.mean, s.variance) + ((residual,) if residual is not None else ())
-    if fast and active(*args):
+    if fast and active(*args[1:5], activations=(x,) + args[5:]):
         name = "zoo_bn_act" if residual is None else "zoo_bn_add_act"
         return _run(name, *args, float(s.momentum), float(s.epsilon), bool(relu))[0]
     return reference.batch_norm_act(x, bn, relu, residual)

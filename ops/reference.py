@@ -107,6 +107,9 @@ def smooth_cross_entropy(logits, labels, eps=0.0):
 
 
 def batch_norm_act(x, bn, relu=True, residual=None):
+    if x.dtype == paddle.bfloat16:   # paddle's CPU build has no bf16 batch_norm, add or relu
+        r = None if residual is None else residual.astype("float32")
+        return batch_norm_act(x.astype("float32"), bn, relu, r).astype("bfloat16")
     y = bn(x)
     if residual is not None:
         y = y + residual

@@ -628,24 +628,74 @@ std::vector<paddle::DataType> SmoothCEInferDtype(const paddle::DataType& logits,
 // Training: batch statistics (biased variance for the normalisation), running statistics updated in
 // place as Paddle's batch_norm does: running = momentum * running + (1 - momentum) * batch, with the
 // batch's biased variance (as paddle 3's CPU kernel).
-void bn_stats(const float* x, int64_t N, int64_t C, int64_t HW, float* mean, float* var) {
+//
+// The activations (X, Residual, Y and their gradients) are float32 or all bfloat16 (issue 43: bf16
+// activations between a convolution and the next halve the bytes a ResNet step moves and keeps for
+// its backward); the parameters, the statistics and every reduction stay float32, as PyTorch's
+// autocast and oneDNN keep a norm's statistics. A bf16 value is read exactly (its bits are the upper
+// half of a float32) and written rounded to nearest even; bf16 has float32's exponent range, so the
+// `flush` before rounding still keeps subnormals out. The conversion is plain integer code, so these
+// kernels run on every CPU, bf16 hardware or not.
+struct Bf16 {
+  uint16_t bits;
+};
+
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const Bf16* p, int64_t i) {
+  const uint32_t u = static_cast<uint32_t>(p[i].bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+inline void store(float* p, int64_t i, float v) { p[i] = v; }
+inline void store(Bf16* p, int64_t i, float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  // round to nearest even; a NaN keeps a mantissa bit (its low half could be all that set it)
+  p[i].bits = (u & 0x7fffffffu) > 0x7f800000u ? static_cast<uint16_t>((u >> 16) | 0x40u)
+                                              : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+bool is_bf16(const paddle::Tensor& t) { return t.dtype() == paddle::DataType::BFLOAT16; }
+
+template <typename T>
+const T* in(const paddle::Tensor& t) {
+  return static_cast<const T*>(t.data());
+}
+template <typename T>
+T* out(paddle::Tensor& t) {
+  return static_cast<T*>(t.data());
+}
+
+// the activations' checks: float32, or bfloat16 with every other activation bfloat16 too
+void check_act(const paddle::Tensor& t, const paddle::Tensor& x, const char* what) {
+  PD_CHECK(t.is_cpu(), what, " must be a CPU tensor");
+  PD_CHECK(t.dtype() == paddle::DataType::FLOAT32 || is_bf16(t), what, " must be float32 or bfloat16");
+  PD_CHECK(t.dtype() == x.dtype(), what, " must have the input's dtype");
+}
+
+template <typename T>
+void bn_stats(const T* x, int64_t N, int64_t C, int64_t HW, float* mean, float* var) {
 #pragma omp parallel for num_threads(threads()) schedule(static)
   for (int64_t c = 0; c < C; ++c) {
     double s = 0.0;
     for (int64_t n = 0; n < N; ++n) {
-      const float* p = x + (n * C + c) * HW;
+      const T* p = x + (n * C + c) * HW;
       float part = 0.f;
 #pragma omp simd reduction(+ : part)
-      for (int64_t i = 0; i < HW; ++i) part += p[i];
+      for (int64_t i = 0; i < HW; ++i) part += load(p, i);
       s += part;
     }
     const float mu = static_cast<float>(s / (N * HW));
     double v = 0.0;
     for (int64_t n = 0; n < N; ++n) {
-      const float* p = x + (n * C + c) * HW;
+      const T* p = x + (n * C + c) * HW;
       float part = 0.f;
 #pragma omp simd reduction(+ : part)
-      for (int64_t i = 0; i < HW; ++i) part += (p[i] - mu) * (p[i] - mu);
+      for (int64_t i = 0; i < HW; ++i) {
+        const float d = load(p, i) - mu;
+        part += d * d;
+      }
       v += part;
     }
     mean[c] = mu;
@@ -653,25 +703,66 @@ void bn_stats(const float* x, int64_t N, int64_t C, int64_t HW, float* mean, flo
   }
 }
 
+template <typename T>
+void bn_act_forward(const paddle::Tensor& x, const float* pg, const float* pb, const float* pmean,
+                    const float* pinv, const paddle::Tensor* res, bool relu, paddle::Tensor& y) {
+  auto xs = x.shape();
+  const int64_t N = xs[0], C = xs[1], HW = x.numel() / (N * C);
+  const T* px = in<T>(x);
+  const T* pr = res != nullptr ? in<T>(*res) : nullptr;
+  T* py = out<T>(y);
+#pragma omp parallel for collapse(2) num_threads(threads()) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) {
+      const float a = pg[c] * pinv[c], sh = pb[c] - pmean[c] * a;
+      const int64_t off = (n * C + c) * HW;
+      const T* xp = px + off;
+      T* yp = py + off;
+      if (pr != nullptr) {
+        const T* rp = pr + off;
+#pragma omp simd
+        for (int64_t i = 0; i < HW; ++i) {
+          const float v = flush(load(xp, i) * a + sh + load(rp, i));
+          store(yp, i, relu ? (v > 0.f ? v : 0.f) : v);
+        }
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < HW; ++i) {
+          const float v = flush(load(xp, i) * a + sh);
+          store(yp, i, relu ? (v > 0.f ? v : 0.f) : v);
+        }
+      }
+    }
+  }
+}
+
 std::vector<paddle::Tensor> BNActForwardImpl(const paddle::Tensor& x, const paddle::Tensor& g,
                                              const paddle::Tensor& be, const paddle::Tensor& rmean,
-                                             const paddle::Tensor& rvar, const float* res, float momentum, float eps,
-                                             bool relu) {
+                                             const paddle::Tensor& rvar, const paddle::Tensor* res, float momentum,
+                                             float eps, bool relu) {
   zoo_apply_fp_mode();
-  check(x, "x");
+  check_act(x, x, "x");
+  if (res != nullptr) {
+    check_act(*res, x, "residual");
+    PD_CHECK(res->numel() == x.numel(), "residual does not fit the BatchNorm input");
+  }
+  check(g, "scale");
   auto xs = x.shape();
   PD_CHECK(xs.size() >= 2, "BatchNorm input must be [N, C, ...]");
   const int64_t N = xs[0], C = xs[1], HW = x.numel() / (N * C);
   PD_CHECK(g.numel() == C && be.numel() == C && rmean.numel() == C && rvar.numel() == C,
            "BatchNorm parameters do not fit ", C, " channels");
   auto y = paddle::empty(xs, x.dtype(), x.place());
-  auto mean = paddle::empty({C}, x.dtype(), x.place());
-  auto invstd = paddle::empty({C}, x.dtype(), x.place());
+  auto mean = paddle::empty({C}, paddle::DataType::FLOAT32, x.place());
+  auto invstd = paddle::empty({C}, paddle::DataType::FLOAT32, x.place());
   std::vector<float> var(C);
-  const float* px = x.data<float>();
   float* pmean = mean.data<float>();
   float* pinv = invstd.data<float>();
-  bn_stats(px, N, C, HW, pmean, var.data());
+  if (is_bf16(x)) {
+    bn_stats(in<Bf16>(x), N, C, HW, pmean, var.data());
+  } else {
+    bn_stats(x.data<float>(), N, C, HW, pmean, var.data());
+  }
   float* rm = const_cast<float*>(rmean.data<float>());
   float* rv = const_cast<float*>(rvar.data<float>());
   for (int64_t c = 0; c < C; ++c) {
@@ -679,30 +770,10 @@ std::vector<paddle::Tensor> BNActForwardImpl(const paddle::Tensor& x, const padd
     rm[c] = flush(momentum * rm[c] + (1.0f - momentum) * pmean[c]);
     rv[c] = flush(momentum * rv[c] + (1.0f - momentum) * var[c]);
   }
-  const float *pg = g.data<float>(), *pb = be.data<float>();
-  float* py = y.data<float>();
-#pragma omp parallel for collapse(2) num_threads(threads()) schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t c = 0; c < C; ++c) {
-      const float a = pg[c] * pinv[c], sh = pb[c] - pmean[c] * a;
-      const int64_t off = (n * C + c) * HW;
-      const float* xp = px + off;
-      float* yp = py + off;
-      if (res != nullptr) {
-        const float* rp = res + off;
-#pragma omp simd
-        for (int64_t i = 0; i < HW; ++i) {
-          const float v = flush(xp[i] * a + sh + rp[i]);
-          yp[i] = relu ? (v > 0.f ? v : 0.f) : v;
-        }
-      } else {
-#pragma omp simd
-        for (int64_t i = 0; i < HW; ++i) {
-          const float v = flush(xp[i] * a + sh);
-          yp[i] = relu ? (v > 0.f ? v : 0.f) : v;
-        }
-      }
-    }
+  if (is_bf16(x)) {
+    bn_act_forward<Bf16>(x, g.data<float>(), be.data<float>(), pmean, pinv, res, relu, y);
+  } else {
+    bn_act_forward<float>(x, g.data<float>(), be.data<float>(), pmean, pinv, res, relu, y);
   }
   return {y, mean, invstd};
 }
@@ -717,56 +788,44 @@ std::vector<paddle::Tensor> BNAddActForward(const paddle::Tensor& x, const paddl
                                             const paddle::Tensor& be, const paddle::Tensor& rmean,
                                             const paddle::Tensor& rvar, const paddle::Tensor& res, float momentum,
                                             float eps, bool relu) {
-  check(res, "residual");
-  PD_CHECK(res.numel() == x.numel(), "residual does not fit the BatchNorm input");
-  return BNActForwardImpl(x, g, be, rmean, rvar, res.data<float>(), momentum, eps, relu);
+  return BNActForwardImpl(x, g, be, rmean, rvar, &res, momentum, eps, relu);
 }
 
 // dy' = dy * (y > 0); per channel: dbeta = sum dy', dgamma = sum dy' * xhat;
 // dx = gamma * invstd * (dy' - dbeta / M - xhat * dgamma / M)
-std::vector<paddle::Tensor> BNActBackwardImpl(const paddle::Tensor& x, const paddle::Tensor& g,
-                                              const paddle::Tensor& mean, const paddle::Tensor& invstd,
-                                              const paddle::Tensor& y, const paddle::Tensor& dy, bool relu,
-                                              bool with_res) {
-  zoo_apply_fp_mode();
+template <typename T>
+void bn_act_backward(const paddle::Tensor& x, const float* pg, const float* pm, const float* pi,
+                     const paddle::Tensor& y, const paddle::Tensor& dy, bool relu, paddle::Tensor& dx, float* pdg,
+                     float* pdb, paddle::Tensor* dres) {
   auto xs = x.shape();
   const int64_t N = xs[0], C = xs[1], HW = x.numel() / (N * C);
   const double M = static_cast<double>(N * HW);
-  auto dx = paddle::empty(xs, x.dtype(), x.place());
-  auto dg = paddle::empty({C}, x.dtype(), x.place());
-  auto db = paddle::empty({C}, x.dtype(), x.place());
-  paddle::Tensor dres;
-  float* pres = nullptr;
-  if (with_res) {
-    dres = paddle::empty(xs, x.dtype(), x.place());
-    pres = dres.data<float>();
-  }
-  const float *px = x.data<float>(), *pg = g.data<float>(), *pm = mean.data<float>(), *pi = invstd.data<float>();
-  const float *py = y.data<float>(), *pd = dy.data<float>();
-  float *pdx = dx.data<float>(), *pdg = dg.data<float>(), *pdb = db.data<float>();
+  const T *px = in<T>(x), *py = in<T>(y), *pd = in<T>(dy);
+  T* pdx = out<T>(dx);
+  T* pres = dres != nullptr ? out<T>(*dres) : nullptr;
 #pragma omp parallel for num_threads(threads()) schedule(static)
   for (int64_t c = 0; c < C; ++c) {
     const float mu = pm[c], inv = pi[c];
     double sb = 0.0, sg = 0.0;
     for (int64_t n = 0; n < N; ++n) {
       const int64_t off = (n * C + c) * HW;
-      const float *xp = px + off, *yp = py + off, *dp = pd + off;
-      float* rp = pres != nullptr ? pres + off : nullptr;
+      const T *xp = px + off, *yp = py + off, *dp = pd + off;
+      T* rp = pres != nullptr ? pres + off : nullptr;
       float b = 0.f, gg = 0.f;
       if (rp != nullptr) {
 #pragma omp simd reduction(+ : b, gg)
         for (int64_t i = 0; i < HW; ++i) {
-          const float d = (!relu || yp[i] > 0.f) ? dp[i] : 0.f;
-          rp[i] = d;
+          const float d = (!relu || load(yp, i) > 0.f) ? load(dp, i) : 0.f;
+          store(rp, i, d);
           b += d;
-          gg += d * (xp[i] - mu);
+          gg += d * (load(xp, i) - mu);
         }
       } else {
 #pragma omp simd reduction(+ : b, gg)
         for (int64_t i = 0; i < HW; ++i) {
-          const float d = (!relu || yp[i] > 0.f) ? dp[i] : 0.f;
+          const float d = (!relu || load(yp, i) > 0.f) ? load(dp, i) : 0.f;
           b += d;
-          gg += d * (xp[i] - mu);
+          gg += d * (load(xp, i) - mu);
         }
       }
       sb += b;
@@ -778,14 +837,37 @@ std::vector<paddle::Tensor> BNActBackwardImpl(const paddle::Tensor& x, const pad
     const float k = pg[c] * inv, mb = dbeta / static_cast<float>(M), mg = dgamma * inv / static_cast<float>(M);
     for (int64_t n = 0; n < N; ++n) {
       const int64_t off = (n * C + c) * HW;
-      const float *xp = px + off, *yp = py + off, *dp = pd + off;
-      float* o = pdx + off;
+      const T *xp = px + off, *yp = py + off, *dp = pd + off;
+      T* o = pdx + off;
 #pragma omp simd
       for (int64_t i = 0; i < HW; ++i) {
-        const float d = (!relu || yp[i] > 0.f) ? dp[i] : 0.f;
-        o[i] = flush(k * (d - mb - (xp[i] - mu) * mg));
+        const float d = (!relu || load(yp, i) > 0.f) ? load(dp, i) : 0.f;
+        store(o, i, flush(k * (d - mb - (load(xp, i) - mu) * mg)));
       }
     }
+  }
+}
+
+std::vector<paddle::Tensor> BNActBackwardImpl(const paddle::Tensor& x, const paddle::Tensor& g,
+                                              const paddle::Tensor& mean, const paddle::Tensor& invstd,
+                                              const paddle::Tensor& y, const paddle::Tensor& dy, bool relu,
+                                              bool with_res) {
+  zoo_apply_fp_mode();
+  check_act(dy, x, "the gradient of y");
+  auto xs = x.shape();
+  const int64_t C = xs[1];
+  auto dx = paddle::empty(xs, x.dtype(), x.place());
+  auto dg = paddle::empty({C}, paddle::DataType::FLOAT32, x.place());
+  auto db = paddle::empty({C}, paddle::DataType::FLOAT32, x.place());
+  paddle::Tensor dres;
+  if (with_res) dres = paddle::empty(xs, x.dtype(), x.place());
+  const float *pg = g.data<float>(), *pm = mean.data<float>(), *pi = invstd.data<float>();
+  if (is_bf16(x)) {
+    bn_act_backward<Bf16>(x, pg, pm, pi, y, dy, relu, dx, dg.data<float>(), db.data<float>(),
+                          with_res ? &dres : nullptr);
+  } else {
+    bn_act_backward<float>(x, pg, pm, pi, y, dy, relu, dx, dg.data<float>(), db.data<float>(),
+                           with_res ? &dres : nullptr);
   }
   if (with_res) return {dx, dg, db, dres};
   return {dx, dg, db};
@@ -801,6 +883,19 @@ std::vector<paddle::Tensor> BNAddActBackward(const paddle::Tensor& x, const padd
                                              const paddle::Tensor& mean, const paddle::Tensor& invstd,
                                              const paddle::Tensor& y, const paddle::Tensor& dy, bool relu) {
   return BNActBackwardImpl(x, g, mean, invstd, y, dy, relu, true);
+}
+
+// Y keeps the input's dtype; the saved statistics are float32 whatever it is
+std::vector<paddle::DataType> BNActInferDtype(const paddle::DataType& x, const paddle::DataType& g,
+                                              const paddle::DataType& be, const paddle::DataType& rm,
+                                              const paddle::DataType& rv) {
+  return {x, paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
+}
+
+std::vector<paddle::DataType> BNAddActInferDtype(const paddle::DataType& x, const paddle::DataType& g,
+                                                 const paddle::DataType& be, const paddle::DataType& rm,
+                                                 const paddle::DataType& rv, const paddle::DataType& res) {
+  return {x, paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
 }
 
 }  // namespace
@@ -875,7 +970,8 @@ PD_BUILD_OP(zoo_bn_act)
     .Inputs({"X", "Scale", "Bias", "RunningMean", "RunningVar"})
     .Outputs({"Y", "SavedMean", "SavedInvStd"})
     .Attrs({"momentum: float", "eps: float", "relu: bool"})
-    .SetKernelFn(PD_KERNEL(BNActForward));
+    .SetKernelFn(PD_KERNEL(BNActForward))
+    .SetInferDtypeFn(PD_INFER_DTYPE(BNActInferDtype));
 PD_BUILD_GRAD_OP(zoo_bn_act)
     .Inputs({"X", "Scale", "SavedMean", "SavedInvStd", "Y", paddle::Grad("Y")})
     .Outputs({paddle::Grad("X"), paddle::Grad("Scale"), paddle::Grad("Bias")})
@@ -886,7 +982,8 @@ PD_BUILD_OP(zoo_bn_add_act)
     .Inputs({"X", "Scale", "Bias", "RunningMean", "RunningVar", "Residual"})
     .Outputs({"Y", "SavedMean", "SavedInvStd"})
     .Attrs({"momentum: float", "eps: float", "relu: bool"})
-    .SetKernelFn(PD_KERNEL(BNAddActForward));
+    .SetKernelFn(PD_KERNEL(BNAddActForward))
+    .SetInferDtypeFn(PD_INFER_DTYPE(BNAddActInferDtype));
 PD_BUILD_GRAD_OP(zoo_bn_add_act)
     .Inputs({"X", "Scale", "SavedMean", "SavedInvStd", "Y", paddle::Grad("Y")})
     .Outputs({paddle::Grad("X"), paddle::Grad("Scale"), paddle::Grad("Bias"), paddle::Grad("Residual")})
