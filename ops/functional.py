@@ -28,9 +28,9 @@ import os
 import paddle
 
 from ops import library, reference
-from ops.paddle_attrs import batch_norm_settings, conv2d_settings
+from ops.paddle_attrs import batch_norm_settings, conv2d_settings, pool2d_settings
 
-_state = {"enabled": False, "bf16": False, "route": "operands"}
+_state = {"enabled": False, "bf16": False, "route": "operands", "bf16_act": False}
 BF16_ROUTES = ("operands", "fpmath")
 _ACTS = {None: 0, "none": 0, "relu": 1, "gelu": 2}   # the activation codes the kernels know
 
@@ -93,6 +93,31 @@ class autocast:
 
     def __exit__(self, *exc):
         _state.update(bf16=self.before["bf16"], route=self.before["route"])
+
+
+class bf16_activations:
+    """Context manager (issue 43, not yet switched on by train.amp: it needs measuring on a bf16 CPU):
+    inside the block a convolution writes its output in bf16, and the operators after it (BatchNorm
+    + residual + ReLU, pooling) read and write bf16, so the activations a ResNet keeps for its
+    backward take half the bytes; the statistics, the parameters, their gradients and the trunk's
+    outputs (`float32`) stay fp32. Where oneDNN has no bf16 the convolution computes in fp32 on
+    bf16-rounded operands (csrc/dnnl.cc), the same arithmetic: the tests run it on every CPU."""
+
+    def __init__(self, on=True):
+        self.on = bool(on)
+
+    def __enter__(self):
+        self.before = _state["bf16_act"]
+        _state["bf16_act"] = self.on
+        return self
+
+    def __exit__(self, *exc):
+        _state["bf16_act"] = self.before
+
+
+def float32(x):
+    """x as float32: where bf16 activations end (a model's outputs, a head whose operators are fp32)."""
+    return x.astype("float32") if x.dtype == paddle.bfloat16 else x
 
 
 def active(*tensors, activations=()):
@@ -225,13 +250,22 @@ def conv2d(x, conv):
     s = conv2d_settings(conv)
     fast = (s.data_format == "NCHW" and s.groups == 1 and s.padding_mode == "zeros" and s.padding is not None
             and x.ndim == 4)
-    if fast and active(x, conv.weight) and library.state["dnnl"] and not _paddle_computes(x, conv, s):
+    to_bf16 = _state["bf16_act"] or x.dtype == paddle.bfloat16   # a bf16 input gives a bf16 output
+    if fast and active(conv.weight, activations=(x,)) and library.state["dnnl"] and not _paddle_computes(x, conv, s):
         args = (x, conv.weight, list(s.stride), list(s.padding), list(s.dilation), not x.stop_gradient)
-        if _state["bf16"] and _state["route"] == "operands":
+        if to_bf16:
+            y = _run("zoo_conv2d_bf16act", *args)[0]
+        elif _state["bf16"] and _state["route"] == "operands":
             y = _run("zoo_conv2d_bf16", *args)[0]
         else:
             y = _run("zoo_conv2d", *args, _state["bf16"])[0]
-        return y if conv.bias is None else y + conv.bias.reshape([1, -1, 1, 1])
+        if conv.bias is None:
+            return y
+        # paddle's CPU build has no bf16 add: the bias is added in fp32 and the sum rounded once
+        return y + conv.bias.reshape([1, -1, 1, 1]) if not to_bf16 else (
+            (y.astype("float32") + conv.bias.reshape([1, -1, 1, 1])).astype("bfloat16"))
+    if to_bf16:   # paddle's CPU build has no bf16 convolution: fp32, rounded after
+        return conv(float32(x)).astype("bfloat16")
     return conv(x)
 
 
@@ -240,7 +274,10 @@ WORK_SPACE_FLOOR = 32 << 20   # bytes (_columns_per_thread)
 
 def _paddle_computes(x, conv, s):
     """Whether paddle's convolution takes this one (_columns_per_thread); dynamic mode only."""
-    math = 2 if _state["bf16"] and _state["route"] == "operands" else int(_state["bf16"])
+    if _state["bf16_act"] or x.dtype == paddle.bfloat16:
+        math = 3
+    else:
+        math = 2 if _state["bf16"] and _state["route"] == "operands" else int(_state["bf16"])
     return _columns_per_thread(tuple(x.shape), tuple(conv.weight.shape), tuple(s.stride), tuple(s.padding),
                                tuple(s.dilation), math, os.environ.get("ZOO_FAST_OPS_THREADS"))
 
@@ -276,3 +313,27 @@ def batch_norm_act(x, bn, relu=True, residual=None):
         name = "zoo_bn_act" if residual is None else "zoo_bn_add_act"
         return _run(name, *args, float(s.momentum), float(s.epsilon), bool(relu))[0]
     return reference.batch_norm_act(x, bn, relu, residual)
+
+
+def pool2d(x, pool):
+    """pool(x) for a paddle MaxPool2D or AvgPool2D layer; bf16 activations (NCHW, numbers for the
+    padding, no divisor override, no mask) run on our kernel, as paddle's CPU build has none. Other
+    bf16 cases pool in fp32 and round after; fp32 input is the layer's own."""
+    if x.dtype != paddle.bfloat16:
+        return pool(x)
+    s = pool2d_settings(pool)
+    fast = (s.data_format == "NCHW" and s.padding is not None and s.divisor is None and x.ndim == 4
+            and not getattr(pool, "return_mask", False))
+    if fast and active(activations=(x,)):
+        return _run("zoo_pool2d_bf16", x, s.kernel, s.stride, s.padding, s.ceil_mode, s.is_max, s.exclusive)[0]
+    return pool(float32(x)).astype("bfloat16")
+
+
+def concat_channels(xs):
+    """paddle.concat(xs, axis=1); bf16 activations on our kernel (paddle's CPU build has no bf16
+    concat_grad), other dtypes paddle's."""
+    if xs[0].dtype == paddle.bfloat16 and active(activations=tuple(xs)):
+        return _run("zoo_concat_channels", list(xs))[0]
+    if xs[0].dtype == paddle.bfloat16:   # fp32 for the gradient, rounded after
+        return paddle.concat([float32(x) for x in xs], axis=1).astype("bfloat16")
+    return paddle.concat(xs, axis=1)

@@ -89,6 +89,21 @@ def conv_bn_act(x, conv, bn, relu=True, residual=None):
     return fn.batch_norm_act(fn.conv2d(x, conv), bn, relu=relu, residual=residual)
 
 
+def pool(x, layer):
+    """layer(x) for nn.MaxPool2D / nn.AvgPool2D, also on bf16 activations (functional.pool2d)."""
+    return fn.pool2d(x, layer)
+
+
+def concat_channels(xs):
+    """paddle.concat(xs, axis=1), also on bf16 activations (functional.concat_channels)."""
+    return fn.concat_channels(xs)
+
+
+def float32(x):
+    """x as float32: where a model's bf16 activations end (functional.bf16_activations)."""
+    return fn.float32(x)
+
+
 def smooth_cross_entropy(logits, labels, eps=0.0):
     """Per-token (label-smoothed loss, nll): see functional.smooth_cross_entropy."""
     return fn.smooth_cross_entropy(logits, labels, eps)

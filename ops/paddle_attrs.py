@@ -12,6 +12,7 @@ from collections import namedtuple
 import paddle
 
 Conv2DSettings = namedtuple("Conv2DSettings", "stride padding dilation groups data_format padding_mode")
+Pool2DSettings = namedtuple("Pool2DSettings", "is_max kernel stride padding ceil_mode exclusive divisor data_format")
 BatchNormSettings = namedtuple("BatchNormSettings", "momentum epsilon use_global_stats data_format mean variance")
 
 
@@ -42,3 +43,18 @@ def batch_norm_settings(bn):
 
 def layer_norm_epsilon(norm):
     return _read(norm, "_epsilon")
+
+
+def pool2d_settings(pool):
+    """nn.MaxPool2D / nn.AvgPool2D as numbers: `kernel`, `stride` [h, w]; `padding` [h, w] when symmetric
+    and given by numbers, else None (strings, 4 values: only paddle's kernel handles those)."""
+    def pair(v):
+        return [int(v), int(v)] if isinstance(v, int) else [int(a) for a in v]
+    is_max = isinstance(pool, paddle.nn.MaxPool2D)
+    pad = _read(pool, "padding")
+    padding = pair(pad) if isinstance(pad, int) or (isinstance(pad, (list, tuple)) and len(pad) == 2) else None
+    stride = _read(pool, "stride")
+    kernel = pair(_read(pool, "ksize"))
+    return Pool2DSettings(is_max, kernel, kernel if stride is None else pair(stride), padding,
+                          bool(_read(pool, "ceil_mode")), True if is_max else bool(_read(pool, "exclusive")),
+                          None if is_max else _read(pool, "divisor"), _read(pool, "data_format"))

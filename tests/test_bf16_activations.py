@@ -130,3 +130,184 @@ def test_mixed_activation_dtypes_take_the_reference():
     assert not functional.active(bn.weight, activations=(x, paddle.zeros([2, 4, 3, 3])))
     assert functional.active(bn.weight, activations=(x, x))
 
+
+
+POOLS = [   # layer, input shape: the ResNet stem's max pool and the vd shortcut's average pool, odd sizes
+    (lambda: paddle.nn.MaxPool2D(3, 2, padding=1), (2, 3, 9, 7)),
+    (lambda: paddle.nn.AvgPool2D(2, 2, padding=0, ceil_mode=True), (2, 3, 9, 7)),
+    (lambda: paddle.nn.AvgPool2D(3, 2, padding=1, exclusive=False), (1, 2, 6, 5)),
+    (lambda: paddle.nn.MaxPool2D(2, 2, ceil_mode=True), (1, 2, 5, 5)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(POOLS)))
+def test_pool2d_bf16(case):
+    """Our bf16 pooling against paddle's fp32 kernel on the same bf16 values: the outputs are that
+    result rounded to bf16 (a max is exact), the gradients of a bf16 upstream gradient likewise."""
+    make, shape = POOLS[case]
+    layer = make()
+    x = round_bf16(RNG.standard_normal(shape).astype(np.float32))
+    xf = paddle.to_tensor(x)
+    xf.stop_gradient = False
+    want = layer(xf)
+    dy = round_bf16(RNG.standard_normal(want.shape).astype(np.float32))
+    (want * paddle.to_tensor(dy)).sum().backward()
+    xs = bf16_tensor(x, grad=True)
+    with counting_fused_ops() as ran:
+        got = functional.pool2d(xs, layer)
+    assert ran == ["zoo_pool2d_bf16"] and got.dtype == paddle.bfloat16 and got.shape == want.shape
+    (got.astype("float32") * paddle.to_tensor(dy)).sum().backward()
+    np.testing.assert_array_equal(f32(got), round_bf16(want.numpy()))
+    np.testing.assert_array_equal(f32(xs.grad), round_bf16(xf.grad.numpy()))
+
+
+# (N, C, H, W), out channels, kernel, stride, padding, dilation, bias, input already bf16
+CONVS = [((2, 5, 9, 7), 6, 3, 1, 1, 1, False, True),
+         ((2, 4, 11, 10), 8, 1, 2, 0, 1, False, True),
+         ((1, 3, 13, 12), 4, 7, 2, 3, 1, False, False),   # a stem: the network's fp32 input
+         ((1, 4, 9, 9), 4, 3, 1, 2, 2, True, True)]       # dilated, with a bias (DeepLabV3's heads)
+
+
+@pytest.mark.parametrize("case", range(len(CONVS)))
+def test_conv2d_bf16_activations(case):
+    """A convolution inside `bf16_activations` against paddle's float64 convolution of the same
+    bf16-rounded input and weight: output and input gradient bf16 (within a rounding), the weight
+    gradient fp32 (fp32 accumulation). On a CPU without bf16 this checks the fp32-primitive route,
+    on one with bf16 oneDNN's bf16 kernels: the same test on both."""
+    shape, cout, k, stride, pad, dil, bias, x_bf16 = CONVS[case]
+    conv = paddle.nn.Conv2D(shape[1], cout, k, stride=stride, padding=pad, dilation=dil,
+                            bias_attr=None if bias else False)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    xs = bf16_tensor(x, grad=True) if x_bf16 else paddle.to_tensor(x, stop_gradient=False)
+    with counting_fused_ops() as ran, functional.bf16_activations():
+        y = functional.conv2d(xs, conv)
+    assert ran == ["zoo_conv2d_bf16act"] and y.dtype == paddle.bfloat16
+    dy = round_bf16(RNG.standard_normal(y.shape).astype(np.float32))
+    (y.astype("float32") * paddle.to_tensor(dy)).sum().backward()
+    assert xs.grad.dtype == xs.dtype and conv.weight.grad.dtype == paddle.float32
+
+    x64 = paddle.to_tensor(round_bf16(x).astype(np.float64), stop_gradient=False)
+    w64 = paddle.to_tensor(round_bf16(conv.weight.numpy()).astype(np.float64), stop_gradient=False)
+    b64 = paddle.to_tensor(conv.bias.numpy().astype(np.float64)) if bias else None
+    want = paddle.nn.functional.conv2d(x64, w64, b64, stride=stride, padding=pad, dilation=dil)
+    (want * paddle.to_tensor(dy.astype(np.float64))).sum().backward()
+    assert_bf16_close(f32(y), want.numpy(), "y")
+    if x_bf16:
+        assert_bf16_close(f32(xs.grad), x64.grad.numpy(), "dx")
+    else:
+        want = x64.grad.numpy()
+        np.testing.assert_allclose(xs.grad.numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(conv.weight.grad.numpy(), w64.grad.numpy(), rtol=1e-5,
+                               atol=1e-5 * np.abs(w64.grad.numpy()).max())
+
+
+def test_resnet_trunk_bf16_activations():
+    """A ResNet-50-vd trunk (narrow) trains a step with bf16 activations: every convolution, BN and
+    pool inside runs on its bf16 kernel and writes bf16, the trunk's outputs are fp32, its first
+    stage's output is the fp32 step's within bf16's precision, and every gradient is fp32 and finite.
+    (Deeper features are no test: this random trunk, BN on 2 x 2 maps, moves its last stage's output
+    by 31% when the fp32 input moves by 2^-9; the operators are checked one by one above.)"""
+    from models.vision.resnet import ResNet   # the model package: only this test needs it
+    paddle.seed(0)
+    nets = [ResNet(depth=50, variant="d", base_channels=8, out_indices=[0, 3]) for _ in range(2)]
+    nets[1].set_state_dict(nets[0].state_dict())
+    x = np.random.default_rng(6).standard_normal((2, 3, 64, 64)).astype(np.float32)
+    inside, outs = [], []
+    nets[1].layer2[0].conv1.register_forward_post_hook(lambda layer, inp, out: inside.append(out.dtype))
+    for net, bf16 in zip(nets, (False, True)):
+        net.train()
+        with counting_fused_ops() as ran, functional.bf16_activations(bf16):
+            feats = net(paddle.to_tensor(x))
+            feats[1].mean().backward()
+        assert [f.dtype for f in feats] == [paddle.float32] * 2
+        outs.append(feats[0].numpy())
+    assert inside == [paddle.bfloat16]
+    assert {"zoo_conv2d_bf16act", "zoo_bn_act", "zoo_bn_add_act", "zoo_pool2d_bf16"} <= set(ran)
+    assert "zoo_conv2d" not in ran
+    err = np.linalg.norm(outs[1] - outs[0]) / np.linalg.norm(outs[0])
+    assert err < 0.05, err    # 2.6% measured: 13 convolutions, each output rounded to bf16
+    for name, p in nets[1].named_parameters():
+        if not p.stop_gradient:
+            assert p.grad.dtype == paddle.float32 and np.isfinite(p.grad.numpy()).all(), name
+
+
+def test_concat_channels_bf16():
+    """DeepLabV3's ASPP join on bf16 branches: the values are copied and the gradient split exactly."""
+    parts = [round_bf16(RNG.standard_normal((2, c, 3, 4)).astype(np.float32)) for c in (3, 1, 5)]
+    xs = [bf16_tensor(p, grad=True) for p in parts]
+    with counting_fused_ops() as ran:
+        y = functional.concat_channels(xs)
+    assert ran == ["zoo_concat_channels"] and y.dtype == paddle.bfloat16
+    np.testing.assert_array_equal(f32(y), np.concatenate(parts, axis=1))
+    dy = round_bf16(RNG.standard_normal(y.shape).astype(np.float32))
+    (y.astype("float32") * paddle.to_tensor(dy)).sum().backward()
+    for x, want in zip(xs, np.split(dy, [3, 4], axis=1)):
+        assert x.grad.dtype == paddle.bfloat16
+        np.testing.assert_array_equal(f32(x.grad), want)
+
+
+def test_deeplabv3_step_bf16_activations():
+    """A DeepLabV3 training step (narrow ResNet-50-vd, OS8, ASPP with image pooling, auxiliary head)
+    with bf16 activations: trunk, ASPP branches, the join and the projection run on bf16 kernels, the
+    logits and losses are fp32 and the loss within 5% of the fp32 step's (0.3-1.6% measured on five
+    batches; 2^-9 of noise on the fp32 input moves it by 0.3-1.5%), the gradients fp32 and finite."""
+    from models.vision.deeplabv3 import DeepLabV3   # the model package: only this test needs it
+    paddle.seed(1)
+    backbone = {"name": "ResNet", "depth": 50, "variant": "d", "output_stride": 8, "multi_grid": [1, 2, 4],
+                "base_channels": 8}
+    nets = [DeepLabV3(num_classes=3, backbone=backbone, aspp_channels=16, aux_channels=16,
+                      aux_weight=0.4) for _ in range(2)]
+    nets[1].set_state_dict(nets[0].state_dict())
+    rng = np.random.default_rng(5)   # its own: the batch does not depend on which tests ran before
+    batch = {"image": paddle.to_tensor(rng.uniform(0, 1, (2, 3, 64, 64)).astype(np.float32)),
+             "label": paddle.to_tensor(rng.integers(0, 3, (2, 64, 64)).astype(np.int64))}
+    losses = []
+    for net, bf16 in zip(nets, (False, True)):
+        net.train()
+        with counting_fused_ops() as ran, functional.bf16_activations(bf16):
+            out = net(batch)
+            out["loss"].backward()
+        assert all(v.dtype == paddle.float32 for v in out.values())
+        losses.append(float(out["loss"]))
+    assert {"zoo_conv2d_bf16act", "zoo_bn_act", "zoo_concat_channels", "zoo_pool2d_bf16"} <= set(ran)
+    assert losses[0] != losses[1] and abs(losses[1] - losses[0]) <= 0.05 * abs(losses[0]), losses
+    for name, p in nets[1].named_parameters():
+        if not p.stop_gradient:
+            assert p.grad.dtype == paddle.float32 and np.isfinite(p.grad.numpy()).all(), name
+
+
+@pytest.mark.parametrize("name", ["TSN", "StNet"])
+def test_video_step_bf16_activations(name):
+    """TSN (narrow ResNet-50) and StNet (narrow ResNet-18: basic blocks) train a step with bf16
+    activations: the trunk on bf16 kernels, StNet's temporal blocks and both heads in fp32, the loss
+    fp32, every gradient fp32 and finite. TSN's loss is the fp32 step's within 5% (0.1-1.9% measured
+    on five batches). StNet's is not compared: at initialisation its fp32 loss moves by 1.6-5% when
+    the input moves by 2^-9 (bf16 moved it by 2.6-15%), so closeness would test the batch, not bf16."""
+    from models.video.stnet import StNet   # the model package: only this test needs it
+    from models.video.tsn import TSN
+    paddle.seed(2)
+    make = {"TSN": lambda: TSN(num_classes=4, backbone={"name": "ResNet", "depth": 50, "base_channels": 8},
+                               drop_rate=0.0),
+            "StNet": lambda: StNet(num_classes=4, seglen=2,
+                                   backbone={"name": "ResNet", "depth": 18, "base_channels": 8})}[name]
+    nets = [make(), make()]
+    nets[1].set_state_dict(nets[0].state_dict())
+    channels = 3 if name == "TSN" else 6
+    rng = np.random.default_rng(4)   # its own: the batch does not depend on which tests ran before
+    batch = {"imgs": paddle.to_tensor(rng.uniform(-1, 1, (2, 3, channels, 64, 64)).astype(np.float32)),
+             "label": paddle.to_tensor(np.array([1, 3], np.int64))}
+    losses = []
+    for net, bf16 in zip(nets, (False, True)):
+        net.train()
+        with counting_fused_ops() as ran, functional.bf16_activations(bf16):
+            out = net(dict(batch))
+            out["loss"].backward()
+        assert out["loss"].dtype == paddle.float32
+        losses.append(float(out["loss"]))
+    assert {"zoo_conv2d_bf16act", "zoo_bn_act", "zoo_bn_add_act", "zoo_pool2d_bf16"} <= set(ran)
+    assert losses[0] != losses[1]   # the bf16 step did compute in bf16
+    if name == "TSN":
+        assert abs(losses[1] - losses[0]) <= 0.05 * abs(losses[0]), losses
+    for pname, p in nets[1].named_parameters():
+        if not p.stop_gradient:
+            assert p.grad.dtype == paddle.float32 and np.isfinite(p.grad.numpy()).all(), pname

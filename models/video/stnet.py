@@ -22,6 +22,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.static import InputSpec
 
+import ops
 from engine.model import DataAgreement, Weights, ZooModel
 from engine.errors import ConfigError
 from engine.registry import MODELS
@@ -129,11 +130,11 @@ class StNet(ZooModel):
         remat = self.backbone.recompute and self.training and paddle.is_grad_enabled()
         for i, stage in enumerate(self.backbone.stages):
             x = recompute_stage(stage, x) if remat else stage(x)
-            if i == 1:
-                x = self.temporal1(x, t)
+            if i == 1:   # the temporal blocks (3-D conv) and the head compute in fp32 (ops.bf16_activations)
+                x = self.temporal1(ops.float32(x), t)
             elif i == 2:
-                x = self.temporal2(x, t)
-        x = F.adaptive_avg_pool2d(x, 1).reshape([b * v, t, -1]).transpose([0, 2, 1]).unsqueeze(-1)
+                x = self.temporal2(ops.float32(x), t)
+        x = F.adaptive_avg_pool2d(ops.float32(x), 1).reshape([b * v, t, -1]).transpose([0, 2, 1]).unsqueeze(-1)
         x = self.xception(x).max(axis=[2, 3])  # temporal max pool -> [B*V, 1024]
         return classify(self.fc(x).reshape([b, v, -1]), batch.get("label"), self.training)
 

@@ -70,7 +70,7 @@ class ASPP(nn.Layer):
         if self.pool is not None:
             pooled = self.pool(F.adaptive_avg_pool2d(x, 1))
             outs.append(F.interpolate(pooled, x.shape[2:], mode="bilinear", align_corners=self.align_corners))
-        y = self.project(paddle.concat(outs, axis=1))
+        y = self.project(ops.concat_channels(outs))
         return self.dropout(y) if self.dropout is not None else y
 
 
@@ -85,7 +85,7 @@ class FCNHead(nn.Layer):
 
     def forward(self, x):
         y = self.conv(x)
-        return self.cls(self.dropout(y) if self.dropout is not None else y)
+        return self.cls(ops.float32(self.dropout(y) if self.dropout is not None else y))
 
 
 def segmentation_loss(logits, label, ignore_index=255, ohem_thresh=None, ohem_min_kept=0):
@@ -199,7 +199,7 @@ class DeepLabV3(ZooModel):
     # ------------------------------------------------------------------------------ pieces
     def head_logits(self, feats):
         """Classifier logits at the feature resolution (PaddleSeg's `head(feats)[0]`)."""
-        return self.cls(self.aspp(feats[3]))
+        return self.cls(ops.float32(self.aspp(feats[3])))   # fp32 logits (ops.bf16_activations)
 
     def _up(self, logits, size):
         return F.interpolate(logits, size, mode="bilinear", align_corners=self.align_corners)

@@ -52,7 +52,7 @@ class ConvBN(nn.Layer):
     def forward(self, x, residual=None):
         """conv, BN, then ReLU(+ residual first, when given): one block of the layer package (ops)."""
         if self.pool is not None:
-            x = self.pool(x)
+            x = ops.pool(x, self.pool)
         return ops.conv_bn_act(x, self.conv, self.bn, relu=self.act or residual is not None, residual=residual)
 
 
@@ -191,7 +191,7 @@ class ResNet(ZooModel):
         return [self.layer1, self.layer2, self.layer3, self.layer4]
 
     def forward_stem(self, x):
-        return self.maxpool(self.stem(x))
+        return ops.pool(self.stem(x), self.maxpool)
 
     def forward(self, x):
         x = self.forward_stem(x)
@@ -200,9 +200,9 @@ class ResNet(ZooModel):
         for stage in self.stages:
             x = recompute_stage(stage, x) if remat else stage(x)
             feats.append(x)
-        if self.fc is not None:
-            return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
-        return [feats[i] for i in self.out_indices]
+        if self.fc is not None:   # the trunk's outputs are fp32 whatever its activations (ops.bf16_activations)
+            return self.fc(F.adaptive_avg_pool2d(ops.float32(x), 1).flatten(1))
+        return [ops.float32(feats[i]) for i in self.out_indices]
 
 
 def recompute_stage(stage, x):

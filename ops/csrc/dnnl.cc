@@ -409,7 +409,8 @@ std::vector<paddle::DataType> LinearBf16InferDtype(const paddle::DataType& x, co
 // as PyTorch does for NCHW tensors. groups 1, symmetric zero padding, any stride and dilation.
 // `math`: 0 fp32; 1 fp32 with fpmath_mode = bf16 (zoo_conv2d's `fpmath`); 2 bf16 operands
 // (zoo_conv2d_bf16: the reorders at the boundary round x, w and dy to bf16 in oneDNN's layouts; y, dx
-// and dw stay fp32).
+// and dw stay fp32); 3 bf16 activations (zoo_conv2d_bf16act, issue 43: y and dy are bf16 tensors, x
+// bf16 or fp32 (a network's input) and dx of x's type, w and dw fp32).
 using dnnl::memory;
 
 struct ConvDescs {
@@ -430,7 +431,7 @@ struct ConvPlan : ConvDescs {
 // Call inside Context::enter(): oneDNN sizes the work space by the OpenMP threads set there.
 ConvDescs conv_descs(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,
                      const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                     const std::vector<int64_t>& dilations, int math, bool user_scratchpad) {
+                     const std::vector<int64_t>& dilations, int math, bool user_scratchpad, bool x_bf16 = false) {
   using Tag = memory::format_tag;
   const auto f32 = memory::data_type::f32;
   const memory::dims st{strides[0], strides[1]}, pd{pads[0], pads[1]};
@@ -441,12 +442,14 @@ ConvDescs conv_descs(const std::vector<int64_t>& xs, const std::vector<int64_t>&
     ys[2 + i] = (xs[2 + i] + 2 * pads[i] - span) / strides[i] + 1;
   }
   ConvDescs p;
-  p.x = memory::desc(memory::dims(xs.begin(), xs.end()), f32, Tag::nchw);
+  const auto bf16 = memory::data_type::bf16;
+  const auto xt = x_bf16 ? bf16 : f32, yt = math == 3 ? bf16 : f32;   // the tensors' types
+  p.x = memory::desc(memory::dims(xs.begin(), xs.end()), xt, Tag::nchw);
   p.w = memory::desc(memory::dims(ws.begin(), ws.end()), f32, Tag::oihw);
-  p.y = memory::desc(ys, f32, Tag::nchw);
-  const auto in = math == 2 ? memory::data_type::bf16 : f32;   // x, w, and dy in the backward
-  const memory::desc xa(p.x.get_dims(), in, Tag::any), wa(p.w.get_dims(), in, Tag::any), ya(ys, f32, Tag::any);
-  const memory::desc dya(ys, in, Tag::any), dxa(p.x.get_dims(), f32, Tag::any), dwa(p.w.get_dims(), f32, Tag::any);
+  p.y = memory::desc(ys, yt, Tag::nchw);
+  const auto in = math >= 2 ? bf16 : f32;   // x, w, and dy in the backward
+  const memory::desc xa(p.x.get_dims(), in, Tag::any), wa(p.w.get_dims(), in, Tag::any), ya(ys, yt, Tag::any);
+  const memory::desc dya(ys, in, Tag::any), dxa(p.x.get_dims(), xt, Tag::any), dwa(p.w.get_dims(), f32, Tag::any);
   const auto alg = dnnl::algorithm::convolution_direct;
   const dnnl::engine& eng = Context::get().engine();
   dnnl::primitive_attr attr;
@@ -463,13 +466,13 @@ ConvDescs conv_descs(const std::vector<int64_t>& xs, const std::vector<int64_t>&
 // Call inside Context::enter().
 const ConvPlan& conv_plan(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,
                           const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                          const std::vector<int64_t>& dilations, int math, int nthreads) {
-  std::string key = "conv|t" + std::to_string(nthreads) + "|m" + std::to_string(math);
+                          const std::vector<int64_t>& dilations, int math, int nthreads, bool x_bf16) {
+  std::string key = "conv|t" + std::to_string(nthreads) + "|m" + std::to_string(math) + (x_bf16 ? "|xb" : "");
   for (const auto* v : {&xs, &ws, &strides, &pads, &dilations})
     for (int64_t d : *v) key += "," + std::to_string(d);
   return Context::get().cached<ConvPlan>(key, [&]() {
     auto p = std::make_shared<ConvPlan>();
-    static_cast<ConvDescs&>(*p) = conv_descs(xs, ws, strides, pads, dilations, math, false);
+    static_cast<ConvDescs&>(*p) = conv_descs(xs, ws, strides, pads, dilations, math, false, x_bf16);
     p->fwd_prim = dnnl::convolution_forward(p->fwd);
     p->bwd_data_prim = dnnl::convolution_backward_data(p->bwd_data);
     p->bwd_weights_prim = dnnl::convolution_backward_weights(p->bwd_weights);
@@ -495,16 +498,18 @@ void finish(memory& m, memory& user) {
 }
 
 memory wrap(const memory::desc& d, const paddle::Tensor& t) {
-  return memory(d, Context::get().engine(), const_cast<float*>(t.data<float>()));
+  return memory(d, Context::get().engine(), const_cast<void*>(t.data()));
 }
+
+bool is_bf16(const paddle::Tensor& t) { return t.dtype() == paddle::DataType::BFLOAT16; }
 
 std::vector<paddle::Tensor> ConvForward(const paddle::Tensor& x, const paddle::Tensor& w,
                                         const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
                                         const std::vector<int64_t>& dilations, bool need_dx, int math) {
   int nt;
   auto lock = Context::get().enter(&nt);
-  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, math, nt);
-  auto y = paddle::empty(p.y.get_dims(), x.dtype(), x.place());
+  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, math, nt, is_bf16(x));
+  auto y = paddle::empty(p.y.get_dims(), math == 3 ? paddle::DataType::BFLOAT16 : x.dtype(), x.place());
   auto& s = Context::get().stream();
   memory xu = wrap(p.x, x), wu = wrap(p.w, w), yu = wrap(p.y, y);
   memory xm = as(xu, p.fwd.src_desc()), wm = as(wu, p.fwd.weights_desc()), ym = out_for(yu, p.fwd.dst_desc());
@@ -519,7 +524,7 @@ std::vector<paddle::Tensor> ConvBackward(const paddle::Tensor& x, const paddle::
                                          const std::vector<int64_t>& dilations, bool need_dx, int math) {
   int nt;
   auto lock = Context::get().enter(&nt);
-  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, math, nt);
+  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, math, nt, is_bf16(x));
   auto dx = paddle::empty(x.shape(), x.dtype(), x.place());  // left unwritten when the input needs no grad
   auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
   auto& s = Context::get().stream();
@@ -559,6 +564,55 @@ std::vector<paddle::Tensor> ConvBf16Backward(const paddle::Tensor& x, const padd
   return ConvBackward(x, w, dy, strides, pads, dilations, need_dx, 2);
 }
 
+// bf16 activations (math 3). Where oneDNN has no bf16 (AVX2 CPUs: ops.autocast never asks for it
+// there, the tests do) the same arithmetic runs on the fp32 primitives: bf16-rounded operands
+// (bf16 products are exact in fp32, and oneDNN accumulates in fp32 either way), the result rounded
+// to bf16. Only the accumulation order differs from the native kernels, so every CPU checks what the
+// bf16 activations do to a network.
+paddle::Tensor f32_rounded(const paddle::Tensor& t, int nthreads) {
+  // a bf16 tensor widened (exact), or a float32 one rounded to bf16 and widened
+  const paddle::Tensor b = is_bf16(t) ? t : bf16_copy(t, nthreads);
+  auto out = paddle::empty(t.shape(), paddle::DataType::FLOAT32, t.place());
+  const uint16_t* src = static_cast<const uint16_t*>(b.data());
+  uint32_t* dst = static_cast<uint32_t*>(out.data());
+  const int64_t n = t.numel();
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<uint32_t>(src[i]) << 16;
+  return out;
+}
+
+void check_act_input(const paddle::Tensor& t, const char* what) {
+  PD_CHECK(t.is_cpu(), what, " must be a CPU tensor");
+  PD_CHECK(t.dtype() == paddle::DataType::FLOAT32 || is_bf16(t), what, " must be float32 or bfloat16");
+}
+
+std::vector<paddle::Tensor> ConvActForward(const paddle::Tensor& x, const paddle::Tensor& w,
+                                           const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                                           const std::vector<int64_t>& dilations, bool need_dx) {
+  check_act_input(x, "x");
+  check_f32_cpu(w, "the weight");
+  if (bf16_native()) return ConvForward(x, w, strides, pads, dilations, need_dx, 3);
+  const int nt = threads();
+  const paddle::Tensor y = ConvForward(f32_rounded(x, nt), f32_rounded(w, nt), strides, pads, dilations, need_dx, 0)[0];
+  return {bf16_copy(y, nt)};
+}
+
+std::vector<paddle::Tensor> ConvActBackward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor& dy,
+                                            const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                                            const std::vector<int64_t>& dilations, bool need_dx) {
+  PD_CHECK(is_bf16(dy), "the gradient of a bf16 convolution output must be bfloat16");
+  if (bf16_native()) return ConvBackward(x, w, dy, strides, pads, dilations, need_dx, 3);
+  const int nt = threads();
+  auto g = ConvBackward(f32_rounded(x, nt), f32_rounded(w, nt), f32_rounded(dy, nt), strides, pads, dilations,
+                        need_dx, 0);
+  if (!is_bf16(x)) return g;
+  return {need_dx ? bf16_copy(g[0], nt) : paddle::empty(x.shape(), x.dtype(), x.place()), g[1]};
+}
+
+std::vector<paddle::DataType> ConvActInferDtype(const paddle::DataType& x, const paddle::DataType& w) {
+  return {paddle::DataType::BFLOAT16};
+}
+
 }  // namespace zoo_dnnl
 
 extern "C" {
@@ -573,8 +627,10 @@ long long zoo_conv_work_space(const int64_t* xs, const int64_t* ws, const int64_
   try {
     int nt;
     auto lock = zoo_dnnl::Context::get().enter(&nt);
+    // bf16 activations without native bf16 run the fp32 primitives (ConvActForward)
+    if (math == 3 && !zoo_dnnl::bf16_native()) math = 0;
     const auto d = zoo_dnnl::conv_descs({xs, xs + 4}, {ws, ws + 4}, {strides, strides + 2}, {pads, pads + 2},
-                                        {dilations, dilations + 2}, math, true);
+                                        {dilations, dilations + 2}, math, true, math == 3);
     return static_cast<long long>(std::max({d.fwd.scratchpad_desc().get_size(), d.bwd_data.scratchpad_desc().get_size(),
                                             d.bwd_weights.scratchpad_desc().get_size()}));
   } catch (...) {
@@ -634,6 +690,20 @@ PD_BUILD_GRAD_OP(zoo_conv2d)
     .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
             "need_dx: bool", "fpmath: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvF32Backward));
+
+PD_BUILD_OP(zoo_conv2d_bf16act)
+    .Inputs({"X", "W"})
+    .Outputs({"Out"})
+    .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
+            "need_dx: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvActForward))
+    .SetInferDtypeFn(PD_INFER_DTYPE(zoo_dnnl::ConvActInferDtype));
+PD_BUILD_GRAD_OP(zoo_conv2d_bf16act)
+    .Inputs({"X", "W", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("W")})
+    .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
+            "need_dx: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvActBackward));
 
 PD_BUILD_OP(zoo_conv2d_bf16)
     .Inputs({"X", "W"})

@@ -885,6 +885,175 @@ std::vector<paddle::Tensor> BNAddActBackward(const paddle::Tensor& x, const padd
   return BNActBackwardImpl(x, g, mean, invstd, y, dy, relu, true);
 }
 
+// ---------------------------------------------------------------- 2-D pooling, bf16 activations
+// Max and average pooling on NCHW bf16 activations (paddle's CPU build has none; its fp32 kernels
+// would need an fp32 copy of the input, kept for the backward). Paddle's window rule: output size
+// (H + 2p - k) / s + 1, rounded up with ceil_mode; average pooling divides by the window's cells
+// inside the input (`exclusive`, paddle's default) or by k_h * k_w. Max pooling returns the flat input
+// index of each maximum (the first in scan order, as paddle's kernel) and the backward adds the
+// gradient there; padding never wins. A window with no input cell writes 0 and gets no gradient.
+int64_t pool_out(int64_t in, int64_t k, int64_t s, int64_t p, bool ceil_mode) {
+  const int64_t span = in + 2 * p - k;
+  return (ceil_mode ? (span + s - 1) / s : span / s) + 1;
+}
+
+struct PoolGeom {
+  int64_t NC, H, W, OH, OW, kh, kw, sh, sw, ph, pw;
+};
+
+PoolGeom pool_geom(const paddle::Tensor& x, const std::vector<int64_t>& k, const std::vector<int64_t>& st,
+                   const std::vector<int64_t>& pad, bool ceil_mode) {
+  auto xs = x.shape();
+  PD_CHECK(xs.size() == 4, "pooling input must be [N, C, H, W]");
+  PD_CHECK(k.size() == 2 && st.size() == 2 && pad.size() == 2, "pooling needs 2 kernel, stride and padding values");
+  PoolGeom g{xs[0] * xs[1], xs[2], xs[3], pool_out(xs[2], k[0], st[0], pad[0], ceil_mode),
+             pool_out(xs[3], k[1], st[1], pad[1], ceil_mode), k[0], k[1], st[0], st[1], pad[0], pad[1]};
+  PD_CHECK(g.OH > 0 && g.OW > 0, "pooling window larger than the padded input");
+  return g;
+}
+
+std::vector<paddle::Tensor> PoolForward(const paddle::Tensor& x, const std::vector<int64_t>& k,
+                                        const std::vector<int64_t>& st, const std::vector<int64_t>& pad,
+                                        bool ceil_mode, bool is_max, bool exclusive) {
+  zoo_apply_fp_mode();
+  PD_CHECK(x.is_cpu() && is_bf16(x), "x must be a bfloat16 CPU tensor");
+  const PoolGeom g = pool_geom(x, k, st, pad, ceil_mode);
+  auto xs = x.shape();
+  auto y = paddle::empty({xs[0], xs[1], g.OH, g.OW}, x.dtype(), x.place());
+  auto arg = paddle::empty({is_max ? xs[0] : 0, xs[1], g.OH, g.OW}, paddle::DataType::INT32, x.place());
+  const Bf16* px = in<Bf16>(x);
+  Bf16* py = out<Bf16>(y);
+  int32_t* pa = is_max ? arg.data<int32_t>() : nullptr;
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t nc = 0; nc < g.NC; ++nc) {
+    const Bf16* xp = px + nc * g.H * g.W;
+    for (int64_t oh = 0; oh < g.OH; ++oh) {
+      const int64_t h0 = oh * g.sh - g.ph, h1 = std::min(h0 + g.kh, g.H);
+      for (int64_t ow = 0; ow < g.OW; ++ow) {
+        const int64_t w0 = ow * g.sw - g.pw, w1 = std::min(w0 + g.kw, g.W);
+        const int64_t o = (nc * g.OH + oh) * g.OW + ow;
+        if (is_max) {
+          float best = -INFINITY;
+          int32_t at = -1;
+          for (int64_t h = std::max<int64_t>(h0, 0); h < h1; ++h)
+            for (int64_t w = std::max<int64_t>(w0, 0); w < w1; ++w) {
+              const float v = load(xp, h * g.W + w);
+              if (v > best || at < 0) best = v, at = static_cast<int32_t>(h * g.W + w);
+            }
+          store(py, o, at < 0 ? 0.f : best);
+          pa[o] = at;
+        } else {
+          float sum = 0.f;
+          for (int64_t h = std::max<int64_t>(h0, 0); h < h1; ++h)
+            for (int64_t w = std::max<int64_t>(w0, 0); w < w1; ++w) sum += load(xp, h * g.W + w);
+          const int64_t cells = exclusive ? (h1 - std::max<int64_t>(h0, 0)) * (w1 - std::max<int64_t>(w0, 0))
+                                          : g.kh * g.kw;
+          store(py, o, cells > 0 ? flush(sum / static_cast<float>(cells)) : 0.f);
+        }
+      }
+    }
+  }
+  return {y, arg};
+}
+
+std::vector<paddle::Tensor> PoolBackward(const paddle::Tensor& x, const paddle::Tensor& arg, const paddle::Tensor& dy,
+                                         const std::vector<int64_t>& k, const std::vector<int64_t>& st,
+                                         const std::vector<int64_t>& pad, bool ceil_mode, bool is_max,
+                                         bool exclusive) {
+  zoo_apply_fp_mode();
+  PD_CHECK(is_bf16(dy), "the gradient of a bf16 pooling output must be bfloat16");
+  const PoolGeom g = pool_geom(x, k, st, pad, ceil_mode);
+  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
+  const Bf16* pd = in<Bf16>(dy);
+  Bf16* pdx = out<Bf16>(dx);
+  const int32_t* pa = is_max ? arg.data<int32_t>() : nullptr;
+  // per (n, c) plane: accumulate in fp32, round once (windows overlap when stride < kernel)
+#pragma omp parallel for num_threads(threads()) schedule(static)
+  for (int64_t nc = 0; nc < g.NC; ++nc) {
+    std::vector<float> acc(g.H * g.W, 0.f);
+    for (int64_t oh = 0; oh < g.OH; ++oh) {
+      const int64_t h0 = oh * g.sh - g.ph, h1 = std::min(h0 + g.kh, g.H);
+      for (int64_t ow = 0; ow < g.OW; ++ow) {
+        const int64_t o = (nc * g.OH + oh) * g.OW + ow;
+        const float d = load(pd, o);
+        if (is_max) {
+          if (pa[o] >= 0) acc[pa[o]] += d;
+          continue;
+        }
+        const int64_t w0 = ow * g.sw - g.pw, w1 = std::min(w0 + g.kw, g.W);
+        const int64_t cells = exclusive ? (h1 - std::max<int64_t>(h0, 0)) * (w1 - std::max<int64_t>(w0, 0))
+                                        : g.kh * g.kw;
+        if (cells <= 0) continue;
+        const float share = d / static_cast<float>(cells);
+        for (int64_t h = std::max<int64_t>(h0, 0); h < h1; ++h)
+          for (int64_t w = std::max<int64_t>(w0, 0); w < w1; ++w) acc[h * g.W + w] += share;
+      }
+    }
+    Bf16* o = pdx + nc * g.H * g.W;
+    for (int64_t i = 0; i < g.H * g.W; ++i) store(o, i, flush(acc[i]));
+  }
+  return {dx};
+}
+
+std::vector<paddle::DataType> PoolInferDtype(const paddle::DataType& x) { return {x, paddle::DataType::INT32}; }
+
+// ------------------------------------------------------- channel concat, bf16 activations
+// y = concat(xs, axis 1) for [N, C_i, ...] tensors of one dtype (DeepLabV3's ASPP joins its branches);
+// its backward splits dy. paddle's CPU build has a bf16 concat but no bf16 concat_grad. A plain copy,
+// so any element type: rows of C_i * inner elements per sample.
+std::vector<paddle::Tensor> ConcatForward(const std::vector<paddle::Tensor>& xs) {
+  PD_CHECK(!xs.empty(), "concat needs at least one input");
+  auto shape = xs[0].shape();
+  PD_CHECK(shape.size() >= 2, "concat inputs must be [N, C, ...]");
+  const int64_t N = shape[0], inner = xs[0].numel() / (shape[0] * shape[1]);
+  const size_t bytes = phi::SizeOf(xs[0].dtype());
+  int64_t C = 0;
+  for (const auto& x : xs) {
+    PD_CHECK(x.is_cpu() && x.dtype() == xs[0].dtype(), "concat inputs must be CPU tensors of one dtype");
+    PD_CHECK(x.shape().size() == shape.size() && x.shape()[0] == N && x.numel() == N * x.shape()[1] * inner,
+             "concat inputs must agree but in their channels");
+    C += x.shape()[1];
+  }
+  shape[1] = C;
+  auto y = paddle::empty(shape, xs[0].dtype(), xs[0].place());
+  char* py = static_cast<char*>(y.data());
+  int64_t at = 0;
+  for (const auto& x : xs) {
+    const int64_t row = x.shape()[1] * inner * bytes;
+    const char* px = static_cast<const char*>(x.data());
+#pragma omp parallel for num_threads(threads()) schedule(static) if (N > 1)
+    for (int64_t n = 0; n < N; ++n) std::memcpy(py + (n * C * inner) * bytes + at, px + n * row, row);
+    at += row;
+  }
+  return {y};
+}
+
+std::vector<paddle::Tensor> ConcatBackward(const std::vector<paddle::Tensor>& xs, const paddle::Tensor& dy) {
+  const int64_t N = xs[0].shape()[0], C = dy.shape()[1], inner = dy.numel() / (N * C);
+  const size_t bytes = phi::SizeOf(dy.dtype());
+  const char* pd = static_cast<const char*>(dy.data());
+  std::vector<paddle::Tensor> dxs;
+  int64_t at = 0;
+  for (const auto& x : xs) {
+    auto dx = paddle::empty(x.shape(), dy.dtype(), dy.place());
+    const int64_t row = x.shape()[1] * inner * bytes;
+    char* px = static_cast<char*>(dx.data());
+#pragma omp parallel for num_threads(threads()) schedule(static) if (N > 1)
+    for (int64_t n = 0; n < N; ++n) std::memcpy(px + n * row, pd + (n * C * inner) * bytes + at, row);
+    at += row;
+    dxs.push_back(dx);
+  }
+  return dxs;
+}
+
+std::vector<std::vector<int64_t>> ConcatInferShape(const std::vector<std::vector<int64_t>>& xs) {
+  auto shape = xs[0];
+  for (size_t i = 1; i < xs.size(); ++i) shape[1] += xs[i][1];
+  return {shape};
+}
+
+std::vector<paddle::DataType> ConcatInferDtype(const std::vector<paddle::DataType>& xs) { return {xs[0]}; }
+
 // Y keeps the input's dtype; the saved statistics are float32 whatever it is
 std::vector<paddle::DataType> BNActInferDtype(const paddle::DataType& x, const paddle::DataType& g,
                                               const paddle::DataType& be, const paddle::DataType& rm,
@@ -989,6 +1158,31 @@ PD_BUILD_GRAD_OP(zoo_bn_add_act)
     .Outputs({paddle::Grad("X"), paddle::Grad("Scale"), paddle::Grad("Bias"), paddle::Grad("Residual")})
     .Attrs({"relu: bool"})
     .SetKernelFn(PD_KERNEL(BNAddActBackward));
+
+PD_BUILD_OP(zoo_pool2d_bf16)
+    .Inputs({"X"})
+    .Outputs({"Out", "Arg"})
+    .Attrs({"kernel: std::vector<int64_t>", "strides: std::vector<int64_t>", "pads: std::vector<int64_t>",
+            "ceil_mode: bool", "is_max: bool", "exclusive: bool"})
+    .SetKernelFn(PD_KERNEL(PoolForward))
+    .SetInferDtypeFn(PD_INFER_DTYPE(PoolInferDtype));
+PD_BUILD_GRAD_OP(zoo_pool2d_bf16)
+    .Inputs({"X", "Arg", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X")})
+    .Attrs({"kernel: std::vector<int64_t>", "strides: std::vector<int64_t>", "pads: std::vector<int64_t>",
+            "ceil_mode: bool", "is_max: bool", "exclusive: bool"})
+    .SetKernelFn(PD_KERNEL(PoolBackward));
+
+PD_BUILD_OP(zoo_concat_channels)
+    .Inputs({paddle::Vec("X")})
+    .Outputs({"Out"})
+    .SetKernelFn(PD_KERNEL(ConcatForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(ConcatInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(ConcatInferDtype));
+PD_BUILD_GRAD_OP(zoo_concat_channels)
+    .Inputs({paddle::Vec("X"), paddle::Grad("Out")})
+    .Outputs({paddle::Grad(paddle::Vec("X"))})
+    .SetKernelFn(PD_KERNEL(ConcatBackward));
 
 PD_BUILD_OP(zoo_smooth_cross_entropy)
     .Inputs({"Logits", "Labels"})
