@@ -83,6 +83,11 @@ def linear_add_norm(x, linear_layer, residual, norm, p=0.0, training=False):
     return norm(residual + reference.dropout(linear_layer(x), p, training))
 
 
+def conv2d(x, conv):
+    """conv(x) for an nn.Conv2D layer, on oneDNN where functional.conv2d takes it (bf16 inside autocast)."""
+    return fn.conv2d(x, conv)
+
+
 def conv_bn_act(x, conv, bn, relu=True, residual=None):
     """act(bn(conv(x)) [+ residual]) for nn.Conv2D and nn.BatchNorm2D layers: the convolution on
     oneDNN, then BN with batch statistics, the residual add and ReLU in one kernel in training."""

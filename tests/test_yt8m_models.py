@@ -14,6 +14,7 @@ from engine.weights.pretrained import WEIGHTS, load_entry_state
 from models.video.attention_cluster import AttentionCluster
 from models.video.attention_lstm import AttentionLSTM
 from models.video.nextvlad import NeXtVLAD
+from tests.helpers import golden_close
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
@@ -137,19 +138,23 @@ def test_attention_lstm_matches_official_golden(golden_lstm, op_path):
     batch = {k: ref[k] for k in ("rgb", "rgb_len", "rgb_mask", "audio", "audio_len", "audio_mask")}
     assert batch["rgb_mask"].ndim == 3  # FeatureDecoder's [B,T,D] mask layout is accepted
     out = run(model, batch)
-    op_path.check()      # no fused operator of ours in this model: both paths are the same code
+    # the FC layers through the layer package: oneDNN's GEMM, bias + activation in one kernel (the
+    # LSTMs are paddle's own operator)
+    op_path.check("zoo_matmul", "zoo_bias_act", "zoo_bias_dropout")
     for key in ("logits", "probs"):
-        diff = np.abs(out[key] - ref[key])
-        tol = 1e-4 * max(1.0, np.abs(ref[key]).max()) + 1e-4 * np.abs(ref[key])
-        assert out[key].shape == ref[key].shape and (diff <= tol).all(), (key, diff.max())
+        golden_close(out[key], ref[key])
     # our collate's [B,T] mask, and lengths alone, give the same answer
     flat = dict(batch, rgb_mask=ref["rgb_mask"][..., 0], audio_mask=ref["audio_mask"][..., 0])
     np.testing.assert_allclose(run(model, flat)["logits"], out["logits"], atol=1e-6)
     lens_only = {k: batch[k] for k in ("rgb", "rgb_len", "audio", "audio_len")}
     np.testing.assert_allclose(run(model, lens_only)["logits"], out["logits"], atol=1e-6)
-    # padded frames are ignored: garbage in them, or more of them, changes nothing
-    garbage = with_garbage(flat, T=12)
-    np.testing.assert_allclose(run(model, garbage)["logits"], out["logits"], atol=2e-6)
+    # padded frames are ignored: garbage in them, or more of them, changes nothing (in bf16 the GEMMs
+    # over more rows may block, and so round, differently: its tolerance)
+    garbage = run(model, with_garbage(flat, T=12))["logits"]
+    if op_path.bf16:
+        golden_close(garbage, out["logits"])
+    else:
+        np.testing.assert_allclose(garbage, out["logits"], atol=2e-6)
 
 
 SMALL_LSTM = dict(num_classes=6, feature_dims=[16, 8], embedding_size=8, lstm_size=6, fc_sizes=[12, 10])

@@ -17,6 +17,7 @@ import paddle.nn.functional as F
 from paddle.nn.initializer import KaimingNormal, KaimingUniform, Normal
 from paddle.static import InputSpec
 
+import ops
 from engine.model import DataAgreement, Weights, ZooModel
 from engine.errors import ConfigError
 from engine.registry import MODELS
@@ -111,8 +112,8 @@ class AttentionCluster(ZooModel):
             has_mask = name + "_mask" in batch or name + "_len" in batch
             outs.append(getattr(self, f"satt{i}")(x, mask if has_mask else None))
         h = self.dropout(paddle.concat(outs, axis=1))
-        h = paddle.tanh(self.fc2(paddle.tanh(self.fc1(h))))
-        return multilabel_outputs(self, self.logistic(h), batch, self.loss_reduction)
+        h = paddle.tanh(ops.linear(paddle.tanh(ops.linear(h, self.fc1)), self.fc2))
+        return multilabel_outputs(self, ops.linear(h, self.logistic), batch, self.loss_reduction)
 
 
 WEIGHTS.add(PretrainedEntry(

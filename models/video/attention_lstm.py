@@ -16,6 +16,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+import ops
 from engine.model import DataAgreement, Weights, ZooModel
 from engine.errors import ConfigError
 from engine.registry import MODELS
@@ -61,11 +62,11 @@ class AttentionLstmHead(nn.Layer):
 
     def attend(self, i, x, lengths, mask, use_mask):
         """Attention pooling of one modality; padded frames get zero weight when use_mask."""
-        emb = paddle.tanh(getattr(self, f"fc_feature{i}")(x))
+        emb = paddle.tanh(ops.linear(x, getattr(self, f"fc_feature{i}")))
         lstm = getattr(self, f"bi_lstm{i}")
         out, _ = lstm(emb, sequence_length=lengths.astype("int32") if use_mask else None)
         out = self.dropout(out)  # PaddleVideo drops before the attention fc and uses the dropped output
-        score = getattr(self, f"att_fc{i}")(out).squeeze(-1)  # [B, T]
+        score = ops.linear(out, getattr(self, f"att_fc{i}")).squeeze(-1)  # [B, T]
         if use_mask:
             # softmax over the real frames: exp(s)*m / sum(exp(s)*m), shifted by the max real score
             real = mask > 0
@@ -80,9 +81,9 @@ class AttentionLstmHead(nn.Layer):
 
     def forward(self, feats, use_mask=True):
         pooled = [self.attend(i, *f, use_mask) for i, f in enumerate(feats)]
-        h = F.relu(self.fc_out1(paddle.concat(pooled, axis=1)))
-        h = paddle.tanh(self.fc_out2(h))
-        return self.fc_logit(h)
+        h = ops.linear(paddle.concat(pooled, axis=1), self.fc_out1, act="relu")
+        h = paddle.tanh(ops.linear(h, self.fc_out2))
+        return ops.linear(h, self.fc_logit)
 
 
 @MODELS.register("AttentionLSTM")

@@ -17,6 +17,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.nn.initializer import Constant, KaimingNormal
 
+import ops
 from engine.model import DataAgreement, Weights, ZooModel
 from engine.errors import ConfigError
 from engine.registry import MODELS
@@ -81,14 +82,14 @@ class NeXtVLADLayer(nn.Layer):
     def forward(self, x, mask):
         B, T = x.shape[0], x.shape[1]
         G, K, Fg = self.groups, self.cluster_size, self.group_size
-        x = self.fc_expansion(x)                                          # [B, T, lambda*F]
-        attention = F.sigmoid(self.fc_group_attention(x))                 # [B, T, G]
-        act = self._cluster_bn(paddle.matmul(x, self.cluster_weights), mask)  # [B, T, G*K]
+        x = ops.linear(x, self.fc_expansion)                              # [B, T, lambda*F]
+        attention = F.sigmoid(ops.linear(x, self.fc_group_attention))     # [B, T, G]
+        act = self._cluster_bn(ops.matmul(x, self.cluster_weights), mask)  # [B, T, G*K]
         act = F.softmax(act.reshape([B, T, G, K]), axis=-1)               # soft assignment per group
         act = act * (attention * mask.unsqueeze(-1)).unsqueeze(-1)        # padded frames -> 0
         a = act.sum(axis=[1, 2]).unsqueeze(-1) * self.cluster_weights2    # [B, K, Fg]
         act = act.reshape([B, T * G, K]).transpose([0, 2, 1])             # [B, K, T*G]
-        vlad = paddle.bmm(act, x.reshape([B, T * G, Fg])) - a              # [B, K, Fg]
+        vlad = ops.matmul(act, x.reshape([B, T * G, Fg])) - a              # [B, K, Fg]
         vlad = F.normalize(vlad.transpose([0, 2, 1]), axis=1)             # [B, Fg, K], per cluster
         return self.vlad_bn(vlad.reshape([B, Fg * K]))
 
@@ -148,10 +149,10 @@ class NeXtVLAD(ZooModel):
         for layer, name, dim in zip(self.vlad, self.feature_names, self.feature_dims):
             x, _, mask = feature_input(batch, name, dim, "NeXtVLAD")
             vlads.append(layer(x, mask))
-        h = self.hidden1_bn(self.hidden1_fc(self.dropout(paddle.concat(vlads, axis=1))))
-        gates = F.relu(self.gating_bn(self.gating_fc1(h)))
-        h = h * F.sigmoid(self.gating_fc2(gates))
-        return multilabel_outputs(self, self.logits_clf(h), batch, self.loss_reduction)
+        h = self.hidden1_bn(ops.linear(self.dropout(paddle.concat(vlads, axis=1)), self.hidden1_fc))
+        gates = F.relu(self.gating_bn(ops.linear(h, self.gating_fc1)))
+        h = h * F.sigmoid(ops.linear(gates, self.gating_fc2))
+        return multilabel_outputs(self, ops.linear(h, self.logits_clf), batch, self.loss_reduction)
 
 
 WEIGHTS.add(PretrainedEntry(

@@ -10,6 +10,8 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+import ops
+
 
 class FPN(nn.Layer):
     def __init__(self, in_channels, out_channels=256):
@@ -24,10 +26,10 @@ class FPN(nn.Layer):
 
     def forward(self, feats):
         """[C2..C5] -> [P2..P6] (strides 4..64)."""
-        laterals = [conv(f) for conv, f in zip(self.lateral_convs, feats)]
+        laterals = [ops.conv2d(f, conv) for conv, f in zip(self.lateral_convs, feats)]
         for i in range(len(laterals) - 1, 0, -1):
             laterals[i - 1] = laterals[i - 1] + F.interpolate(
                 laterals[i], size=laterals[i - 1].shape[-2:], mode="nearest")
-        outs = [conv(x) for conv, x in zip(self.output_convs, laterals)]
+        outs = [ops.conv2d(x, conv) for conv, x in zip(self.output_convs, laterals)]
         outs.append(F.max_pool2d(outs[-1], kernel_size=1, stride=2))
         return outs

@@ -26,6 +26,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from pycocotools import mask as mask_util
 
+import ops
 from models.vision.mask_rcnn import box_ops
 
 
@@ -84,12 +85,12 @@ class BoxHead(nn.Layer):
             initializer=nn.initializer.Normal(0.0, 0.001)))
 
     def features(self, roi_feats):
-        x = F.relu(self.fc6(roi_feats.flatten(1)))
-        return F.relu(self.fc7(x))
+        x = ops.linear(roi_feats.flatten(1), self.fc6, act="relu")
+        return ops.linear(x, self.fc7, act="relu")
 
     def forward(self, roi_feats):
         x = self.features(roi_feats)
-        return self.cls_score(x), self.bbox_pred(x)
+        return ops.linear(x, self.cls_score), ops.linear(x, self.bbox_pred)
 
 
 class MaskHead(nn.Layer):
@@ -107,8 +108,9 @@ class MaskHead(nn.Layer):
     def forward(self, roi_feats):
         x = roi_feats
         for conv in self.convs:
-            x = F.relu(conv(x))
-        return self.logits(F.relu(self.deconv(x)))
+            x = F.relu(ops.conv2d(x, conv))
+        # the 2x2 transposed convolution is paddle's: the layer package has none (one layer of the head)
+        return ops.conv2d(F.relu(self.deconv(x)), self.logits)
 
 
 def select_class(logits, classes):

@@ -21,6 +21,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+import ops
 from models.vision.mask_rcnn import box_ops
 
 
@@ -143,9 +144,9 @@ class RPNHead(nn.Layer):
     def forward(self, feats):
         scores, deltas = [], []
         for f in feats:
-            x = F.relu(self.conv(f))
-            scores.append(self.objectness(x))
-            deltas.append(self.deltas(x))
+            x = F.relu(ops.conv2d(f, self.conv))
+            scores.append(ops.conv2d(x, self.objectness))
+            deltas.append(ops.conv2d(x, self.deltas))
         return scores, deltas
 
 
