@@ -52,6 +52,23 @@ def max_weight_difference(a, b):
     return max(float(np.abs(np.asarray(wa[k], np.float64) - np.asarray(wb[k], np.float64)).max()) for k in wa)
 
 
+class fused_ops_on:
+    """The fused operators on (2 threads, as CI's machine has), paddle's CPU threads likewise, the
+    library built and loaded; off again after the block (a module's autouse fixture wraps its tests)."""
+
+    def __enter__(self):
+        # import cost: paddle (~2.5 s) for every test session (conftest imports helpers)
+        import paddle
+        from ops import functional, library
+        paddle.base.core.set_num_threads(2)
+        functional.set_enabled(True, 2)
+        assert library.load(), library.state["error"]
+        self.functional = functional
+
+    def __exit__(self, *exc):
+        self.functional.set_enabled(False)
+
+
 class counting_fused_ops:
     """Count the fused operators (ops/functional.py) run inside the block: a fast path that silently fell
     back to the reference would make a comparison of the two vacuous."""

@@ -23,9 +23,9 @@ from engine import config, runtime
 from engine.components import load_all
 from engine.errors import ConfigError
 from engine.session import Session
-from ops import functional, library
+from ops import functional
 from tests.conftest import ATTENTION_LSTM_DEMO, BERT_PRETRAIN_DEMO, NATIVE_BF16, TSN_DEMO, needs_native_bf16
-from tests.helpers import ENV, ROOT, counting_fused_ops, nsp_majority, read_metrics, tool
+from tests.helpers import ENV, ROOT, counting_fused_ops, fused_ops_on, nsp_majority, read_metrics, tool
 
 RNG = np.random.default_rng(22)
 BF16 = ["-o", "train.amp.enable=true", "-o", "train.amp.dtype=bfloat16"]
@@ -33,13 +33,10 @@ BF16 = ["-o", "train.amp.enable=true", "-o", "train.amp.dtype=bfloat16"]
 
 @pytest.fixture(scope="module", autouse=True)
 def fused():
-    paddle.base.core.set_num_threads(2)
-    functional.set_enabled(True, 2)
-    assert library.load(), library.state["error"]
-    # our AMD Zen 4 and Intel Xeon kinds compute bf16 natively (AVX512_BF16; AMX on Intel)
-    assert ops.bf16_supported() == NATIVE_BF16, "oneDNN and the CPU's flags disagree on native bf16"
-    yield
-    functional.set_enabled(False)
+    with fused_ops_on():
+        # our AMD Zen 4 and Intel Xeon kinds compute bf16 natively (AVX512_BF16; AMX on Intel)
+        assert ops.bf16_supported() == NATIVE_BF16, "oneDNN and the CPU's flags disagree on native bf16"
+        yield
 
 
 def bf16(a):

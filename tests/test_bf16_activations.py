@@ -7,8 +7,8 @@ import numpy as np
 import paddle
 import pytest
 
-from ops import functional, library
-from tests.helpers import counting_fused_ops
+from ops import functional
+from tests.helpers import counting_fused_ops, fused_ops_on
 
 RNG = np.random.default_rng(43)
 ULP = 2.0 ** -8   # bf16 keeps 8 significant bits: a correctly rounded value is within half of this, relative
@@ -16,11 +16,8 @@ ULP = 2.0 ** -8   # bf16 keeps 8 significant bits: a correctly rounded value is 
 
 @pytest.fixture(scope="module", autouse=True)
 def ops():
-    paddle.base.core.set_num_threads(2)
-    functional.set_enabled(True, 2)
-    assert library.load(), library.state["error"]
-    yield
-    functional.set_enabled(False)
+    with fused_ops_on():
+        yield
 
 
 def round_bf16(a):

@@ -26,16 +26,13 @@ from models.vision.resnet import Bottleneck, ResNet
 from ops import functional, library, reference
 from ops.paddle_attrs import batch_norm_settings, conv2d_settings, layer_norm_epsilon
 from tests.conftest import BERT_PRETRAIN_DEMO
-from tests.helpers import ROOT, counting_fused_ops as _counting, nsp_majority, read_metrics, tool
+from tests.helpers import ROOT, counting_fused_ops as _counting, fused_ops_on, nsp_majority, read_metrics, tool
 
 
 @pytest.fixture(scope="module", autouse=True)
 def ops():
-    paddle.base.core.set_num_threads(2)
-    functional.set_enabled(True, 2)
-    assert library.load(), library.state["error"]
-    yield
-    functional.set_enabled(False)
+    with fused_ops_on():
+        yield
 
 
 def _t(a, grad=True):
