@@ -3,7 +3,8 @@
 A function takes the fused path only when all of these hold: the switch is on (`set_enabled`, done by
 engine/runtime.py from `runtime.fast_ops`; off until then), the graph is dynamic (export and
 `to_static` trace the reference, so exported programs need no custom library), the tensors are
-float32 on the CPU, and the library is built (ops/library.py). This is the one place that decides.
+float32 on the CPU (the activations of the operators that also take bf16 ones, `bf16_activations`:
+float32 or all bfloat16), and the library is built (ops/library.py). This is the one place that decides.
 
 `matmul` (and so `linear`) and `conv2d` run on oneDNN (csrc/dnnl.cc) instead of paddle's MKL 2019
 GEMMs and im2col convolutions: 1.6-2.0x faster GEMMs and ~2x faster 3x3 convolutions (forward +
@@ -322,8 +323,7 @@ def pool2d(x, pool):
     if x.dtype != paddle.bfloat16:
         return pool(x)
     s = pool2d_settings(pool)
-    fast = (s.data_format == "NCHW" and s.padding is not None and s.divisor is None and x.ndim == 4
-            and not getattr(pool, "return_mask", False))
+    fast = s.data_format == "NCHW" and s.padding is not None and s.divisor is None and x.ndim == 4 and not s.return_mask
     if fast and active(activations=(x,)):
         return _run("zoo_pool2d_bf16", x, s.kernel, s.stride, s.padding, s.ceil_mode, s.is_max, s.exclusive)[0]
     return pool(float32(x)).astype("bfloat16")

@@ -12,7 +12,8 @@ from collections import namedtuple
 import paddle
 
 Conv2DSettings = namedtuple("Conv2DSettings", "stride padding dilation groups data_format padding_mode")
-Pool2DSettings = namedtuple("Pool2DSettings", "is_max kernel stride padding ceil_mode exclusive divisor data_format")
+Pool2DSettings = namedtuple("Pool2DSettings",
+                            "is_max kernel stride padding ceil_mode exclusive divisor data_format return_mask")
 BatchNormSettings = namedtuple("BatchNormSettings", "momentum epsilon use_global_stats data_format mean variance")
 
 
@@ -57,4 +58,5 @@ def pool2d_settings(pool):
     kernel = pair(_read(pool, "ksize"))
     return Pool2DSettings(is_max, kernel, kernel if stride is None else pair(stride), padding,
                           bool(_read(pool, "ceil_mode")), True if is_max else bool(_read(pool, "exclusive")),
-                          None if is_max else _read(pool, "divisor"), _read(pool, "data_format"))
+                          None if is_max else _read(pool, "divisor"), _read(pool, "data_format"),
+                          bool(_read(pool, "return_mask")) if is_max else False)

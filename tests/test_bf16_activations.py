@@ -8,6 +8,7 @@ import paddle
 import pytest
 
 from ops import functional
+from ops.paddle_attrs import pool2d_settings
 from tests.helpers import counting_fused_ops, fused_ops_on
 
 RNG = np.random.default_rng(43)
@@ -129,11 +130,14 @@ def test_mixed_activation_dtypes_take_the_reference():
 
 
 
-POOLS = [   # layer, input shape: the ResNet stem's max pool and the vd shortcut's average pool, odd sizes
-    (lambda: paddle.nn.MaxPool2D(3, 2, padding=1), (2, 3, 9, 7)),
-    (lambda: paddle.nn.AvgPool2D(2, 2, padding=0, ceil_mode=True), (2, 3, 9, 7)),
-    (lambda: paddle.nn.AvgPool2D(3, 2, padding=1, exclusive=False), (1, 2, 6, 5)),
-    (lambda: paddle.nn.MaxPool2D(2, 2, ceil_mode=True), (1, 2, 5, 5)),
+POOLS = [   # layer, input shape, the settings it was built with (is_max, kernel, stride, padding, ceil_mode,
+    # exclusive): the ResNet stem's max pool and the vd shortcut's average pool, odd sizes
+    (lambda: paddle.nn.MaxPool2D(3, 2, padding=1), (2, 3, 9, 7), (True, [3, 3], [2, 2], [1, 1], False, True)),
+    (lambda: paddle.nn.AvgPool2D(2, 2, padding=0, ceil_mode=True), (2, 3, 9, 7),
+     (False, [2, 2], [2, 2], [0, 0], True, True)),
+    (lambda: paddle.nn.AvgPool2D(3, 2, padding=1, exclusive=False), (1, 2, 6, 5),
+     (False, [3, 3], [2, 2], [1, 1], False, False)),
+    (lambda: paddle.nn.MaxPool2D(2, ceil_mode=True), (1, 2, 5, 5), (True, [2, 2], [2, 2], [0, 0], True, True)),
 ]
 
 
@@ -141,8 +145,10 @@ POOLS = [   # layer, input shape: the ResNet stem's max pool and the vd shortcut
 def test_pool2d_bf16(case):
     """Our bf16 pooling against paddle's fp32 kernel on the same bf16 values: the outputs are that
     result rounded to bf16 (a max is exact), the gradients of a bf16 upstream gradient likewise."""
-    make, shape = POOLS[case]
+    make, shape, settings = POOLS[case]
     layer = make()
+    # ops/paddle_attrs.py reads the layer's attributes: a paddle that renames one fails here
+    assert tuple(pool2d_settings(layer))[:6] == settings
     x = round_bf16(RNG.standard_normal(shape).astype(np.float32))
     xf = paddle.to_tensor(x)
     xf.stop_gradient = False
