@@ -1,7 +1,8 @@
 """The fused CPU kernels as one layer package, below models/ and engine/ (it imports neither).
 
-- layers.py: what models call (linear + activation + dropout, attention, add & norm, conv + BN + act,
-  label-smoothed cross entropy), on the models' own paddle layers; re-exported here.
+- layers.py: what models call (linear + activation + dropout, attention, add & norm, convolution,
+  conv + BN + act, pooling and the channel concat of bf16 activations, label-smoothed cross entropy),
+  on the models' own paddle layers; re-exported here.
 - functional.py: the same operators on tensors; each picks its fused kernel or its reference.
 - reference.py: the pure Paddle references (what exports, and what the tests compare with).
 - library.py: building (`make ops`), caching and loading csrc/ops.cc and csrc/dnnl.cc.

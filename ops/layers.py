@@ -1,7 +1,7 @@
 """What models call: the fused building blocks, on the models' own paddle layers.
 
 Each function takes the paddle layers whose parameters it uses (nn.Linear, nn.LayerNorm, nn.Conv2D,
-nn.BatchNorm2D), so parameter names stay the official kits' and the weights load unchanged, and
+nn.BatchNorm2D, nn.MaxPool2D / nn.AvgPool2D), so parameter names stay the official kits' and the weights load unchanged, and
 runs one fused path or its reference (ops/functional.py decides, per call). A model calls each block
 once and has no branch of its own: the same call trains with the fused kernels, and exports or
 runs with `runtime.fast_ops: false` on plain paddle ops.
