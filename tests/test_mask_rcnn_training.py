@@ -26,6 +26,7 @@ from engine.config import load
 from engine.weights.pretrained import WEIGHTS, load_entry_state
 from models.vision.mask_rcnn import box_ops, roi_heads
 from models.vision.mask_rcnn.model import MaskRCNN
+from ops import functional
 from readers.coco import COCODataset, pack_polygons
 
 load_all()
@@ -257,15 +258,22 @@ def _batch(ref, sidecar):
             "gt_poly_counts": [paddle.to_tensor(pack_polygons(g[3])[1]) for g in gts]}
 
 
-def test_losses(model, ref, sidecar, monkeypatch):
-    """The whole train forward: our draws are the official ones, every loss within 1e-5 relative."""
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_losses(model, ref, sidecar, monkeypatch, fused):
+    """The whole train forward: our draws are the official ones, every loss within 1e-5 relative, on
+    paddle's kernels (what PaddleDetection runs) and on our fused operators (oneDNN's convolutions
+    and GEMMs, the FPN, RPN and heads included). One exception on the fused path, the mask loss: its
+    RoIs are the RPN's proposals, which move with the convolutions' rounding, and the mask head's
+    input moves by 3e-5 of its scale (the FPN's outputs by 3e-6); 7.6e-5 relative measured, 2e-4
+    allowed. The path is set here: the state earlier tests leave must not choose it."""
     replay = Replay(ref)
     monkeypatch.setattr(box_ops, "random_permutation", replay)
-    with paddle.no_grad():
+    with functional.enabled_as(fused), paddle.no_grad():
         losses = model(_batch(ref, sidecar))
     assert replay.next == len(replay.draws), f"ours drew {replay.next} permutations, the official {len(replay.draws)}"
     for name in ("loss_rpn_cls", "loss_rpn_reg", "loss_bbox_cls", "loss_bbox_reg", "loss_mask", "loss"):
-        assert_close(losses[name].item(), ref[f"loss.{name}"], name)
+        rtol = 2e-4 if fused and name in ("loss_mask", "loss") else 1e-5
+        assert_close(losses[name].item(), ref[f"loss.{name}"], name, rtol)
 
 
 def test_mask_loss_counts_the_official_fake_roi_of_an_image_without_foreground():
