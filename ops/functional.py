@@ -262,9 +262,11 @@ def conv2d(x, conv):
             y = _run("zoo_conv2d", *args, _state["bf16"])[0]
         if conv.bias is None:
             return y
+        bias = conv.bias.reshape([1, -1, 1, 1])
+        if not to_bf16:
+            return y + bias
         # paddle's CPU build has no bf16 add: the bias is added in fp32 and the sum rounded once
-        return y + conv.bias.reshape([1, -1, 1, 1]) if not to_bf16 else (
-            (y.astype("float32") + conv.bias.reshape([1, -1, 1, 1])).astype("bfloat16"))
+        return (y.astype("float32") + bias).astype("bfloat16")
     if to_bf16:   # paddle's CPU build has no bf16 convolution: fp32, rounded after
         return conv(float32(x)).astype("bfloat16")
     return conv(x)

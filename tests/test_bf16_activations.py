@@ -204,6 +204,23 @@ def test_conv2d_bf16_activations(case):
                                atol=1e-5 * np.abs(w64.grad.numpy()).max())
 
 
+def fp32_and_bf16_steps(make, step):
+    """Two copies of make()'s network (the same weights), one training step each: `step(net)` in fp32,
+    then inside bf16_activations. Returns the two steps' results and the fused operators the bf16 step
+    ran, after checking that each of its gradients is fp32 and finite."""
+    nets = [make(), make()]
+    nets[1].set_state_dict(nets[0].state_dict())
+    results = []
+    for net, bf16 in zip(nets, (False, True)):
+        net.train()
+        with counting_fused_ops() as ran, functional.bf16_activations(bf16):
+            results.append(step(net))
+    for name, p in nets[1].named_parameters():
+        if not p.stop_gradient:
+            assert p.grad.dtype == paddle.float32 and np.isfinite(p.grad.numpy()).all(), name
+    return results, ran
+
+
 def test_resnet_trunk_bf16_activations():
     """A ResNet-50-vd trunk (narrow) trains a step with bf16 activations: every convolution, BN and
     pool inside runs on its bf16 kernel and writes bf16, the trunk's outputs are fp32, its first
@@ -211,27 +228,25 @@ def test_resnet_trunk_bf16_activations():
     (Deeper features are no test: this random trunk, BN on 2 x 2 maps, moves its last stage's output
     by 31% when the fp32 input moves by 2^-9; the operators are checked one by one above.)"""
     from models.vision.resnet import ResNet   # the model package: only this test needs it
-    paddle.seed(0)
-    nets = [ResNet(depth=50, variant="d", base_channels=8, out_indices=[0, 3]) for _ in range(2)]
-    nets[1].set_state_dict(nets[0].state_dict())
     x = np.random.default_rng(6).standard_normal((2, 3, 64, 64)).astype(np.float32)
-    inside, outs = [], []
-    nets[1].layer2[0].conv1.register_forward_post_hook(lambda layer, inp, out: inside.append(out.dtype))
-    for net, bf16 in zip(nets, (False, True)):
-        net.train()
-        with counting_fused_ops() as ran, functional.bf16_activations(bf16):
-            feats = net(paddle.to_tensor(x))
-            feats[1].mean().backward()
+
+    def step(net):
+        inside = []
+        hook = net.layer2[0].conv1.register_forward_post_hook(lambda layer, inp, out: inside.append(out.dtype))
+        feats = net(paddle.to_tensor(x))
+        feats[1].mean().backward()
+        hook.remove()
         assert [f.dtype for f in feats] == [paddle.float32] * 2
-        outs.append(feats[0].numpy())
-    assert inside == [paddle.bfloat16]
+        return feats[0].numpy(), inside
+
+    paddle.seed(0)
+    (fp32, bf16), ran = fp32_and_bf16_steps(
+        lambda: ResNet(depth=50, variant="d", base_channels=8, out_indices=[0, 3]), step)
+    assert fp32[1] == [paddle.float32] and bf16[1] == [paddle.bfloat16]
     assert {"zoo_conv2d_bf16act", "zoo_bn_act", "zoo_bn_add_act", "zoo_pool2d_bf16"} <= set(ran)
     assert "zoo_conv2d" not in ran
-    err = np.linalg.norm(outs[1] - outs[0]) / np.linalg.norm(outs[0])
+    err = np.linalg.norm(bf16[0] - fp32[0]) / np.linalg.norm(fp32[0])
     assert err < 0.05, err    # 2.6% measured: 13 convolutions, each output rounded to bf16
-    for name, p in nets[1].named_parameters():
-        if not p.stop_gradient:
-            assert p.grad.dtype == paddle.float32 and np.isfinite(p.grad.numpy()).all(), name
 
 
 def test_concat_channels_bf16():
@@ -255,28 +270,17 @@ def test_deeplabv3_step_bf16_activations():
     logits and losses are fp32 and the loss within 5% of the fp32 step's (0.3-1.6% measured on five
     batches; 2^-9 of noise on the fp32 input moves it by 0.3-1.5%), the gradients fp32 and finite."""
     from models.vision.deeplabv3 import DeepLabV3   # the model package: only this test needs it
-    paddle.seed(1)
     backbone = {"name": "ResNet", "depth": 50, "variant": "d", "output_stride": 8, "multi_grid": [1, 2, 4],
                 "base_channels": 8}
-    nets = [DeepLabV3(num_classes=3, backbone=backbone, aspp_channels=16, aux_channels=16,
-                      aux_weight=0.4) for _ in range(2)]
-    nets[1].set_state_dict(nets[0].state_dict())
     rng = np.random.default_rng(5)   # its own: the batch does not depend on which tests ran before
     batch = {"image": paddle.to_tensor(rng.uniform(0, 1, (2, 3, 64, 64)).astype(np.float32)),
              "label": paddle.to_tensor(rng.integers(0, 3, (2, 64, 64)).astype(np.int64))}
-    losses = []
-    for net, bf16 in zip(nets, (False, True)):
-        net.train()
-        with counting_fused_ops() as ran, functional.bf16_activations(bf16):
-            out = net(batch)
-            out["loss"].backward()
-        assert all(v.dtype == paddle.float32 for v in out.values())
-        losses.append(float(out["loss"]))
+    paddle.seed(1)
+    losses, ran = fp32_and_bf16_steps(
+        lambda: DeepLabV3(num_classes=3, backbone=backbone, aspp_channels=16, aux_channels=16, aux_weight=0.4),
+        lambda net: _loss_step(net, batch))
     assert {"zoo_conv2d_bf16act", "zoo_bn_act", "zoo_concat_channels", "zoo_pool2d_bf16"} <= set(ran)
     assert losses[0] != losses[1] and abs(losses[1] - losses[0]) <= 0.05 * abs(losses[0]), losses
-    for name, p in nets[1].named_parameters():
-        if not p.stop_gradient:
-            assert p.grad.dtype == paddle.float32 and np.isfinite(p.grad.numpy()).all(), name
 
 
 @pytest.mark.parametrize("name", ["TSN", "StNet"])
@@ -288,29 +292,25 @@ def test_video_step_bf16_activations(name):
     the input moves by 2^-9 (bf16 moved it by 2.6-15%), so closeness would test the batch, not bf16."""
     from models.video.stnet import StNet   # the model package: only this test needs it
     from models.video.tsn import TSN
-    paddle.seed(2)
     make = {"TSN": lambda: TSN(num_classes=4, backbone={"name": "ResNet", "depth": 50, "base_channels": 8},
                                drop_rate=0.0),
             "StNet": lambda: StNet(num_classes=4, seglen=2,
                                    backbone={"name": "ResNet", "depth": 18, "base_channels": 8})}[name]
-    nets = [make(), make()]
-    nets[1].set_state_dict(nets[0].state_dict())
     channels = 3 if name == "TSN" else 6
     rng = np.random.default_rng(4)   # its own: the batch does not depend on which tests ran before
     batch = {"imgs": paddle.to_tensor(rng.uniform(-1, 1, (2, 3, channels, 64, 64)).astype(np.float32)),
              "label": paddle.to_tensor(np.array([1, 3], np.int64))}
-    losses = []
-    for net, bf16 in zip(nets, (False, True)):
-        net.train()
-        with counting_fused_ops() as ran, functional.bf16_activations(bf16):
-            out = net(dict(batch))
-            out["loss"].backward()
-        assert out["loss"].dtype == paddle.float32
-        losses.append(float(out["loss"]))
+    paddle.seed(2)
+    losses, ran = fp32_and_bf16_steps(make, lambda net: _loss_step(net, batch))
     assert {"zoo_conv2d_bf16act", "zoo_bn_act", "zoo_bn_add_act", "zoo_pool2d_bf16"} <= set(ran)
     assert losses[0] != losses[1]   # the bf16 step did compute in bf16
     if name == "TSN":
         assert abs(losses[1] - losses[0]) <= 0.05 * abs(losses[0]), losses
-    for pname, p in nets[1].named_parameters():
-        if not p.stop_gradient:
-            assert p.grad.dtype == paddle.float32 and np.isfinite(p.grad.numpy()).all(), pname
+
+
+def _loss_step(net, batch):
+    """A model's training forward and backward on `batch`; every output fp32; the loss."""
+    out = net(dict(batch))
+    out["loss"].backward()
+    assert all(v.dtype == paddle.float32 for v in out.values())
+    return float(out["loss"])

@@ -703,12 +703,26 @@ void bn_stats(const T* x, int64_t N, int64_t C, int64_t HW, float* mean, float* 
   }
 }
 
+// batch statistics (mean, invstd), the running ones updated, then y; T: the activations' type
 template <typename T>
-void bn_act_forward(const paddle::Tensor& x, const float* pg, const float* pb, const float* pmean,
-                    const float* pinv, const paddle::Tensor* res, bool relu, paddle::Tensor& y) {
+void bn_act_forward(const paddle::Tensor& x, const paddle::Tensor& g, const paddle::Tensor& be,
+                    const paddle::Tensor& rmean, const paddle::Tensor& rvar, const paddle::Tensor* res, float momentum,
+                    float eps, bool relu, paddle::Tensor& y, paddle::Tensor& mean, paddle::Tensor& invstd) {
   auto xs = x.shape();
   const int64_t N = xs[0], C = xs[1], HW = x.numel() / (N * C);
   const T* px = in<T>(x);
+  std::vector<float> var(C);
+  float* pmean = mean.data<float>();
+  float* pinv = invstd.data<float>();
+  bn_stats(px, N, C, HW, pmean, var.data());
+  float* rm = const_cast<float*>(rmean.data<float>());
+  float* rv = const_cast<float*>(rvar.data<float>());
+  for (int64_t c = 0; c < C; ++c) {
+    pinv[c] = 1.0f / std::sqrt(var[c] + eps);
+    rm[c] = flush(momentum * rm[c] + (1.0f - momentum) * pmean[c]);
+    rv[c] = flush(momentum * rv[c] + (1.0f - momentum) * var[c]);
+  }
+  const float *pg = g.data<float>(), *pb = be.data<float>();
   const T* pr = res != nullptr ? in<T>(*res) : nullptr;
   T* py = out<T>(y);
 #pragma omp parallel for collapse(2) num_threads(threads()) schedule(static)
@@ -749,31 +763,16 @@ std::vector<paddle::Tensor> BNActForwardImpl(const paddle::Tensor& x, const padd
   check(g, "scale");
   auto xs = x.shape();
   PD_CHECK(xs.size() >= 2, "BatchNorm input must be [N, C, ...]");
-  const int64_t N = xs[0], C = xs[1], HW = x.numel() / (N * C);
+  const int64_t C = xs[1];
   PD_CHECK(g.numel() == C && be.numel() == C && rmean.numel() == C && rvar.numel() == C,
            "BatchNorm parameters do not fit ", C, " channels");
   auto y = paddle::empty(xs, x.dtype(), x.place());
   auto mean = paddle::empty({C}, paddle::DataType::FLOAT32, x.place());
   auto invstd = paddle::empty({C}, paddle::DataType::FLOAT32, x.place());
-  std::vector<float> var(C);
-  float* pmean = mean.data<float>();
-  float* pinv = invstd.data<float>();
   if (is_bf16(x)) {
-    bn_stats(in<Bf16>(x), N, C, HW, pmean, var.data());
+    bn_act_forward<Bf16>(x, g, be, rmean, rvar, res, momentum, eps, relu, y, mean, invstd);
   } else {
-    bn_stats(x.data<float>(), N, C, HW, pmean, var.data());
-  }
-  float* rm = const_cast<float*>(rmean.data<float>());
-  float* rv = const_cast<float*>(rvar.data<float>());
-  for (int64_t c = 0; c < C; ++c) {
-    pinv[c] = 1.0f / std::sqrt(var[c] + eps);
-    rm[c] = flush(momentum * rm[c] + (1.0f - momentum) * pmean[c]);
-    rv[c] = flush(momentum * rv[c] + (1.0f - momentum) * var[c]);
-  }
-  if (is_bf16(x)) {
-    bn_act_forward<Bf16>(x, g.data<float>(), be.data<float>(), pmean, pinv, res, relu, y);
-  } else {
-    bn_act_forward<float>(x, g.data<float>(), be.data<float>(), pmean, pinv, res, relu, y);
+    bn_act_forward<float>(x, g, be, rmean, rvar, res, momentum, eps, relu, y, mean, invstd);
   }
   return {y, mean, invstd};
 }
@@ -897,8 +896,20 @@ int64_t pool_out(int64_t in, int64_t k, int64_t s, int64_t p, bool ceil_mode) {
   return (ceil_mode ? (span + s - 1) / s : span / s) + 1;
 }
 
+struct Span {
+  int64_t lo, hi;  // input indices [lo, hi); empty when hi <= lo
+  int64_t size() const { return hi > lo ? hi - lo : 0; }
+};
+
 struct PoolGeom {
   int64_t NC, H, W, OH, OW, kh, kw, sh, sw, ph, pw;
+  // the input rows of output row oh, and the input columns of output column ow (padding left out)
+  Span rows(int64_t oh) const { return {std::max<int64_t>(oh * sh - ph, 0), std::min(oh * sh - ph + kh, H)}; }
+  Span cols(int64_t ow) const { return {std::max<int64_t>(ow * sw - pw, 0), std::min(ow * sw - pw + kw, W)}; }
+  // what average pooling divides by: the window's cells inside the input (exclusive) or k_h * k_w
+  int64_t cells(const Span& r, const Span& c, bool exclusive) const {
+    return exclusive ? r.size() * c.size() : kh * kw;
+  }
 };
 
 PoolGeom pool_geom(const paddle::Tensor& x, const std::vector<int64_t>& k, const std::vector<int64_t>& st,
@@ -928,15 +939,15 @@ std::vector<paddle::Tensor> PoolForward(const paddle::Tensor& x, const std::vect
   for (int64_t nc = 0; nc < g.NC; ++nc) {
     const Bf16* xp = px + nc * g.H * g.W;
     for (int64_t oh = 0; oh < g.OH; ++oh) {
-      const int64_t h0 = oh * g.sh - g.ph, h1 = std::min(h0 + g.kh, g.H);
+      const Span r = g.rows(oh);
       for (int64_t ow = 0; ow < g.OW; ++ow) {
-        const int64_t w0 = ow * g.sw - g.pw, w1 = std::min(w0 + g.kw, g.W);
+        const Span c = g.cols(ow);
         const int64_t o = (nc * g.OH + oh) * g.OW + ow;
         if (is_max) {
           float best = -INFINITY;
           int32_t at = -1;
-          for (int64_t h = std::max<int64_t>(h0, 0); h < h1; ++h)
-            for (int64_t w = std::max<int64_t>(w0, 0); w < w1; ++w) {
+          for (int64_t h = r.lo; h < r.hi; ++h)
+            for (int64_t w = c.lo; w < c.hi; ++w) {
               const float v = load(xp, h * g.W + w);
               if (v > best || at < 0) best = v, at = static_cast<int32_t>(h * g.W + w);
             }
@@ -944,10 +955,9 @@ std::vector<paddle::Tensor> PoolForward(const paddle::Tensor& x, const std::vect
           pa[o] = at;
         } else {
           float sum = 0.f;
-          for (int64_t h = std::max<int64_t>(h0, 0); h < h1; ++h)
-            for (int64_t w = std::max<int64_t>(w0, 0); w < w1; ++w) sum += load(xp, h * g.W + w);
-          const int64_t cells = exclusive ? (h1 - std::max<int64_t>(h0, 0)) * (w1 - std::max<int64_t>(w0, 0))
-                                          : g.kh * g.kw;
+          for (int64_t h = r.lo; h < r.hi; ++h)
+            for (int64_t w = c.lo; w < c.hi; ++w) sum += load(xp, h * g.W + w);
+          const int64_t cells = g.cells(r, c, exclusive);
           store(py, o, cells > 0 ? flush(sum / static_cast<float>(cells)) : 0.f);
         }
       }
@@ -972,7 +982,7 @@ std::vector<paddle::Tensor> PoolBackward(const paddle::Tensor& x, const paddle::
   for (int64_t nc = 0; nc < g.NC; ++nc) {
     std::vector<float> acc(g.H * g.W, 0.f);
     for (int64_t oh = 0; oh < g.OH; ++oh) {
-      const int64_t h0 = oh * g.sh - g.ph, h1 = std::min(h0 + g.kh, g.H);
+      const Span r = g.rows(oh);
       for (int64_t ow = 0; ow < g.OW; ++ow) {
         const int64_t o = (nc * g.OH + oh) * g.OW + ow;
         const float d = load(pd, o);
@@ -980,13 +990,12 @@ std::vector<paddle::Tensor> PoolBackward(const paddle::Tensor& x, const paddle::
           if (pa[o] >= 0) acc[pa[o]] += d;
           continue;
         }
-        const int64_t w0 = ow * g.sw - g.pw, w1 = std::min(w0 + g.kw, g.W);
-        const int64_t cells = exclusive ? (h1 - std::max<int64_t>(h0, 0)) * (w1 - std::max<int64_t>(w0, 0))
-                                        : g.kh * g.kw;
+        const Span c = g.cols(ow);
+        const int64_t cells = g.cells(r, c, exclusive);
         if (cells <= 0) continue;
         const float share = d / static_cast<float>(cells);
-        for (int64_t h = std::max<int64_t>(h0, 0); h < h1; ++h)
-          for (int64_t w = std::max<int64_t>(w0, 0); w < w1; ++w) acc[h * g.W + w] += share;
+        for (int64_t h = r.lo; h < r.hi; ++h)
+          for (int64_t w = c.lo; w < c.hi; ++w) acc[h * g.W + w] += share;
       }
     }
     Bf16* o = pdx + nc * g.H * g.W;
