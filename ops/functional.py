@@ -29,7 +29,7 @@ import os
 import paddle
 
 from ops import library, reference
-from ops.paddle_attrs import batch_norm_settings, conv2d_settings, pool2d_settings
+from ops.paddle_attrs import batch_norm_settings, conv2d_settings, lstm_settings, pool2d_settings
 
 _state = {"enabled": False, "bf16": False, "route": "operands", "bf16_act": False}
 BF16_ROUTES = ("operands", "fpmath")
@@ -339,3 +339,44 @@ def concat_channels(xs):
     if xs[0].dtype == paddle.bfloat16:   # fp32 for the gradient, rounded after
         return paddle.concat([float32(x) for x in xs], axis=1).astype("bfloat16")
     return paddle.concat(xs, axis=1)
+
+
+def lstm(x, rnn, lengths=None):
+    """rnn(x, sequence_length=lengths)[0] for a paddle.nn.LSTM `rnn`: the outputs [N, T, directions x H]
+    from zero initial states (the final states are not returned). A single-layer, batch-first LSTM
+    without projection runs on oneDNN's LSTM (csrc/dnnl.cc), one call per direction, time-major; others
+    take the layer. With `lengths` [N], a sample's steps from its length on are padding, as in paddle's
+    kernel: their outputs are 0 and nothing there reaches a real step. The backward direction then runs
+    left to right over each sample's real steps reversed (oneDNN's right-to-left pass would start in the
+    padding), and its outputs are put back in order."""
+    s = lstm_settings(rnn)
+    weights = [w for direction in s.weights for w in direction if w is not None]
+    if (s.mode == "LSTM" and s.num_layers == 1 and not s.time_major and not s.proj_size and x.ndim == 3
+            and active(x, *weights) and library.state["dnnl"]):
+        return _lstm(x, s.weights, lengths)
+    return rnn(x, sequence_length=lengths)[0]
+
+
+def _lstm(x, weights, lengths):
+    def direction(inputs, w, reverse):
+        w_ih, w_hh, *biases = w
+        biases = [b for b in biases if b is not None]   # a layer built without one (paddle's kernel crashes)
+        b = paddle.add_n(biases) if biases else paddle.zeros(w_hh.shape[:1], w_hh.dtype)
+        return _run("zoo_lstm", inputs, w_ih, w_hh, b, reverse)[0]
+
+    x = x.transpose([1, 0, 2])   # time-major [T, N, C], the operator's layout
+    if lengths is None:
+        outs = [direction(x, w, reverse) for w, reverse in zip(weights, (False, True))]
+        return (outs[0] if len(outs) == 1 else paddle.concat(outs, axis=-1)).transpose([1, 0, 2])
+    steps = paddle.arange(x.shape[0], dtype="int64").unsqueeze(1)
+    ends = lengths.astype("int64").unsqueeze(0)
+    real = steps < ends   # [T, N]
+    outs = [direction(x, weights[0], False)]
+    if len(weights) == 2:
+        order = paddle.where(real, ends - 1 - steps, steps).unsqueeze(-1)   # its own inverse
+
+        def reorder(v):
+            return paddle.take_along_axis(v, order.expand(v.shape), axis=0)
+        outs.append(reorder(direction(reorder(x), weights[1], False)))
+    y = outs[0] if len(outs) == 1 else paddle.concat(outs, axis=-1)
+    return (y * real.unsqueeze(-1).astype(y.dtype)).transpose([1, 0, 2])

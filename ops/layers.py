@@ -1,10 +1,10 @@
 """What models call: the fused building blocks, on the models' own paddle layers.
 
 Each function takes the paddle layers whose parameters it uses (nn.Linear, nn.LayerNorm, nn.Conv2D,
-nn.BatchNorm2D, nn.MaxPool2D / nn.AvgPool2D), so parameter names stay the official kits' and the weights load unchanged, and
-runs one fused path or its reference (ops/functional.py decides, per call). A model calls each block
-once and has no branch of its own: the same call trains with the fused kernels, and exports or
-runs with `runtime.fast_ops: false` on plain paddle ops.
+nn.BatchNorm2D, nn.MaxPool2D / nn.AvgPool2D, nn.LSTM), so parameter names stay the official kits' and
+the weights load unchanged, and runs one fused path or its reference (ops/functional.py decides, per
+call). A model calls each block once and has no branch of its own: the same call trains with the fused
+kernels, and exports or runs with `runtime.fast_ops: false` on plain paddle ops.
 """
 import paddle
 
@@ -107,6 +107,12 @@ def concat_channels(xs):
 def float32(x):
     """x as float32: where a model's bf16 activations end (functional.bf16_activations)."""
     return fn.float32(x)
+
+
+def lstm(x, rnn, lengths=None):
+    """rnn(x, sequence_length=lengths)[0] for an nn.LSTM (outputs only), on oneDNN where
+    functional.lstm takes it."""
+    return fn.lstm(x, rnn, lengths)
 
 
 def smooth_cross_entropy(logits, labels, eps=0.0):

@@ -15,6 +15,7 @@ Conv2DSettings = namedtuple("Conv2DSettings", "stride padding dilation groups da
 Pool2DSettings = namedtuple("Pool2DSettings",
                             "is_max kernel stride padding ceil_mode exclusive divisor data_format return_mask")
 BatchNormSettings = namedtuple("BatchNormSettings", "momentum epsilon use_global_stats data_format mean variance")
+LSTMSettings = namedtuple("LSTMSettings", "mode num_layers time_major proj_size weights")
 
 
 def _read(layer, name):
@@ -60,3 +61,13 @@ def pool2d_settings(pool):
                           bool(_read(pool, "ceil_mode")), True if is_max else bool(_read(pool, "exclusive")),
                           None if is_max else _read(pool, "divisor"), _read(pool, "data_format"),
                           bool(_read(pool, "return_mask")) if is_max else False)
+
+
+def lstm_settings(rnn):
+    """paddle.nn.LSTM (RNNBase): `weights` per direction of the first layer, (weight_ih, weight_hh,
+    bias_ih, bias_hh) as the layer exposes them (None for a bias it was built without)."""
+    suffixes = ["", "_reverse"][:_read(rnn, "num_directions")]
+    names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    weights = [tuple(getattr(rnn, f"{name}_l0{suffix}", None) for name in names) for suffix in suffixes]
+    return LSTMSettings(_read(rnn, "mode"), _read(rnn, "num_layers"), _read(rnn, "time_major"),
+                        _read(rnn, "proj_size"), weights)

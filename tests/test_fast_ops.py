@@ -24,7 +24,7 @@ from models.nlp.transformer import DecoderLayer, EncoderLayer, Transformer
 from models.vision.deeplabv3 import DeepLabV3
 from models.vision.resnet import Bottleneck, ResNet
 from ops import functional, library, reference
-from ops.paddle_attrs import batch_norm_settings, conv2d_settings, layer_norm_epsilon
+from ops.paddle_attrs import batch_norm_settings, conv2d_settings, layer_norm_epsilon, lstm_settings
 from tests.conftest import BERT_PRETRAIN_DEMO
 from tests.helpers import ROOT, counting_fused_ops as _counting, fused_ops_on, nsp_majority, read_metrics, tool
 
@@ -410,6 +410,54 @@ def test_convolutions_oneDNN_would_run_on_per_thread_columns_take_paddle(monkeyp
     # (-1 would say it has no convolution) for the dilated one, whose kernel depends on the CPU
     assert library.conv_work_space((2, 64, 32, 32), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 0) >= 0
     assert library.conv_work_space((2, 6, 17, 14), (4, 6, 3, 3), (1, 1), (2, 2), (2, 2), 0) >= 0
+
+
+# (direction, lengths): AttentionLSTM's case (both directions over each sample's real steps; a sample
+# with none, one with all nine), one direction over padded samples, and both over every step
+LSTMS = [("bidirectional", [9, 3, 1, 7, 0]), ("forward", [9, 3, 1, 7, 0]), ("bidirectional", None),
+         ("forward", None)]
+
+
+@pytest.mark.parametrize("direction,lengths", LSTMS)
+def test_lstm(direction, lengths):
+    """oneDNN's LSTM (a call per direction; the backward one over each sample's real steps reversed)
+    against paddle's LSTM kernel, the one PaddleVideo's AttentionLSTM runs: the outputs (0 on padding),
+    the input's gradient and every weight's."""
+    paddle.seed(0)
+    rnn = nn.LSTM(6, 8, direction=direction)
+    x = _t(RNG.standard_normal((5, 9, 6)))
+    lens = None if lengths is None else paddle.to_tensor(lengths, dtype="int32")
+    fast, ref = (_layer_grads(lambda x: functional.lstm(x, rnn, lens), [x], on, rnn) for on in (True, False))
+    assert len(fast) == len(ref) == 2 + 4 * (1 + (direction == "bidirectional"))
+    for a, b in zip(fast, ref):
+        _close(a, b)
+    if lengths:
+        assert not fast[0][4].any() and not fast[0][1, 3:].any() and fast[0][0].all()
+
+
+def test_lstm_without_a_bias():
+    """A layer built without bias_hh (paddle 3.3.1's CPU kernel crashes on it) computes what one with
+    bias_hh = 0 computes on paddle's kernel."""
+    paddle.seed(0)
+    rnn, zero = nn.LSTM(6, 8, bias_hh_attr=False), nn.LSTM(6, 8)
+    zero.set_state_dict(dict(rnn.state_dict(), bias_hh_l0=paddle.zeros([32])))
+    x = _t(RNG.standard_normal((3, 4, 6)))
+    with functional.enabled_as(True), _counting() as ran:
+        y = functional.lstm(x, rnn)
+    assert ran == ["zoo_lstm"]
+    _close(y.numpy(), zero(x)[0].numpy())
+
+
+def test_lstms_it_does_not_cover_take_paddle():
+    """Two layers, time-major input and a projection are not in the oneDNN operator, nor is a GRU:
+    those run themselves."""
+    x = _t(RNG.standard_normal((4, 5, 6)))
+    for rnn in (nn.LSTM(6, 8, num_layers=2), nn.LSTM(6, 8, time_major=True), nn.LSTM(6, 8, proj_size=3),
+                nn.GRU(6, 8)):
+        with functional.enabled_as(True), _counting() as ran:
+            y = functional.lstm(x, rnn)
+        assert not ran
+        np.testing.assert_array_equal(y.numpy(), rnn(x)[0].numpy())
 
 
 def test_conv2d_layers_it_does_not_cover_take_paddle():
@@ -806,6 +854,13 @@ def test_paddle_private_attributes_are_read_as_the_layers_were_built():
     assert s.mean.name == state["_mean"].name and s.variance.name == state["_variance"].name
     assert batch_norm_settings(nn.BatchNorm2D(5)).use_global_stats is None
     assert abs(layer_norm_epsilon(nn.LayerNorm(4, epsilon=1e-12)) - 1e-12) < 1e-20
+    rnn = nn.LSTM(3, 4, num_layers=2, direction="bidirect", time_major=True)
+    s = lstm_settings(rnn)
+    assert (s.mode, s.num_layers, s.time_major, s.proj_size) == ("LSTM", 2, True, 0)
+    assert [[w.shape for w in d] for d in s.weights] == [[[16, 3], [16, 4], [16], [16]]] * 2
+    assert s.weights[1][1] is rnn.weight_hh_l0_reverse and s.weights[0][3] is rnn.bias_hh_l0
+    assert lstm_settings(nn.LSTM(3, 4, proj_size=2)).proj_size == 2
+    assert lstm_settings(nn.LSTM(3, 4, bias_hh_attr=False)).weights[0][3] is None
 
 
 def test_models_use_the_layer_package_not_its_switches():

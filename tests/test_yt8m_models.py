@@ -138,9 +138,9 @@ def test_attention_lstm_matches_official_golden(golden_lstm, op_path):
     batch = {k: ref[k] for k in ("rgb", "rgb_len", "rgb_mask", "audio", "audio_len", "audio_mask")}
     assert batch["rgb_mask"].ndim == 3  # FeatureDecoder's [B,T,D] mask layout is accepted
     out = run(model, batch)
-    # the FC layers through the layer package: oneDNN's GEMM, bias + activation in one kernel (the
-    # LSTMs are paddle's own operator)
-    op_path.check("zoo_matmul", "zoo_bias_act", "zoo_bias_dropout")
+    # the FC layers through the layer package (oneDNN's GEMM, bias + activation in one kernel), the
+    # LSTMs on oneDNN's
+    op_path.check("zoo_matmul", "zoo_bias_act", "zoo_bias_dropout", "zoo_lstm")
     for key in ("logits", "probs"):
         golden_close(out[key], ref[key])
     # our collate's [B,T] mask, and lengths alone, give the same answer

@@ -63,8 +63,7 @@ class AttentionLstmHead(nn.Layer):
     def attend(self, i, x, lengths, mask, use_mask):
         """Attention pooling of one modality; padded frames get zero weight when use_mask."""
         emb = paddle.tanh(ops.linear(x, getattr(self, f"fc_feature{i}")))
-        lstm = getattr(self, f"bi_lstm{i}")
-        out, _ = lstm(emb, sequence_length=lengths.astype("int32") if use_mask else None)
+        out = ops.lstm(emb, getattr(self, f"bi_lstm{i}"), lengths.astype("int32") if use_mask else None)
         out = self.dropout(out)  # PaddleVideo drops before the attention fc and uses the dropped output
         score = ops.linear(out, getattr(self, f"att_fc{i}")).squeeze(-1)  # [B, T]
         if use_mask:

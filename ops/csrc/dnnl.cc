@@ -613,6 +613,137 @@ std::vector<paddle::DataType> ConvActInferDtype(const paddle::DataType& x, const
   return {paddle::DataType::BFLOAT16};
 }
 
+// ==================================================================================== LSTM
+// One direction of a single-layer LSTM for training, from zero states, on time-major x [T, N, C]
+// (oneDNN's tnc layout: its backward on batch-first ntc took twice the time). Paddle's CPU LSTM (its
+// rnn kernel: MKL GEMMs and the gate functions step by step) is the slower: AttentionLSTM's training
+// step 5.1-5.7 -> 3.9-4.5 s (amd-zen3, 2 threads; there oneDNN 3.6 trains an LSTM with its reference
+// implementation, "ref": its JIT LSTM kernels on AVX2 serve inference only). The weights stay
+// paddle's: weight_ih [4H, C] and weight_hh [4H, H] with the gates in paddle's order i, f, g, o, which
+// is oneDNN's, are its `ldgoi` layout; b = bias_ih + bias_hh. `reverse` runs right to left over all T
+// steps; per-sample lengths are the caller's (functional.lstm). Outputs: y [T, N, H] and the
+// primitive's work space (uint8), which the backward reads. Float32 only: oneDNN's bf16 LSTM needs
+// AVX512_BF16 (issue 43, not measured yet).
+struct LstmPlan {
+  memory::desc x, y, w_ih, w_hh, b, state;   // paddle's layouts; `state`: h0 or c0 [1, 1, N, H]
+  dnnl::lstm_forward::primitive_desc fwd;
+  dnnl::lstm_backward::primitive_desc bwd;
+  dnnl::lstm_forward fwd_prim;
+  dnnl::lstm_backward bwd_prim;
+};
+
+// Call inside Context::enter().
+const LstmPlan& lstm_plan(int64_t n, int64_t t, int64_t c, int64_t h, bool reverse, int nthreads) {
+  std::string key = "lstm|t" + std::to_string(nthreads) + (reverse ? "|r" : "|l");
+  for (int64_t d : {n, t, c, h}) key += "," + std::to_string(d);
+  return Context::get().cached<LstmPlan>(key, [&]() {
+    using Tag = memory::format_tag;
+    const auto f32 = memory::data_type::f32;
+    auto p = std::make_shared<LstmPlan>();
+    p->x = memory::desc({t, n, c}, f32, Tag::tnc);
+    p->y = memory::desc({t, n, h}, f32, Tag::tnc);
+    p->w_ih = memory::desc({1, 1, c, 4, h}, f32, Tag::ldgoi);
+    p->w_hh = memory::desc({1, 1, h, 4, h}, f32, Tag::ldgoi);
+    p->b = memory::desc({1, 1, 4, h}, f32, Tag::ldgo);
+    p->state = memory::desc({1, 1, n, h}, f32, Tag::ldnc);
+    const memory::desc wl(p->w_ih.get_dims(), f32, Tag::any), wi(p->w_hh.get_dims(), f32, Tag::any), none;
+    const auto dir = reverse ? dnnl::rnn_direction::unidirectional_right2left
+                             : dnnl::rnn_direction::unidirectional_left2right;
+    const dnnl::engine& eng = Context::get().engine();
+    // zero initial states given as memory: with none (oneDNN's zero states) its reference backward on tnc
+    // data takes the first output for h0 in the left-to-right weight_hh gradient; final states not written
+    const memory::desc& st = p->state;
+    p->fwd = dnnl::lstm_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, dir, p->x, st, st, wl, wi,
+                                                p->b, p->y, none, none);
+    p->bwd = dnnl::lstm_backward::primitive_desc(eng, dnnl::prop_kind::backward, dir, p->x, st, st, wl, wi, p->b,
+                                                 p->y, none, none, p->x, st, st, wl, wi, p->b, p->y, none, none,
+                                                 p->fwd);
+    p->fwd_prim = dnnl::lstm_forward(p->fwd);
+    p->bwd_prim = dnnl::lstm_backward(p->bwd);
+    return p;
+  });
+}
+
+void check_lstm(const paddle::Tensor& x, const paddle::Tensor& w_ih, const paddle::Tensor& w_hh,
+                const paddle::Tensor& b) {
+  for (const auto* t : {&x, &w_ih, &w_hh, &b}) check_f32_cpu(*t, "an LSTM operand");
+  const int64_t h = w_hh.shape().size() == 2 ? w_hh.shape()[1] : -1;
+  PD_CHECK(x.shape().size() == 3 && w_ih.shape() == std::vector<int64_t>({4 * h, x.shape()[2]}) &&
+               w_hh.shape() == std::vector<int64_t>({4 * h, h}) && b.shape() == std::vector<int64_t>({4 * h}),
+           "LSTM: x [T, N, C], weight_ih [4H, C], weight_hh [4H, H] and bias [4H] expected");
+}
+
+memory zeroed(memory m) {
+  std::memset(m.get_data_handle(), 0, m.get_desc().get_size());
+  return m;
+}
+
+std::vector<paddle::Tensor> LstmForward(const paddle::Tensor& x, const paddle::Tensor& w_ih,
+                                        const paddle::Tensor& w_hh, const paddle::Tensor& b, bool reverse) {
+  check_lstm(x, w_ih, w_hh, b);
+  int nt;
+  auto lock = Context::get().enter(&nt);
+  const auto& xs = x.shape();
+  const int64_t h = w_hh.shape()[1];
+  const LstmPlan& p = lstm_plan(xs[1], xs[0], xs[2], h, reverse, nt);
+  auto y = paddle::empty({xs[0], xs[1], h}, x.dtype(), x.place());
+  auto ws = paddle::empty({static_cast<int64_t>(p.fwd.workspace_desc().get_size())}, paddle::DataType::UINT8,
+                          x.place());
+  auto& s = Context::get().stream();
+  memory wl = as(wrap(p.w_ih, w_ih), p.fwd.weights_layer_desc());
+  memory wi = as(wrap(p.w_hh, w_hh), p.fwd.weights_iter_desc());
+  const auto zero = paddle::full({xs[1], h}, 0.0f, x.dtype(), x.place());
+  p.fwd_prim.execute(s, {{DNNL_ARG_SRC_LAYER, wrap(p.x, x)}, {DNNL_ARG_SRC_ITER, wrap(p.state, zero)},
+                         {DNNL_ARG_SRC_ITER_C, wrap(p.state, zero)}, {DNNL_ARG_WEIGHTS_LAYER, wl}, {DNNL_ARG_WEIGHTS_ITER, wi},
+                         {DNNL_ARG_BIAS, wrap(p.b, b)}, {DNNL_ARG_DST_LAYER, wrap(p.y, y)},
+                         {DNNL_ARG_WORKSPACE, wrap(p.fwd.workspace_desc(), ws)}});
+  s.wait();
+  return {y, ws};
+}
+
+std::vector<paddle::Tensor> LstmBackward(const paddle::Tensor& x, const paddle::Tensor& w_ih,
+                                         const paddle::Tensor& w_hh, const paddle::Tensor& b, const paddle::Tensor& y,
+                                         const paddle::Tensor& ws, const paddle::Tensor& dy, bool reverse) {
+  check_f32_cpu(dy, "the LSTM output's gradient");
+  int nt;
+  auto lock = Context::get().enter(&nt);
+  const auto& xs = x.shape();
+  const int64_t h = w_hh.shape()[1];
+  const LstmPlan& p = lstm_plan(xs[1], xs[0], xs[2], h, reverse, nt);
+  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto dw_ih = paddle::empty(w_ih.shape(), w_ih.dtype(), w_ih.place());
+  auto dw_hh = paddle::empty(w_hh.shape(), w_hh.dtype(), w_hh.place());
+  auto db = paddle::empty(b.shape(), b.dtype(), b.place());
+  auto& s = Context::get().stream();
+  memory wl = as(wrap(p.w_ih, w_ih), p.bwd.weights_layer_desc());
+  memory wi = as(wrap(p.w_hh, w_hh), p.bwd.weights_iter_desc());
+  // oneDNN adds the weight gradients to what its buffers hold: they start at zero
+  memory dwl_u = wrap(p.w_ih, dw_ih), dwi_u = wrap(p.w_hh, dw_hh);
+  memory dwl = zeroed(out_for(dwl_u, p.bwd.diff_weights_layer_desc()));
+  memory dwi = zeroed(out_for(dwi_u, p.bwd.diff_weights_iter_desc()));
+  const auto zero = paddle::full({xs[1], h}, 0.0f, x.dtype(), x.place());
+  auto d_state = paddle::empty({2, xs[1], h}, x.dtype(), x.place());   // the initial states' gradients: unused
+  memory dh0(p.state, Context::get().engine(), d_state.data<float>());
+  memory dc0(p.state, Context::get().engine(), d_state.data<float>() + xs[1] * h);
+  p.bwd_prim.execute(s, {{DNNL_ARG_SRC_LAYER, wrap(p.x, x)}, {DNNL_ARG_SRC_ITER, wrap(p.state, zero)},
+                         {DNNL_ARG_SRC_ITER_C, wrap(p.state, zero)}, {DNNL_ARG_DIFF_SRC_ITER, dh0},
+                         {DNNL_ARG_DIFF_SRC_ITER_C, dc0}, {DNNL_ARG_WEIGHTS_LAYER, wl}, {DNNL_ARG_WEIGHTS_ITER, wi},
+                         {DNNL_ARG_BIAS, wrap(p.b, b)}, {DNNL_ARG_DST_LAYER, wrap(p.y, y)},
+                         {DNNL_ARG_WORKSPACE, wrap(p.bwd.workspace_desc(), ws)},
+                         {DNNL_ARG_DIFF_DST_LAYER, wrap(p.y, dy)}, {DNNL_ARG_DIFF_SRC_LAYER, wrap(p.x, dx)},
+                         {DNNL_ARG_DIFF_WEIGHTS_LAYER, dwl}, {DNNL_ARG_DIFF_WEIGHTS_ITER, dwi},
+                         {DNNL_ARG_DIFF_BIAS, zeroed(wrap(p.b, db))}});
+  finish(dwl, dwl_u);
+  finish(dwi, dwi_u);
+  s.wait();
+  return {dx, dw_ih, dw_hh, db};
+}
+
+std::vector<paddle::DataType> LstmInferDtype(const paddle::DataType& x, const paddle::DataType& w_ih,
+                                             const paddle::DataType& w_hh, const paddle::DataType& b) {
+  return {x, paddle::DataType::UINT8};
+}
+
 }  // namespace zoo_dnnl
 
 extern "C" {
@@ -717,3 +848,15 @@ PD_BUILD_GRAD_OP(zoo_conv2d_bf16)
     .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
             "need_dx: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvBf16Backward));
+
+PD_BUILD_OP(zoo_lstm)
+    .Inputs({"X", "WeightIh", "WeightHh", "Bias"})
+    .Outputs({"Out", "Workspace"})
+    .Attrs({"reverse: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::LstmForward))
+    .SetInferDtypeFn(PD_INFER_DTYPE(zoo_dnnl::LstmInferDtype));
+PD_BUILD_GRAD_OP(zoo_lstm)
+    .Inputs({"X", "WeightIh", "WeightHh", "Bias", "Out", "Workspace", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("WeightIh"), paddle::Grad("WeightHh"), paddle::Grad("Bias")})
+    .Attrs({"reverse: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::LstmBackward));
