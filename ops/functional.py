@@ -364,19 +364,23 @@ def _lstm(x, weights, lengths):
         b = paddle.add_n(biases) if biases else paddle.zeros(w_hh.shape[:1], w_hh.dtype)
         return _run("zoo_lstm", inputs, w_ih, w_hh, b, reverse)[0]
 
-    x = x.transpose([1, 0, 2])   # time-major [T, N, C], the operator's layout
-    if lengths is None:
-        outs = [direction(x, w, reverse) for w, reverse in zip(weights, (False, True))]
-        return (outs[0] if len(outs) == 1 else paddle.concat(outs, axis=-1)).transpose([1, 0, 2])
-    steps = paddle.arange(x.shape[0], dtype="int64").unsqueeze(1)
-    ends = lengths.astype("int64").unsqueeze(0)
-    real = steps < ends   # [T, N]
-    outs = [direction(x, weights[0], False)]
-    if len(weights) == 2:
-        order = paddle.where(real, ends - 1 - steps, steps).unsqueeze(-1)   # its own inverse
+    n, t = x.shape[0], x.shape[1]
+    if lengths is None:   # the operator's layout is time-major [T, N, C]
+        outs = [direction(x.transpose([1, 0, 2]), w, reverse) for w, reverse in zip(weights, (False, True))]
+        return paddle.concat(outs, axis=-1).transpose([1, 0, 2])
+    # Moving rows by index (gathers) rather than by index tensors of the data's shape: what the
+    # backward keeps of a move is its [N x T] index alone.
+    steps = paddle.arange(t, dtype="int64").unsqueeze(0)
+    ends, batch = lengths.astype("int64").unsqueeze(1), paddle.arange(n, dtype="int64").unsqueeze(1)
+    real = steps < ends                                             # [N, T]
+    back = paddle.where(real, ends - 1 - steps, steps)             # each sample's real steps reversed
 
-        def reorder(v):
-            return paddle.take_along_axis(v, order.expand(v.shape), axis=0)
-        outs.append(reorder(direction(reorder(x), weights[1], False)))
-    y = outs[0] if len(outs) == 1 else paddle.concat(outs, axis=-1)
-    return (y * real.unsqueeze(-1).astype(y.dtype)).transpose([1, 0, 2])
+    def batch_first(y, step):
+        """y [T, N, H] to [N, T, H]: position (b, s) takes y[step[b, s], b], or 0 on padding."""
+        rows = paddle.concat([y.reshape([t * n, -1]), paddle.zeros([1, y.shape[-1]], y.dtype)])
+        return paddle.gather(rows, paddle.where(real, step * n + batch, t * n).reshape([-1])).reshape([n, t, -1])
+    outs = [batch_first(direction(x.transpose([1, 0, 2]), weights[0], False), steps.expand([n, t]))]
+    if len(weights) == 2:
+        reversed_x = paddle.gather(x.reshape([n * t, -1]), (back + batch * t).transpose([1, 0]).reshape([-1]))
+        outs.append(batch_first(direction(reversed_x.reshape([t, n, -1]), weights[1], False), back))
+    return outs[0] if len(outs) == 1 else paddle.concat(outs, axis=-1)
