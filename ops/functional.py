@@ -365,8 +365,9 @@ def _lstm(x, weights, lengths):
         return _run("zoo_lstm", inputs, w_ih, w_hh, b, reverse)[0]
 
     n, t = x.shape[0], x.shape[1]
-    if lengths is None:   # the operator's layout is time-major [T, N, C]
-        outs = [direction(x.transpose([1, 0, 2]), w, reverse) for w, reverse in zip(weights, (False, True))]
+    time_major = x.transpose([1, 0, 2])   # [T, N, C], the operator's layout
+    if lengths is None:
+        outs = [direction(time_major, w, reverse) for w, reverse in zip(weights, (False, True))]
         return paddle.concat(outs, axis=-1).transpose([1, 0, 2])
     # Moving rows by index (gathers) rather than by index tensors of the data's shape: what the
     # backward keeps of a move is its [N x T] index alone.
@@ -379,7 +380,7 @@ def _lstm(x, weights, lengths):
         """y [T, N, H] to [N, T, H]: position (b, s) takes y[step[b, s], b], or 0 on padding."""
         rows = paddle.concat([y.reshape([t * n, -1]), paddle.zeros([1, y.shape[-1]], y.dtype)])
         return paddle.gather(rows, paddle.where(real, step * n + batch, t * n).reshape([-1])).reshape([n, t, -1])
-    outs = [batch_first(direction(x.transpose([1, 0, 2]), weights[0], False), steps.expand([n, t]))]
+    outs = [batch_first(direction(time_major, weights[0], False), steps.expand([n, t]))]
     if len(weights) == 2:
         reversed_x = paddle.gather(x.reshape([n * t, -1]), (back + batch * t).transpose([1, 0]).reshape([-1]))
         outs.append(batch_first(direction(reversed_x.reshape([t, n, -1]), weights[1], False), back))

@@ -694,8 +694,8 @@ std::vector<paddle::Tensor> LstmForward(const paddle::Tensor& x, const paddle::T
   memory wi = as(wrap(p.w_hh, w_hh), p.fwd.weights_iter_desc());
   const auto zero = paddle::full({xs[1], h}, 0.0f, x.dtype(), x.place());
   p.fwd_prim.execute(s, {{DNNL_ARG_SRC_LAYER, wrap(p.x, x)}, {DNNL_ARG_SRC_ITER, wrap(p.state, zero)},
-                         {DNNL_ARG_SRC_ITER_C, wrap(p.state, zero)}, {DNNL_ARG_WEIGHTS_LAYER, wl}, {DNNL_ARG_WEIGHTS_ITER, wi},
-                         {DNNL_ARG_BIAS, wrap(p.b, b)}, {DNNL_ARG_DST_LAYER, wrap(p.y, y)},
+                         {DNNL_ARG_SRC_ITER_C, wrap(p.state, zero)}, {DNNL_ARG_WEIGHTS_LAYER, wl},
+                         {DNNL_ARG_WEIGHTS_ITER, wi}, {DNNL_ARG_BIAS, wrap(p.b, b)}, {DNNL_ARG_DST_LAYER, wrap(p.y, y)},
                          {DNNL_ARG_WORKSPACE, wrap(p.fwd.workspace_desc(), ws)}});
   s.wait();
   return {y, ws};
@@ -722,12 +722,12 @@ std::vector<paddle::Tensor> LstmBackward(const paddle::Tensor& x, const paddle::
   memory dwl = zeroed(out_for(dwl_u, p.bwd.diff_weights_layer_desc()));
   memory dwi = zeroed(out_for(dwi_u, p.bwd.diff_weights_iter_desc()));
   const auto zero = paddle::full({xs[1], h}, 0.0f, x.dtype(), x.place());
-  auto d_state = paddle::empty({2, xs[1], h}, x.dtype(), x.place());   // the initial states' gradients: unused
-  memory dh0(p.state, Context::get().engine(), d_state.data<float>());
-  memory dc0(p.state, Context::get().engine(), d_state.data<float>() + xs[1] * h);
+  // the initial states' gradients (unused)
+  const auto dh0 = paddle::empty({xs[1], h}, x.dtype(), x.place()), dc0 = paddle::empty_like(dh0);
   p.bwd_prim.execute(s, {{DNNL_ARG_SRC_LAYER, wrap(p.x, x)}, {DNNL_ARG_SRC_ITER, wrap(p.state, zero)},
-                         {DNNL_ARG_SRC_ITER_C, wrap(p.state, zero)}, {DNNL_ARG_DIFF_SRC_ITER, dh0},
-                         {DNNL_ARG_DIFF_SRC_ITER_C, dc0}, {DNNL_ARG_WEIGHTS_LAYER, wl}, {DNNL_ARG_WEIGHTS_ITER, wi},
+                         {DNNL_ARG_SRC_ITER_C, wrap(p.state, zero)}, {DNNL_ARG_DIFF_SRC_ITER, wrap(p.state, dh0)},
+                         {DNNL_ARG_DIFF_SRC_ITER_C, wrap(p.state, dc0)}, {DNNL_ARG_WEIGHTS_LAYER, wl},
+                         {DNNL_ARG_WEIGHTS_ITER, wi},
                          {DNNL_ARG_BIAS, wrap(p.b, b)}, {DNNL_ARG_DST_LAYER, wrap(p.y, y)},
                          {DNNL_ARG_WORKSPACE, wrap(p.bwd.workspace_desc(), ws)},
                          {DNNL_ARG_DIFF_DST_LAYER, wrap(p.y, dy)}, {DNNL_ARG_DIFF_SRC_LAYER, wrap(p.x, dx)},
