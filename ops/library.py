@@ -30,6 +30,7 @@ log = logging.getLogger("zoo")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, "csrc", name) for name in ("ops.cc", "dnnl.cc")]
+HEADERS = [os.path.join(HERE, "csrc", "bf16.h")]   # included by the sources: part of the library's key
 DNNL = "libdnnl.so.3"
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-w", "-DNDEBUG",
             "-DPADDLE_WITH_CUSTOM_KERNEL", "-DPADDLE_EXTENSION_NAME=zoo_fast_ops", "-D_GLIBCXX_USE_CXX11_ABI=1"]
@@ -106,7 +107,7 @@ def compile_commands(out):
 def library_path():
     """Where this source, paddle build and CPU's library lives (built or not)."""
     digest = hashlib.sha256()
-    for src in sources():
+    for src in sources() + HEADERS:
         with open(src, "rb") as f:
             digest.update(f.read())
     digest.update((" ".join(CXXFLAGS) + " link: libiomp5 libdnnl").encode())

@@ -433,6 +433,11 @@ def test_lstm(direction, lengths):
         _close(a, b)
     if lengths:
         assert not fast[0][4].any() and not fast[0][1, 3:].any() and fast[0][0].all()
+    # without gradients (evaluation): oneDNN's inference LSTM, which keeps no work space
+    with paddle.no_grad(), functional.enabled_as(True), _counting() as ran:
+        y = functional.lstm(x, rnn, lens)
+    assert ran == ["zoo_lstm_infer"] * (1 + (direction == "bidirectional")), ran
+    _close(y.numpy(), ref[0])
 
 
 def test_lstm_without_a_bias():
@@ -632,6 +637,16 @@ def test_a_corrupt_cached_library_is_one_warning_line(monkeypatch, tmp_path, cap
     warnings = [r.getMessage() for r in caplog.records if "not available" in r.getMessage()]
     assert len(warnings) == 1 and path in warnings[0] and "\n" not in warnings[0], warnings
     monkeypatch.setitem(library.state, "loaded", True)
+
+
+def test_a_changed_header_builds_a_new_library(monkeypatch, tmp_path):
+    """csrc/bf16.h is compiled into both sources: editing it alone must not reuse a cached build."""
+    header = tmp_path / "bf16.h"
+    header.write_bytes(open(library.HEADERS[0], "rb").read())
+    monkeypatch.setattr(library, "HEADERS", [str(header)])
+    before = library.library_path()
+    header.write_text(header.read_text() + "// edited\n")
+    assert library.library_path() != before
 
 
 def test_without_onednn_headers_matmul_and_conv_take_paddle(monkeypatch, caplog):

@@ -139,8 +139,8 @@ def test_attention_lstm_matches_official_golden(golden_lstm, op_path):
     assert batch["rgb_mask"].ndim == 3  # FeatureDecoder's [B,T,D] mask layout is accepted
     out = run(model, batch)
     # the FC layers through the layer package (oneDNN's GEMM, bias + activation in one kernel), the
-    # LSTMs on oneDNN's
-    op_path.check("zoo_matmul", "zoo_bias_act", "zoo_bias_dropout", "zoo_lstm")
+    # LSTMs on oneDNN's inference LSTM (no gradients here; tests/test_fast_ops.py checks the training one)
+    op_path.check("zoo_matmul", "zoo_bias_act", "zoo_bias_dropout", "zoo_lstm_infer")
     for key in ("logits", "probs"):
         golden_close(out[key], ref[key])
     # our collate's [B,T] mask, and lengths alone, give the same answer

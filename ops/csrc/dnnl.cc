@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "bf16.h"
 #include "paddle/extension.h"
 
 // The library is the paddle wheel's (oneDNN 3.6, built without the experimental sparse API); the
@@ -156,17 +157,8 @@ bool bf16_native() {
   return (isa & want) == want;
 }
 
-inline uint16_t bf16_round(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  if ((u & 0x7f800000u) == 0) return static_cast<uint16_t>((u >> 16) & 0x8000u);  // subnormal: signed zero
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-// dst[i] = bf16(src[i]), round to nearest even; subnormals become zero as the hardware conversion
-// (vcvtneps2bf16, used where the CPU has it) does.
+// dst[i] = bf16(src[i]): the hardware conversion (vcvtneps2bf16) where the CPU has it, else bf16.h's,
+// which rounds alike (nearest even, a subnormal to zero).
 void to_bf16(const float* src, uint16_t* dst, int64_t n, int nthreads) {
   constexpr int64_t kChunk = 1 << 14;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
@@ -180,7 +172,7 @@ void to_bf16(const float* src, uint16_t* dst, int64_t n, int nthreads) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<__m256i&>(h));
     }
 #endif
-    for (; i < hi; ++i) dst[i] = bf16_round(src[i]);
+    for (; i < hi; ++i) dst[i] = zoo_bf16::bits(src[i]);
   }
 }
 
@@ -614,7 +606,7 @@ std::vector<paddle::DataType> ConvActInferDtype(const paddle::DataType& x, const
 }
 
 // ==================================================================================== LSTM
-// One direction of a single-layer LSTM for training, from zero states, on time-major x [T, N, C]
+// One direction of a single-layer LSTM, from zero states, on time-major x [T, N, C]
 // (oneDNN's tnc layout: its backward on batch-first ntc took twice the time). Paddle's CPU LSTM (its
 // rnn kernel: MKL GEMMs and the gate functions step by step) is the slower: AttentionLSTM's training
 // step 5.1-5.7 -> 3.9-4.5 s (amd-zen3, 2 threads; there oneDNN 3.6 trains an LSTM with its reference
@@ -624,17 +616,20 @@ std::vector<paddle::DataType> ConvActInferDtype(const paddle::DataType& x, const
 // steps; per-sample lengths are the caller's (functional.lstm). Outputs: y [T, N, H] and the
 // primitive's work space (uint8), which the backward reads. Float32 only: oneDNN's bf16 LSTM needs
 // AVX512_BF16 (issue 43, not measured yet).
+// Without gradients (evaluation, `zoo_lstm_infer`) the plan is oneDNN's forward_inference, which has
+// JIT kernels on AVX2 too (brgemm) and no work space.
 struct LstmPlan {
   memory::desc x, y, w_ih, w_hh, b, state;   // paddle's layouts; `state`: h0 or c0 [1, 1, N, H]
   dnnl::lstm_forward::primitive_desc fwd;
-  dnnl::lstm_backward::primitive_desc bwd;
+  dnnl::lstm_backward::primitive_desc bwd;   // training plans only
   dnnl::lstm_forward fwd_prim;
   dnnl::lstm_backward bwd_prim;
 };
 
 // Call inside Context::enter().
-const LstmPlan& lstm_plan(int64_t n, int64_t t, int64_t c, int64_t h, bool reverse, int nthreads) {
-  std::string key = "lstm|t" + std::to_string(nthreads) + (reverse ? "|r" : "|l");
+const LstmPlan& lstm_plan(int64_t n, int64_t t, int64_t c, int64_t h, bool reverse, int nthreads,
+                          bool training = true) {
+  std::string key = "lstm|t" + std::to_string(nthreads) + (reverse ? "|r" : "|l") + (training ? "|train" : "|infer");
   for (int64_t d : {n, t, c, h}) key += "," + std::to_string(d);
   return Context::get().cached<LstmPlan>(key, [&]() {
     using Tag = memory::format_tag;
@@ -653,12 +648,13 @@ const LstmPlan& lstm_plan(int64_t n, int64_t t, int64_t c, int64_t h, bool rever
     // zero initial states given as memory: with none (oneDNN's zero states) its reference backward on tnc
     // data takes the first output for h0 in the left-to-right weight_hh gradient; final states not written
     const memory::desc& st = p->state;
-    p->fwd = dnnl::lstm_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, dir, p->x, st, st, wl, wi,
-                                                p->b, p->y, none, none);
+    const auto prop = training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
+    p->fwd = dnnl::lstm_forward::primitive_desc(eng, prop, dir, p->x, st, st, wl, wi, p->b, p->y, none, none);
+    p->fwd_prim = dnnl::lstm_forward(p->fwd);
+    if (!training) return p;
     p->bwd = dnnl::lstm_backward::primitive_desc(eng, dnnl::prop_kind::backward, dir, p->x, st, st, wl, wi, p->b,
                                                  p->y, none, none, p->x, st, st, wl, wi, p->b, p->y, none, none,
                                                  p->fwd);
-    p->fwd_prim = dnnl::lstm_forward(p->fwd);
     p->bwd_prim = dnnl::lstm_backward(p->bwd);
     return p;
   });
@@ -678,27 +674,45 @@ memory zeroed(memory m) {
   return m;
 }
 
-std::vector<paddle::Tensor> LstmForward(const paddle::Tensor& x, const paddle::Tensor& w_ih,
-                                        const paddle::Tensor& w_hh, const paddle::Tensor& b, bool reverse) {
+// y, and the work space when `training`
+std::vector<paddle::Tensor> lstm_forward(const paddle::Tensor& x, const paddle::Tensor& w_ih,
+                                         const paddle::Tensor& w_hh, const paddle::Tensor& b, bool reverse,
+                                         bool training) {
   check_lstm(x, w_ih, w_hh, b);
   int nt;
   auto lock = Context::get().enter(&nt);
   const auto& xs = x.shape();
   const int64_t h = w_hh.shape()[1];
-  const LstmPlan& p = lstm_plan(xs[1], xs[0], xs[2], h, reverse, nt);
+  const LstmPlan& p = lstm_plan(xs[1], xs[0], xs[2], h, reverse, nt, training);
   auto y = paddle::empty({xs[0], xs[1], h}, x.dtype(), x.place());
-  auto ws = paddle::empty({static_cast<int64_t>(p.fwd.workspace_desc().get_size())}, paddle::DataType::UINT8,
-                          x.place());
   auto& s = Context::get().stream();
   memory wl = as(wrap(p.w_ih, w_ih), p.fwd.weights_layer_desc());
   memory wi = as(wrap(p.w_hh, w_hh), p.fwd.weights_iter_desc());
   const auto zero = paddle::full({xs[1], h}, 0.0f, x.dtype(), x.place());
-  p.fwd_prim.execute(s, {{DNNL_ARG_SRC_LAYER, wrap(p.x, x)}, {DNNL_ARG_SRC_ITER, wrap(p.state, zero)},
-                         {DNNL_ARG_SRC_ITER_C, wrap(p.state, zero)}, {DNNL_ARG_WEIGHTS_LAYER, wl},
-                         {DNNL_ARG_WEIGHTS_ITER, wi}, {DNNL_ARG_BIAS, wrap(p.b, b)}, {DNNL_ARG_DST_LAYER, wrap(p.y, y)},
-                         {DNNL_ARG_WORKSPACE, wrap(p.fwd.workspace_desc(), ws)}});
+  std::unordered_map<int, memory> args = {
+      {DNNL_ARG_SRC_LAYER, wrap(p.x, x)},         {DNNL_ARG_SRC_ITER, wrap(p.state, zero)},
+      {DNNL_ARG_SRC_ITER_C, wrap(p.state, zero)}, {DNNL_ARG_WEIGHTS_LAYER, wl},
+      {DNNL_ARG_WEIGHTS_ITER, wi},                {DNNL_ARG_BIAS, wrap(p.b, b)},
+      {DNNL_ARG_DST_LAYER, wrap(p.y, y)}};
+  std::vector<paddle::Tensor> outs = {y};
+  if (training) {
+    outs.push_back(paddle::empty({static_cast<int64_t>(p.fwd.workspace_desc().get_size())}, paddle::DataType::UINT8,
+                                 x.place()));
+    args[DNNL_ARG_WORKSPACE] = wrap(p.fwd.workspace_desc(), outs.back());
+  }
+  p.fwd_prim.execute(s, args);
   s.wait();
-  return {y, ws};
+  return outs;
+}
+
+std::vector<paddle::Tensor> LstmForward(const paddle::Tensor& x, const paddle::Tensor& w_ih,
+                                        const paddle::Tensor& w_hh, const paddle::Tensor& b, bool reverse) {
+  return lstm_forward(x, w_ih, w_hh, b, reverse, true);
+}
+
+std::vector<paddle::Tensor> LstmInfer(const paddle::Tensor& x, const paddle::Tensor& w_ih,
+                                      const paddle::Tensor& w_hh, const paddle::Tensor& b, bool reverse) {
+  return lstm_forward(x, w_ih, w_hh, b, reverse, false);
 }
 
 std::vector<paddle::Tensor> LstmBackward(const paddle::Tensor& x, const paddle::Tensor& w_ih,
@@ -855,6 +869,11 @@ PD_BUILD_OP(zoo_lstm)
     .Attrs({"reverse: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::LstmForward))
     .SetInferDtypeFn(PD_INFER_DTYPE(zoo_dnnl::LstmInferDtype));
+PD_BUILD_OP(zoo_lstm_infer)
+    .Inputs({"X", "WeightIh", "WeightHh", "Bias"})
+    .Outputs({"Out"})
+    .Attrs({"reverse: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::LstmInfer));
 PD_BUILD_GRAD_OP(zoo_lstm)
     .Inputs({"X", "WeightIh", "WeightHh", "Bias", "Out", "Workspace", paddle::Grad("Out")})
     .Outputs({paddle::Grad("X"), paddle::Grad("WeightIh"), paddle::Grad("WeightHh"), paddle::Grad("Bias")})

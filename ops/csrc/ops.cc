@@ -9,7 +9,8 @@
 // No kernel writes a subnormal float (|v| < 2^-126) where the exact result is below float32's normal
 // range: it writes 0 instead (`flush`, and `fast_exp` is 0 below ln 2^-126). Intel cores compute on
 // subnormal operands 70-100x slower, and one such value in a softmax row reaches every GEMM after it
-// (benchmarks/denormals.py measures it). Inputs that already are subnormal pass through unchanged; the
+// (benchmarks/denormals.py measures it). Float32 inputs that already are subnormal pass through unchanged
+// (a bf16 output is never subnormal: bf16.h); the
 // process-wide guard (flush-to-zero and denormals-are-zero, `runtime.flush_denormals`, engine/cpu.py)
 // treats those, and is applied to the calling thread on every operator call (`zoo_apply_fp_mode`).
 //
@@ -30,6 +31,7 @@
 #include <numeric>
 #include <vector>
 
+#include "bf16.h"
 #include "paddle/extension.h"
 
 // ------------------------------------------------------------- floating-point mode of the threads
@@ -633,9 +635,8 @@ std::vector<paddle::DataType> SmoothCEInferDtype(const paddle::DataType& logits,
 // activations between a convolution and the next halve the bytes a ResNet step moves and keeps for
 // its backward); the parameters, the statistics and every reduction stay float32, as PyTorch's
 // autocast and oneDNN keep a norm's statistics. A bf16 value is read exactly (its bits are the upper
-// half of a float32) and written rounded to nearest even; bf16 has float32's exponent range, so the
-// `flush` before rounding still keeps subnormals out. The conversion is plain integer code, so these
-// kernels run on every CPU, bf16 hardware or not.
+// half of a float32) and written by bf16.h's conversion (nearest even, a subnormal to zero), the one
+// dnnl.cc uses too. It is plain integer code, so these kernels run on every CPU, bf16 hardware or not.
 struct Bf16 {
   uint16_t bits;
 };
@@ -648,13 +649,7 @@ inline float load(const Bf16* p, int64_t i) {
   return f;
 }
 inline void store(float* p, int64_t i, float v) { p[i] = v; }
-inline void store(Bf16* p, int64_t i, float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, sizeof(u));
-  // round to nearest even; a NaN keeps a mantissa bit (its low half could be all that set it)
-  p[i].bits = (u & 0x7fffffffu) > 0x7f800000u ? static_cast<uint16_t>((u >> 16) | 0x40u)
-                                              : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+inline void store(Bf16* p, int64_t i, float v) { p[i].bits = zoo_bf16::bits(v); }
 
 bool is_bf16(const paddle::Tensor& t) { return t.dtype() == paddle::DataType::BFLOAT16; }
 
