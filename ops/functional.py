@@ -252,7 +252,8 @@ def conv2d(x, conv):
     fast = (s.data_format == "NCHW" and s.groups == 1 and s.padding_mode == "zeros" and s.padding is not None
             and x.ndim == 4)
     to_bf16 = _state["bf16_act"] or x.dtype == paddle.bfloat16   # a bf16 input gives a bf16 output
-    if fast and active(conv.weight, activations=(x,)) and library.state["dnnl"] and not _paddle_computes(x, conv, s):
+    if (fast and active(conv.weight, *_given(conv.bias), activations=(x,)) and library.state["dnnl"]
+            and not _paddle_computes(x, conv, s)):
         args = (x, conv.weight, list(s.stride), list(s.padding), list(s.dilation), not x.stop_gradient)
         if to_bf16:
             y = _run("zoo_conv2d_bf16act", *args)[0]
@@ -260,13 +261,9 @@ def conv2d(x, conv):
             y = _run("zoo_conv2d_bf16", *args)[0]
         else:
             y = _run("zoo_conv2d", *args, _state["bf16"])[0]
-        if conv.bias is None:
-            return y
-        bias = conv.bias.reshape([1, -1, 1, 1])
-        if not to_bf16:
-            return y + bias
-        # paddle's CPU build has no bf16 add: the bias is added in fp32 and the sum rounded once
-        return (y.astype("float32") + bias).astype("bfloat16")
+        # the bias in one pass each way (paddle's broadcast add and its gradient are slow on CPU); on a
+        # bf16 output it is added in fp32 and the sum rounded once
+        return y if conv.bias is None else _run("zoo_channel_bias", y, conv.bias)[0]
     if to_bf16:   # paddle's CPU build has no bf16 convolution: fp32, rounded after
         return conv(float32(x)).astype("bfloat16")
     return conv(x)

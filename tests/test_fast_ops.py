@@ -383,6 +383,24 @@ def test_conv2d(shape, cout, kernel, stride, padding, dilation, bias, x_grad, mo
         _finite_differences(lambda x, w: _run("zoo_conv2d", x, w, s, p, d, True, False)[0], [x, _t(conv.weight.numpy())])
 
 
+@pytest.mark.parametrize("shape,frozen", [((3, 5, 7, 6), False), ((2, 4, 1, 1), False), ((4, 3, 5, 9), True)])
+def test_channel_bias(shape, frozen):
+    """A convolution's bias (zoo_channel_bias) against float64 numpy: y = x + b[c], dx = dy, db[c] = the
+    sum of dy over n, h and w; a frozen bias gets no gradient, the input still does."""
+    xn, bn, gn = (RNG.standard_normal(s).astype(np.float32) for s in (shape, shape[1:2], shape))
+    x, b = _t(xn), _t(bn, grad=not frozen)
+    with functional.enabled_as(True), _counting() as ran:
+        y = functional._run("zoo_channel_bias", x, b)[0]
+    (y * _t(gn, grad=False)).sum().backward()
+    assert ran == ["zoo_channel_bias"]
+    _close(y.numpy(), xn.astype(np.float64) + bn.astype(np.float64).reshape(1, -1, 1, 1))
+    np.testing.assert_array_equal(x.grad.numpy(), gn)
+    if frozen:
+        assert b.grad is None
+    else:
+        _close(b.grad.numpy(), gn.astype(np.float64).sum(axis=(0, 2, 3)))
+
+
 def test_convolutions_oneDNN_would_run_on_per_thread_columns_take_paddle(monkeypatch):
     """A convolution for which oneDNN asks more work space than one sample's im2col columns (its GEMM
     convolution, a column buffer per thread: DeepLabV3's dilated 3x3 on AVX2) and more than
