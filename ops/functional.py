@@ -301,17 +301,24 @@ def _columns_per_thread(x_shape, w_shape, strides, pads, dilations, math, thread
 
 
 def batch_norm_act(x, bn, relu=True, residual=None):
-    """act(bn(x) [+ residual]) for a paddle BatchNorm layer on NCHW input. The fused kernel covers
-    training with batch statistics (the running statistics are updated as paddle's kernel does);
-    inference, global statistics and other layouts take the reference path. x and residual may be
+    """act(bn(x) [+ residual]) for a paddle BatchNorm layer on channels-first input, in one kernel: in
+    training with batch statistics (the running statistics updated as paddle's kernel does), and with
+    the running statistics (evaluation, or a frozen BN: use_global_stats), where paddle's batch_norm,
+    add and relu took three passes. Other layouts take the reference path. x and residual may be
     bfloat16 (both): y is then bfloat16, the statistics and the parameters' gradients float32."""
     s = batch_norm_settings(bn)
-    fast = (bn.training and not s.use_global_stats and s.data_format in ("NCHW", "NCL", "NC", "NCDHW")
-            and bn.weight is not None and bn.bias is not None)
+    # paddle's rule: use_global_stats True or False holds in both modes, None follows training
+    global_stats = s.use_global_stats if s.use_global_stats is not None else not bn.training
+    fast = (s.data_format in ("NCHW", "NCL", "NC", "NCDHW") and bn.weight is not None and bn.bias is not None
+            and x.ndim >= 2)
     args = (x, bn.weight, bn.bias, s.mean, s.variance) + ((residual,) if residual is not None else ())
     if fast and active(*args[1:5], activations=(x,) + args[5:]):
-        name = "zoo_bn_act" if residual is None else "zoo_bn_add_act"
-        return _run(name, *args, float(s.momentum), float(s.epsilon), bool(relu))[0]
+        if global_stats:
+            name = "zoo_bn_global_act" if residual is None else "zoo_bn_global_add_act"
+            return _run(name, *args, float(s.epsilon), bool(relu))[0]
+        if bn.training:   # (batch statistics outside training, use_global_stats=False: paddle's kernel)
+            name = "zoo_bn_act" if residual is None else "zoo_bn_add_act"
+            return _run(name, *args, float(s.momentum), float(s.epsilon), bool(relu))[0]
     return reference.batch_norm_act(x, bn, relu, residual)
 
 

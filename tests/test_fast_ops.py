@@ -353,6 +353,48 @@ def test_batch_norm_act(relu, residual):
         _finite_differences(fd, [x, _t(bn_fd.weight.numpy()), _t(bn_fd.bias.numpy()), _t(r.numpy(), grad=residual)])
 
 
+@pytest.mark.parametrize("mode", ["eval", "frozen", "global_stats_trained"])
+@pytest.mark.parametrize("relu,residual", [(True, False), (True, True), (False, False)])
+def test_batch_norm_act_with_global_statistics(mode, relu, residual):
+    """BN on its running statistics in one kernel (zoo_bn_global_act / zoo_bn_global_add_act) against
+    paddle's batch_norm + add + relu: evaluation (use_global_stats None, eval mode), a frozen BN as the
+    detection and segmentation kits freeze it (use_global_stats True in training, scale and shift not
+    trained) and global statistics with a trained scale and shift. Outputs, the input's and residual's
+    gradients, the parameters' where they train; the running statistics stay as they are."""
+    x = _t(RNG.standard_normal((3, 6, 5, 7)) * 2 + 1)
+    r = _t(RNG.standard_normal((3, 6, 5, 7)))
+    weight = _t(RNG.standard_normal(x.shape), grad=False)
+    mean, var = RNG.standard_normal(6).astype(np.float32), RNG.uniform(0.5, 2.0, 6).astype(np.float32)
+    bns = []
+    for _ in range(2):
+        bn = nn.BatchNorm2D(6, use_global_stats=None if mode == "eval" else True)
+        bn.set_state_dict(bns[0].state_dict() if bns else _bn(6).state_dict())
+        bn._mean.set_value(_t(mean, grad=False))
+        bn._variance.set_value(_t(var, grad=False))
+        bn.eval() if mode == "eval" else bn.train()
+        for p in (bn.weight, bn.bias):
+            p.stop_gradient = mode == "frozen"
+        bns.append(bn)
+
+    def grads(bn, on):
+        xs = [_t(x.numpy()), _t(r.numpy(), grad=residual)]
+        with functional.enabled_as(on), _counting() as ran:
+            y = functional.batch_norm_act(xs[0], bn, relu, xs[1] if residual else None)
+        (y * weight).sum().backward()
+        assert ran == ([("zoo_bn_global_add_act" if residual else "zoo_bn_global_act")] if on else []), ran
+        out = [y.numpy(), xs[0].grad.numpy()] + ([xs[1].grad.numpy()] if residual else [])
+        if mode == "frozen":
+            assert bn.weight.grad is None and bn.bias.grad is None
+            return out
+        return out + [bn.weight.grad.numpy(), bn.bias.grad.numpy()]
+
+    for a, b in zip(grads(bns[0], True), grads(bns[1], False)):
+        _close(a, b)
+    for bn in bns:
+        np.testing.assert_array_equal(bn._mean.numpy(), mean)
+        np.testing.assert_array_equal(bn._variance.numpy(), var)
+
+
 # (N, C, H, W), out channels, kernel, stride, padding, dilation, bias, input needs a gradient
 CONVS = [((2, 3, 11, 9), 5, 3, 1, 1, 1, False, True),
          ((3, 4, 13, 10), 6, (3, 1), 1, (1, 0), 1, False, True),     # StNet-style temporal kernel

@@ -302,10 +302,11 @@ def test_golden_backbone_fpn_rpn(golden_models, golden_features, op_path):
     fast = op_path.fused
     ref = np.load(os.path.join(DATA, GOLDEN[False]))
     body, feats, ran = golden_features(fast, op_path.bf16)
-    # on the fused path the convolutions of the backbone, the FPN and the RPN head run through oneDNN
-    # (BN in eval mode takes paddle's kernel), in bf16 on the bf16 path
+    # on the fused path the convolutions of the backbone, the FPN and the RPN head run through oneDNN (in
+    # bf16 on the bf16 path), the frozen BN with its ReLU and residual in one kernel, the biases in another
     conv = "zoo_conv2d_bf16" if op_path.bf16 else "zoo_conv2d"
-    assert ran == ({"backbone": {conv}, "fpn": {conv}} if fast else {"backbone": set(), "fpn": set()})
+    backbone, fpn = {conv, "zoo_bn_global_act", "zoo_bn_global_add_act"}, {conv, "zoo_channel_bias"}
+    assert ran == ({"backbone": backbone, "fpn": fpn} if fast else {"backbone": set(), "fpn": set()})
     for i, f in enumerate(body):
         close(f.numpy()[:, :8, :8, :8], ref[f"backbone.res{i + 2}.slice"])
         stats_close(f.numpy(), ref[f"backbone.res{i + 2}.stats"])
@@ -344,7 +345,7 @@ def test_golden_roi_features_box_and_mask_heads(golden_models, golden_features, 
         mask_logits = model.mask_head(mask_feat)
         # the other RoIAlign setting: the two golden files must tell them apart (4.1 apart measured)
         other = roi_heads.MultiScaleRoIAlign(7, aligned=not aligned)(feats, [rois])
-    fused = {"zoo_conv2d", "zoo_matmul", "zoo_bias_act", "zoo_bias_dropout"}
+    fused = {"zoo_conv2d", "zoo_channel_bias", "zoo_matmul", "zoo_bias_act", "zoo_bias_dropout"}
     assert set(ran) == ({BF16_OPS.get(n, n) for n in fused} if op_path.bf16 else fused) if op_path.fused else not ran
     close(roi_feat.numpy()[:, :8], ref["box.roi_feat.slice"])
     stats_close(roi_feat.numpy(), ref["box.roi_feat.stats"])

@@ -698,24 +698,32 @@ void bn_stats(const T* x, int64_t N, int64_t C, int64_t HW, float* mean, float* 
   }
 }
 
-// batch statistics (mean, invstd), the running ones updated, then y; T: the activations' type
+// batch statistics (mean, invstd), the running ones updated, then y; T: the activations' type. With
+// `global_stats` (inference, or a frozen BN: paddle's use_global_stats) the running statistics are the
+// statistics, left as they are: y = act(x * a + b [+ residual]) with a = gamma / sqrt(var + eps),
+// b = beta - mean * a, one pass where paddle's batch_norm, add and relu make three.
 template <typename T>
 void bn_act_forward(const paddle::Tensor& x, const paddle::Tensor& g, const paddle::Tensor& be,
                     const paddle::Tensor& rmean, const paddle::Tensor& rvar, const paddle::Tensor* res, float momentum,
-                    float eps, bool relu, paddle::Tensor& y, paddle::Tensor& mean, paddle::Tensor& invstd) {
+                    float eps, bool relu, bool global_stats, paddle::Tensor& y, paddle::Tensor& mean,
+                    paddle::Tensor& invstd) {
   auto xs = x.shape();
-  const int64_t N = xs[0], C = xs[1], HW = x.numel() / (N * C);
+  const int64_t N = xs[0], C = xs[1], HW = N * C ? x.numel() / (N * C) : 0;
   const T* px = in<T>(x);
   std::vector<float> var(C);
   float* pmean = mean.data<float>();
   float* pinv = invstd.data<float>();
-  bn_stats(px, N, C, HW, pmean, var.data());
   float* rm = const_cast<float*>(rmean.data<float>());
   float* rv = const_cast<float*>(rvar.data<float>());
-  for (int64_t c = 0; c < C; ++c) {
-    pinv[c] = 1.0f / std::sqrt(var[c] + eps);
-    rm[c] = flush(momentum * rm[c] + (1.0f - momentum) * pmean[c]);
-    rv[c] = flush(momentum * rv[c] + (1.0f - momentum) * var[c]);
+  if (global_stats) {
+    for (int64_t c = 0; c < C; ++c) pmean[c] = rm[c], pinv[c] = 1.0f / std::sqrt(rv[c] + eps);
+  } else {
+    bn_stats(px, N, C, HW, pmean, var.data());
+    for (int64_t c = 0; c < C; ++c) {
+      pinv[c] = 1.0f / std::sqrt(var[c] + eps);
+      rm[c] = flush(momentum * rm[c] + (1.0f - momentum) * pmean[c]);
+      rv[c] = flush(momentum * rv[c] + (1.0f - momentum) * var[c]);
+    }
   }
   const float *pg = g.data<float>(), *pb = be.data<float>();
   const T* pr = res != nullptr ? in<T>(*res) : nullptr;
@@ -748,7 +756,7 @@ void bn_act_forward(const paddle::Tensor& x, const paddle::Tensor& g, const padd
 std::vector<paddle::Tensor> BNActForwardImpl(const paddle::Tensor& x, const paddle::Tensor& g,
                                              const paddle::Tensor& be, const paddle::Tensor& rmean,
                                              const paddle::Tensor& rvar, const paddle::Tensor* res, float momentum,
-                                             float eps, bool relu) {
+                                             float eps, bool relu, bool global_stats = false) {
   zoo_apply_fp_mode();
   check_act(x, x, "x");
   if (res != nullptr) {
@@ -765,9 +773,9 @@ std::vector<paddle::Tensor> BNActForwardImpl(const paddle::Tensor& x, const padd
   auto mean = paddle::empty({C}, paddle::DataType::FLOAT32, x.place());
   auto invstd = paddle::empty({C}, paddle::DataType::FLOAT32, x.place());
   if (is_bf16(x)) {
-    bn_act_forward<Bf16>(x, g, be, rmean, rvar, res, momentum, eps, relu, y, mean, invstd);
+    bn_act_forward<Bf16>(x, g, be, rmean, rvar, res, momentum, eps, relu, global_stats, y, mean, invstd);
   } else {
-    bn_act_forward<float>(x, g, be, rmean, rvar, res, momentum, eps, relu, y, mean, invstd);
+    bn_act_forward<float>(x, g, be, rmean, rvar, res, momentum, eps, relu, global_stats, y, mean, invstd);
   }
   return {y, mean, invstd};
 }
@@ -785,14 +793,28 @@ std::vector<paddle::Tensor> BNAddActForward(const paddle::Tensor& x, const paddl
   return BNActForwardImpl(x, g, be, rmean, rvar, &res, momentum, eps, relu);
 }
 
+std::vector<paddle::Tensor> BNGlobalActForward(const paddle::Tensor& x, const paddle::Tensor& g,
+                                               const paddle::Tensor& be, const paddle::Tensor& rmean,
+                                               const paddle::Tensor& rvar, float eps, bool relu) {
+  return BNActForwardImpl(x, g, be, rmean, rvar, nullptr, 0.f, eps, relu, true);
+}
+
+std::vector<paddle::Tensor> BNGlobalAddActForward(const paddle::Tensor& x, const paddle::Tensor& g,
+                                                  const paddle::Tensor& be, const paddle::Tensor& rmean,
+                                                  const paddle::Tensor& rvar, const paddle::Tensor& res, float eps,
+                                                  bool relu) {
+  return BNActForwardImpl(x, g, be, rmean, rvar, &res, 0.f, eps, relu, true);
+}
+
 // dy' = dy * (y > 0); per channel: dbeta = sum dy', dgamma = sum dy' * xhat;
-// dx = gamma * invstd * (dy' - dbeta / M - xhat * dgamma / M)
+// dx = gamma * invstd * (dy' - dbeta / M - xhat * dgamma / M), or with global statistics (constants
+// here) gamma * invstd * dy'
 template <typename T>
 void bn_act_backward(const paddle::Tensor& x, const float* pg, const float* pm, const float* pi,
-                     const paddle::Tensor& y, const paddle::Tensor& dy, bool relu, paddle::Tensor& dx, float* pdg,
-                     float* pdb, paddle::Tensor* dres) {
+                     const paddle::Tensor& y, const paddle::Tensor& dy, bool relu, bool global_stats,
+                     paddle::Tensor& dx, float* pdg, float* pdb, paddle::Tensor* dres) {
   auto xs = x.shape();
-  const int64_t N = xs[0], C = xs[1], HW = x.numel() / (N * C);
+  const int64_t N = xs[0], C = xs[1], HW = N * C ? x.numel() / (N * C) : 0;
   const double M = static_cast<double>(N * HW);
   const T *px = in<T>(x), *py = in<T>(y), *pd = in<T>(dy);
   T* pdx = out<T>(dx);
@@ -828,7 +850,8 @@ void bn_act_backward(const paddle::Tensor& x, const float* pg, const float* pm, 
     const float dbeta = static_cast<float>(sb), dgamma = static_cast<float>(sg) * inv;
     pdb[c] = flush(dbeta);
     pdg[c] = flush(dgamma);
-    const float k = pg[c] * inv, mb = dbeta / static_cast<float>(M), mg = dgamma * inv / static_cast<float>(M);
+    const float k = pg[c] * inv, mb = global_stats ? 0.f : dbeta / static_cast<float>(M),
+                mg = global_stats ? 0.f : dgamma * inv / static_cast<float>(M);
     for (int64_t n = 0; n < N; ++n) {
       const int64_t off = (n * C + c) * HW;
       const T *xp = px + off, *yp = py + off, *dp = pd + off;
@@ -845,7 +868,7 @@ void bn_act_backward(const paddle::Tensor& x, const float* pg, const float* pm, 
 std::vector<paddle::Tensor> BNActBackwardImpl(const paddle::Tensor& x, const paddle::Tensor& g,
                                               const paddle::Tensor& mean, const paddle::Tensor& invstd,
                                               const paddle::Tensor& y, const paddle::Tensor& dy, bool relu,
-                                              bool with_res) {
+                                              bool with_res, bool global_stats = false) {
   zoo_apply_fp_mode();
   check_act(dy, x, "the gradient of y");
   auto xs = x.shape();
@@ -857,10 +880,10 @@ std::vector<paddle::Tensor> BNActBackwardImpl(const paddle::Tensor& x, const pad
   if (with_res) dres = paddle::empty(xs, x.dtype(), x.place());
   const float *pg = g.data<float>(), *pm = mean.data<float>(), *pi = invstd.data<float>();
   if (is_bf16(x)) {
-    bn_act_backward<Bf16>(x, pg, pm, pi, y, dy, relu, dx, dg.data<float>(), db.data<float>(),
+    bn_act_backward<Bf16>(x, pg, pm, pi, y, dy, relu, global_stats, dx, dg.data<float>(), db.data<float>(),
                           with_res ? &dres : nullptr);
   } else {
-    bn_act_backward<float>(x, pg, pm, pi, y, dy, relu, dx, dg.data<float>(), db.data<float>(),
+    bn_act_backward<float>(x, pg, pm, pi, y, dy, relu, global_stats, dx, dg.data<float>(), db.data<float>(),
                            with_res ? &dres : nullptr);
   }
   if (with_res) return {dx, dg, db, dres};
@@ -877,6 +900,18 @@ std::vector<paddle::Tensor> BNAddActBackward(const paddle::Tensor& x, const padd
                                              const paddle::Tensor& mean, const paddle::Tensor& invstd,
                                              const paddle::Tensor& y, const paddle::Tensor& dy, bool relu) {
   return BNActBackwardImpl(x, g, mean, invstd, y, dy, relu, true);
+}
+
+std::vector<paddle::Tensor> BNGlobalActBackward(const paddle::Tensor& x, const paddle::Tensor& g,
+                                                const paddle::Tensor& mean, const paddle::Tensor& invstd,
+                                                const paddle::Tensor& y, const paddle::Tensor& dy, bool relu) {
+  return BNActBackwardImpl(x, g, mean, invstd, y, dy, relu, false, true);
+}
+
+std::vector<paddle::Tensor> BNGlobalAddActBackward(const paddle::Tensor& x, const paddle::Tensor& g,
+                                                   const paddle::Tensor& mean, const paddle::Tensor& invstd,
+                                                   const paddle::Tensor& y, const paddle::Tensor& dy, bool relu) {
+  return BNActBackwardImpl(x, g, mean, invstd, y, dy, relu, true, true);
 }
 
 // ---------------------------------------------------------------- 2-D pooling, bf16 activations
@@ -1232,6 +1267,30 @@ PD_BUILD_GRAD_OP(zoo_bn_add_act)
     .Outputs({paddle::Grad("X"), paddle::Grad("Scale"), paddle::Grad("Bias"), paddle::Grad("Residual")})
     .Attrs({"relu: bool"})
     .SetKernelFn(PD_KERNEL(BNAddActBackward));
+
+PD_BUILD_OP(zoo_bn_global_act)
+    .Inputs({"X", "Scale", "Bias", "RunningMean", "RunningVar"})
+    .Outputs({"Y", "SavedMean", "SavedInvStd"})
+    .Attrs({"eps: float", "relu: bool"})
+    .SetKernelFn(PD_KERNEL(BNGlobalActForward))
+    .SetInferDtypeFn(PD_INFER_DTYPE(BNActInferDtype));
+PD_BUILD_GRAD_OP(zoo_bn_global_act)
+    .Inputs({"X", "Scale", "SavedMean", "SavedInvStd", "Y", paddle::Grad("Y")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Scale"), paddle::Grad("Bias")})
+    .Attrs({"relu: bool"})
+    .SetKernelFn(PD_KERNEL(BNGlobalActBackward));
+
+PD_BUILD_OP(zoo_bn_global_add_act)
+    .Inputs({"X", "Scale", "Bias", "RunningMean", "RunningVar", "Residual"})
+    .Outputs({"Y", "SavedMean", "SavedInvStd"})
+    .Attrs({"eps: float", "relu: bool"})
+    .SetKernelFn(PD_KERNEL(BNGlobalAddActForward))
+    .SetInferDtypeFn(PD_INFER_DTYPE(BNAddActInferDtype));
+PD_BUILD_GRAD_OP(zoo_bn_global_add_act)
+    .Inputs({"X", "Scale", "SavedMean", "SavedInvStd", "Y", paddle::Grad("Y")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Scale"), paddle::Grad("Bias"), paddle::Grad("Residual")})
+    .Attrs({"relu: bool"})
+    .SetKernelFn(PD_KERNEL(BNGlobalAddActBackward));
 
 PD_BUILD_OP(zoo_pool2d_bf16)
     .Inputs({"X"})
