@@ -1,8 +1,9 @@
 // Fused CPU training kernels for the layers whose Paddle CPU kernels are slow on our machines
 // (`python benchmarks/peers.py --run NAME --side ours --profile` shows a step's operators): bias +
 // activation, bias + dropout + residual (+ LayerNorm), LayerNorm, scaled softmax + additive mask +
-// dropout, BatchNorm (+ residual) + ReLU. Forward and backward, float32, contiguous row-major
-// tensors; OpenMP across rows or channels, inner loops written for the compiler's vectoriser (no
+// dropout, BatchNorm (+ residual) + ReLU (batch or running statistics), a convolution's bias. Forward
+// and backward, float32, contiguous row-major tensors; OpenMP across rows or channels, inner loops
+// written for the compiler's vectoriser (no
 // libm calls inside them: exp and erf are our own polynomial approximations, accurate to a few
 // float ulps / 1.5e-7 absolute for erf).
 //
