@@ -366,8 +366,7 @@ def _lstm(x, weights, lengths):
         w_ih, w_hh, *biases = w
         biases = [b for b in biases if b is not None]   # a layer built without one (paddle's kernel crashes)
         b = paddle.add_n(biases) if biases else paddle.zeros(w_hh.shape[:1], w_hh.dtype)
-        # without gradients: oneDNN's inference LSTM (JIT kernels where training has only its reference
-        # code, no work space kept)
+        # without gradients: oneDNN's inference LSTM, which keeps no work space (as fast here: csrc/dnnl.cc)
         grads = paddle.is_grad_enabled() and not all(v.stop_gradient for v in (inputs, w_ih, w_hh, b))
         return _run("zoo_lstm" if grads else "zoo_lstm_infer", inputs, w_ih, w_hh, b, reverse)[0]
 
