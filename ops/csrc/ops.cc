@@ -3,17 +3,16 @@
 // activation, bias + dropout + residual (+ LayerNorm), LayerNorm, scaled softmax + additive mask +
 // dropout, BatchNorm (+ residual) + ReLU (batch or running statistics), a convolution's bias. Forward
 // and backward, float32, contiguous row-major tensors; OpenMP across rows or channels, inner loops
-// written for the compiler's vectoriser (no
-// libm calls inside them: exp and erf are our own polynomial approximations, accurate to a few
-// float ulps / 1.5e-7 absolute for erf).
+// written for the compiler's vectoriser (no libm calls inside them: exp and erf are our own polynomial
+// approximations, accurate to a few float ulps / 1.5e-7 absolute for erf).
 //
 // No kernel writes a subnormal float (|v| < 2^-126) where the exact result is below float32's normal
 // range: it writes 0 instead (`flush`, and `fast_exp` is 0 below ln 2^-126). Intel cores compute on
 // subnormal operands 70-100x slower, and one such value in a softmax row reaches every GEMM after it
 // (benchmarks/denormals.py measures it). Float32 inputs that already are subnormal pass through unchanged
-// (a bf16 output is never subnormal: bf16.h); the
-// process-wide guard (flush-to-zero and denormals-are-zero, `runtime.flush_denormals`, engine/cpu.py)
-// treats those, and is applied to the calling thread on every operator call (`zoo_apply_fp_mode`).
+// (a bf16 output is never subnormal: bf16.h); the process-wide guard (flush-to-zero and
+// denormals-are-zero, `runtime.flush_denormals`, engine/cpu.py) treats those, and is applied to the
+// calling thread on every operator call (`zoo_apply_fp_mode`).
 //
 // Dropout masks come from a counter-based hash of (seed, element index), so a kernel is
 // deterministic for a seed whatever the thread count; the Python side draws the seed from Paddle's
@@ -1051,6 +1050,7 @@ void channel_bias(const T* x, const float* b, T* y, int64_t NC, int64_t C, int64
     const float bc = b[nc % C];
     const T* xp = x + nc * HW;
     T* yp = y + nc * HW;
+#pragma omp simd
     for (int64_t i = 0; i < HW; ++i) store(yp, i, flush(load(xp, i) + bc));
   }
 }
@@ -1064,6 +1064,7 @@ void channel_bias_grad(const T* dy, T* dx, float* db, int64_t N, int64_t C, int6
       const T* d = dy + (n * C + c) * HW;
       T* o = dx + (n * C + c) * HW;
       float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
       for (int64_t i = 0; i < HW; ++i) {
         const float v = load(d, i);
         sum += v;
@@ -1086,7 +1087,7 @@ std::vector<paddle::Tensor> ChannelBiasForward(const paddle::Tensor& x, const pa
   zoo_apply_fp_mode();
   check_channel_bias(x, b);
   auto y = paddle::empty(x.shape(), x.dtype(), x.place());
-  const int64_t C = x.shape()[1], NC = x.shape()[0] * C, HW = C ? x.numel() / NC : 0;
+  const int64_t C = x.shape()[1], NC = x.shape()[0] * C, HW = NC ? x.numel() / NC : 0;   // N = 0: no RoI
   if (is_bf16(x))
     channel_bias(in<Bf16>(x), b.data<float>(), out<Bf16>(y), NC, C, HW);
   else
