@@ -26,10 +26,13 @@ class FPN(nn.Layer):
 
     def forward(self, feats):
         """[C2..C5] -> [P2..P6] (strides 4..64)."""
-        laterals = [ops.conv2d(f, conv) for conv, f in zip(self.lateral_convs, feats)]
-        for i in range(len(laterals) - 1, 0, -1):
-            laterals[i - 1] = laterals[i - 1] + F.interpolate(
-                laterals[i], size=laterals[i - 1].shape[-2:], mode="nearest")
-        outs = [ops.conv2d(x, conv) for conv, x in zip(self.output_convs, laterals)]
+        # fp32 activations whatever ops.bf16_activations says (the trunk's end there): the top-down adds,
+        # the upsampling and P6's pooling are paddle's, which has no CPU bf16 kernel for them
+        with ops.bf16_activations(False):
+            laterals = [ops.conv2d(f, conv) for conv, f in zip(self.lateral_convs, feats)]
+            for i in range(len(laterals) - 1, 0, -1):
+                laterals[i - 1] = laterals[i - 1] + F.interpolate(
+                    laterals[i], size=laterals[i - 1].shape[-2:], mode="nearest")
+            outs = [ops.conv2d(x, conv) for conv, x in zip(self.output_convs, laterals)]
         outs.append(F.max_pool2d(outs[-1], kernel_size=1, stride=2))
         return outs

@@ -107,10 +107,12 @@ class MaskHead(nn.Layer):
 
     def forward(self, roi_feats):
         x = roi_feats
-        for conv in self.convs:
-            x = F.relu(ops.conv2d(x, conv))
-        # the 2x2 transposed convolution is paddle's: the layer package has none (one layer of the head)
-        return ops.conv2d(F.relu(self.deconv(x)), self.logits)
+        # fp32 activations whatever ops.bf16_activations says: paddle's ReLU and transposed convolution
+        # have no CPU bf16 kernel; the 2x2 transposed convolution is paddle's (the layer package has none)
+        with ops.bf16_activations(False):
+            for conv in self.convs:
+                x = F.relu(ops.conv2d(x, conv))
+            return ops.conv2d(F.relu(self.deconv(x)), self.logits)
 
 
 def select_class(logits, classes):

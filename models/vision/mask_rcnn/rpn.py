@@ -143,10 +143,11 @@ class RPNHead(nn.Layer):
 
     def forward(self, feats):
         scores, deltas = [], []
-        for f in feats:
-            x = F.relu(ops.conv2d(f, self.conv))
-            scores.append(ops.conv2d(x, self.objectness))
-            deltas.append(ops.conv2d(x, self.deltas))
+        with ops.bf16_activations(False):   # fp32 activations: paddle's ReLU and losses have no CPU bf16 kernel
+            for f in feats:
+                x = F.relu(ops.conv2d(f, self.conv))
+                scores.append(ops.conv2d(x, self.objectness))
+                deltas.append(ops.conv2d(x, self.deltas))
         return scores, deltas
 
 
