@@ -115,6 +115,11 @@ class bf16_activations:
     def __exit__(self, *exc):
         _state["bf16_act"] = self.before
 
+    @staticmethod
+    def active():
+        """Whether convolutions write bf16 activations here (inside the block)."""
+        return _state["bf16_act"]
+
 
 def float32(x):
     """x as float32: where bf16 activations end (a model's outputs, a head whose operators are fp32)."""

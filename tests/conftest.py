@@ -223,7 +223,7 @@ def _op_path(path):
     # import cost: ops loads paddle (~2.5 s); every test session imports this module, not all need paddle
     import ops
     from ops import functional, library
-    fused, bf16 = path != "reference", path == "bf16"
+    fused, bf16, bf16_act = path != "reference", path == "bf16", path == "bf16act"
     if fused:
         functional.set_enabled(True, 2)
         assert library.load(), library.state["error"]
@@ -233,8 +233,8 @@ def _op_path(path):
         assert ops.bf16_supported(), "the CPU has native bf16, but oneDNN does not use it (ONEDNN_MAX_CPU_ISA?)"
     try:
         with functional.enabled_as(fused), counting_fused_ops() as ran, \
-                (ops.autocast() if bf16 else contextlib.nullcontext()):
-            yield OpPath(fused, ran, bf16)
+                (ops.autocast() if bf16 else contextlib.nullcontext()), ops.bf16_activations(bf16_act):
+            yield OpPath(fused, ran, bf16, bf16_act)
     finally:
         functional.set_enabled(False)
 
@@ -245,6 +245,16 @@ def op_path(request):
     and infer run by default, `runtime.fast_ops`); and those under bf16 autocast (train.amp.dtype
     bfloat16: matmul and convolution in bf16; tests/helpers.golden_close's bf16 tolerance). Yields an
     OpPath recording the fused operators that ran, so the test can show the path was really taken."""
+    yield from _op_path(request.param)
+
+
+@pytest.fixture(params=["reference", "fused", "bf16", "bf16act"])
+def op_path_conv(request):
+    """op_path for the ResNet family, with a fourth path: bf16 activations (ops.bf16_activations, issue
+    43: convolutions write bf16, BN and pooling read and write it, the trunk's outputs fp32), at
+    golden_close's bf16 tolerance. It runs on every CPU: without native bf16 the convolutions compute in
+    fp32 on the bf16-rounded operands, the products a bf16 CPU computes (only the summation order
+    differs)."""
     yield from _op_path(request.param)
 
 

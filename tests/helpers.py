@@ -88,12 +88,13 @@ class counting_fused_ops:
 # significant bits: a golden float array passes when ||ours - ref|| / ||ref|| <= 2e-2 (issue 22).
 BF16_RTOL = 2e-2
 BF16_OPS = {"zoo_matmul": "zoo_linear_bf16", "zoo_conv2d": "zoo_conv2d_bf16"}   # linear layers' GEMMs
+BF16_ACT_OPS = {"zoo_conv2d": "zoo_conv2d_bf16act"}   # under ops.bf16_activations (the "bf16act" path)
 
 
 def _bf16():
     # import cost: paddle (~2.5 s) for every test session (conftest imports helpers)
-    from ops import bf16_active
-    return bf16_active()
+    from ops import bf16_active, bf16_activations
+    return bf16_active() or bf16_activations.active()
 
 
 def golden_close(ours, ref):
@@ -128,15 +129,16 @@ def golden_stats_close(x, stats):
 class OpPath:
     """Which operator path a test runs on (the `op_path` fixture) and the fused operators seen so far."""
 
-    def __init__(self, fused, ran, bf16=False):
-        self.fused, self.ran, self.bf16 = fused, ran, bf16
+    def __init__(self, fused, ran, bf16=False, bf16_act=False):
+        self.fused, self.ran, self.bf16, self.bf16_act = fused, ran, bf16, bf16_act
 
     def check(self, *names):
-        """The fused path ran at least these operators (their bf16 forms on the bf16 path); the
-        reference path ran none. A model with no fused operator passes no names: then both paths are
-        the same code, and that is asserted."""
+        """The fused path ran at least these operators (their bf16 forms on the bf16 and bf16act paths);
+        the reference path ran none. A model with no fused operator passes no names: then both paths
+        are the same code, and that is asserted."""
         seen = sorted(set(self.ran))
         names = [BF16_OPS.get(n, n) for n in names] if self.bf16 else names
+        names = [BF16_ACT_OPS.get(n, n) for n in names] if self.bf16_act else names
         if self.fused and names:
             assert set(names) <= set(seen), f"the fused path did not run {sorted(set(names) - set(seen))}: {seen}"
         else:

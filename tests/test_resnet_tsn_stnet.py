@@ -99,7 +99,7 @@ def test_bad_configs_raise():
 
 
 # ------------------------------------------------------------------------- key tables + golden
-def test_tsn_golden_paddlevideo(op_path):
+def test_tsn_golden_paddlevideo(op_path_conv):
     params = table("keys_paddlevideo_tsn_r50_k400.json")["params"]
     with paddle.LazyGuard():     # weights come from the golden table: skip the random initialisation
         model = TSN(num_classes=400)
@@ -112,7 +112,7 @@ def test_tsn_golden_paddlevideo(op_path):
         out = model({"imgs": x})
         seg = model.segment_features(x.unsqueeze(1))[0, 0]
         feat = model.backbone(x.reshape([3, 3, 64, 64]))[-1].numpy()
-    op_path.check("zoo_conv2d", "zoo_bn_global_act", "zoo_bn_global_add_act")   # eval: BN on its running statistics
+    op_path_conv.check("zoo_conv2d", "zoo_bn_global_act", "zoo_bn_global_add_act")   # eval: BN on running statistics
     close(out["logits"].numpy(), ref["logits"])
     close(seg.numpy(), ref["seg_pooled_feat"])
     close(feat[:, :8], ref["backbone_feat.slice"])
@@ -120,7 +120,7 @@ def test_tsn_golden_paddlevideo(op_path):
     np.testing.assert_allclose(out["probs"].numpy().sum(-1), 1.0, rtol=1e-5)
 
 
-def test_resnet50_vd_golden_paddleseg(op_path):
+def test_resnet50_vd_golden_paddleseg(op_path_conv):
     params = table("keys_paddleseg_resnet50_vd_backbone.json")["params"]
     with paddle.LazyGuard():
         model = ResNet(depth=50, variant="d", output_stride=8, multi_grid=[1, 2, 4], out_indices=[0, 1, 2, 3])
@@ -131,7 +131,7 @@ def test_resnet50_vd_golden_paddleseg(op_path):
     ref = golden("paddleseg_resnet50_vd_backbone.npz")
     with paddle.no_grad():
         feats = [f.numpy() for f in model(paddle.to_tensor(ref["x"]))]
-    op_path.check("zoo_conv2d")
+    op_path_conv.check("zoo_conv2d")
     assert [f.shape[1:] for f in feats] == [(256, 16, 16), (512, 8, 8), (1024, 8, 8), (2048, 8, 8)]
     for i, f in enumerate(feats):
         close(f[:, :16, :8, :8], ref[f"feat{i}.slice"])
@@ -139,7 +139,7 @@ def test_resnet50_vd_golden_paddleseg(op_path):
         stats_close(f, ref[f"feat{i}.stats"])
 
 
-def test_resnet50_frozen_golden_ppdet(op_path):
+def test_resnet50_frozen_golden_ppdet(op_path_conv):
     """The Mask R-CNN trunk: PaddleDetection names, freeze_at 0 (= frozen_stages 1), frozen BN."""
     tab = table("keys_ppdet_mask_rcnn_r50_fpn_1x_coco.json")
     model = ResNet(depth=50, out_indices=[0, 1, 2, 3], frozen_stages=1, freeze_norm=True)
@@ -155,7 +155,7 @@ def test_resnet50_frozen_golden_ppdet(op_path):
     ref = golden("ppdet_mask_rcnn_r50_fpn.npz")
     with paddle.no_grad():
         feats = [f.numpy() for f in model(paddle.to_tensor(ref["image"]))]
-    op_path.check("zoo_conv2d")
+    op_path_conv.check("zoo_conv2d")
     for i, f in enumerate(feats):
         close(f[:, :8, :8, :8], ref[f"backbone.res{i + 2}.slice"])
         stats_close(f, ref[f"backbone.res{i + 2}.stats"])
