@@ -277,35 +277,39 @@ def golden_models():
 
 @pytest.fixture(scope="module")
 def golden_features(golden_models):
-    """run(fast, bf16) -> (backbone outputs, P2..P6, the fused operators the backbone and the FPN ran),
-    once per path (the op_path fixture sets the path and the operators' threads; `fast` and `bf16` say
+    """run(fast, bf16, bf16_act) -> (backbone outputs, P2..P6, the fused operators the backbone and the
+    FPN ran), once per path (the op_path fixtures set the path and the operators' threads; the flags say
     which one to cache); both models hold the same weights and RoIAlign does not reach these layers."""
     image = paddle.to_tensor(np.load(os.path.join(DATA, GOLDEN[False]))["image"])
     model, cache = golden_models[True], {}
 
-    def run(fast, bf16=False):
-        if (fast, bf16) not in cache:
+    def run(fast, bf16=False, bf16_act=False):
+        if (fast, bf16, bf16_act) not in cache:
             with functional.enabled_as(fast), paddle.no_grad():
                 assert not fast or library.load(), library.state["error"]
                 with counting_fused_ops() as in_backbone:
                     body = model.backbone(image)
                 with counting_fused_ops() as in_fpn:
                     feats = model.fpn(body)
-            cache[fast, bf16] = body, feats, {"backbone": set(in_backbone), "fpn": set(in_fpn)}
-        return cache[fast, bf16]
+            cache[fast, bf16, bf16_act] = body, feats, {"backbone": set(in_backbone), "fpn": set(in_fpn)}
+        return cache[fast, bf16, bf16_act]
     return run
 
 
-def test_golden_backbone_fpn_rpn(golden_models, golden_features, op_path):
+def test_golden_backbone_fpn_rpn(golden_models, golden_features, op_path_conv):
     """Backbone, FPN and RPN head (objectness, deltas, anchors): stored in the aligned=False file only,
     since RoIAlign does not reach them (the aligned=True run gave them bit for bit)."""
+    op_path = op_path_conv
     fast = op_path.fused
     ref = np.load(os.path.join(DATA, GOLDEN[False]))
-    body, feats, ran = golden_features(fast, op_path.bf16)
+    body, feats, ran = golden_features(fast, op_path.bf16, op_path.bf16_act)
     # on the fused path the convolutions of the backbone, the FPN and the RPN head run through oneDNN (in
-    # bf16 on the bf16 path), the frozen BN with its ReLU and residual in one kernel, the biases in another
+    # bf16 on the bf16 path), the frozen BN with its ReLU and residual in one kernel, the biases in another;
+    # with bf16 activations the trunk's activations are bf16 and the FPN's and RPN's fp32
     conv = "zoo_conv2d_bf16" if op_path.bf16 else "zoo_conv2d"
     backbone, fpn = {conv, "zoo_bn_global_act", "zoo_bn_global_add_act"}, {conv, "zoo_channel_bias"}
+    if op_path.bf16_act:
+        backbone = {"zoo_conv2d_bf16act", "zoo_bn_global_act", "zoo_bn_global_add_act", "zoo_pool2d_bf16"}
     assert ran == ({"backbone": backbone, "fpn": fpn} if fast else {"backbone": set(), "fpn": set()})
     for i, f in enumerate(body):
         close(f.numpy()[:, :8, :8, :8], ref[f"backbone.res{i + 2}.slice"])
