@@ -5,7 +5,7 @@ python benchmarks/peers.py [--only BERT-base ...] [--rounds 2] [--steps 3] [--re
 python benchmarks/peers.py --show [--docs] [--kind KIND]   # the table from the JSON (into docs/performance.md)
 python benchmarks/peers.py --mixed [--only ...] [--rounds 2]   # bf16: ours vs torch.autocast, ours fp32 beside
 python benchmarks/peers.py --show --mixed [--docs]             # that table (peers_bf16.json)
-python benchmarks/peers.py --run NAME --side ours|theirs [--precision fp32|bf16] [--steps N] [--profile]
+python benchmarks/peers.py --run NAME --side ours|theirs [--precision fp32|bf16|bf16act] [--steps N] [--profile]
 
 Each (model, side) runs in its own process with the same environment (engine/cpu.py's settings for
 this CPU) and the same number of math threads; the sides alternate (ours, theirs, then theirs,
@@ -18,6 +18,8 @@ our pure-Paddle path (`runtime.fast_ops: false`). `--profile` prints the per-op 
 `--mixed` times mixed precision instead: our bf16 step (train.amp.dtype bfloat16: oneDNN bf16 GEMMs and
 convolutions), PyTorch's step under torch.autocast("cpu", bfloat16), and our fp32 step, alternating
 in the same way; each side's peak memory (ru_maxrss of its process) beside. JSON: peers_bf16.json.
+`--run ... --precision bf16act`: our bf16 step with bf16 activations (train.amp.activations, issue 43;
+not yet a column of the table), PyTorch's side under the same autocast.
 Results are per CPU kind (benchmarks/report.py): the JSON defaults to
 benchmarks/results/<kind>/peers.json of the machine at hand, and `--docs` (alias `--readme`) replaces
 only that kind's table in docs/performance.md (`--kind` shows or writes another kind's JSON).
@@ -42,7 +44,8 @@ from benchmarks import report  # noqa: E402
 from engine.cpu import before_paddle, process_environment  # noqa: E402  (no paddle import)
 
 # the precisions a side can run: ours through the recipe's AMP keys, theirs with torch.autocast("cpu", bfloat16)
-AMP = {"fp32": [], "bf16": ["train.amp.enable=true", "train.amp.dtype=bfloat16"]}
+AMP = {"fp32": [], "bf16": ["train.amp.enable=true", "train.amp.dtype=bfloat16"],
+       "bf16act": ["train.amp.enable=true", "train.amp.dtype=bfloat16", "train.amp.activations=bfloat16"]}
 
 # the models of the mixed-precision table (issue 22's four)
 MIXED = ("BERT-base", "Transformer-base", "TSN-R50", "DeepLabV3-R50")
@@ -140,7 +143,7 @@ def their_step(spec, threads, precision="fp32"):
     from benchmarks import torch_peers
     torch.manual_seed(0)
     torch.set_num_threads(threads)
-    model, optimizer, step = torch_peers.BUILDERS[spec["key"]](spec, autocast=precision == "bf16")
+    model, optimizer, step = torch_peers.BUILDERS[spec["key"]](spec, autocast=precision != "fp32")
     return model, optimizer, step, make_batch(spec["key"], spec["batch"]), {"torch": torch.__version__}
 
 
@@ -205,7 +208,7 @@ def _spawn(name, side, args, env, fast_ops=True, root=ROOT, precision="fp32"):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result.update(load_before=load, load_after=_load())
     label = side if side == "theirs" else ("baseline" if root != ROOT else "ours" if fast_ops else "ours-ref")
-    label += "-bf16" if precision == "bf16" else ""
+    label += "" if precision == "fp32" else f"-{precision}"
     print(f"  {name:<17} {label:<8} {result['s_per_step']:8.3f} s/step  {result['samples_per_s']:7.2f} samples/s  "
           f"(load {load:.2f})", flush=True)
     return result

@@ -110,7 +110,8 @@ def resolve_amp(amp, where="train.amp"):
     if amp.level == "O2":
         _once("%s.level O2 on a CPU: the weights stay fp32 and matmul / convolution compute in bf16 (as O1)", where)
         return dataclasses.replace(amp, level="O1")
-    _once("%s: bfloat16 matmul and convolution on oneDNN (norms, softmax, losses and weights in fp32)", where)
+    _once("%s: bfloat16 matmul and convolution on oneDNN (norms, softmax, losses and weights in fp32; activations "
+          "in %s)", where, amp.activations)
     return amp
 
 
@@ -120,10 +121,21 @@ def autocast(amp):
     if not amp.enable:
         return contextlib.nullcontext()
     if _on_cpu():
-        return ops.autocast(ops.bf16_supported())
+        bf16 = ops.bf16_supported()
+        if bf16 and amp.activations == "bfloat16":
+            return _entered(ops.autocast(), ops.bf16_activations())
+        return ops.autocast(bf16)
     return paddle.amp.auto_cast(enable=True, dtype=amp.dtype, level=amp.level,
                                 custom_white_list=set(amp.custom_white_list or ()) or None,
                                 custom_black_list=set(amp.custom_black_list or ()) or None)
+
+
+@contextlib.contextmanager
+def _entered(*managers):
+    with contextlib.ExitStack() as stack:
+        for m in managers:
+            stack.enter_context(m)
+        yield
 
 
 def convert_sync_bn(layer):
