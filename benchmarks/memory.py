@@ -133,6 +133,14 @@ def _theirs(spec, threads):
             lambda: torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack), None, versions)
 
 
+def _in_bf16_activations(run):
+    import ops  # the --run child's, paddle loaded
+    def bf16_run():
+        with ops.bf16_activations():
+            return run()
+    return bf16_run
+
+
 def _hook(layers, side, saved):
     """Forward pre/post hooks on every layer that keep `saved`'s stack of the layer kinds running."""
     if side == "ours":
@@ -141,9 +149,11 @@ def _hook(layers, side, saved):
     return [h for m in layers for h in (m.register_forward_pre_hook(saved.enter), m.register_forward_hook(saved.leave))]
 
 
-def profile(name, side, threads, batch=None, overrides=()):
+def profile(name, side, threads, batch=None, overrides=(), bf16_activations=False):
     """One side's memory profile of one training step of peers.PEERS[name] (see the module's doc);
-    `overrides`: more recipe overrides on our side (e.g. runtime.keep_freed_memory=false)."""
+    `overrides`: more recipe overrides on our side (e.g. runtime.keep_freed_memory=false);
+    `bf16_activations`: our step inside ops.bf16_activations (issue 43, not yet entered by train.amp; on a
+    CPU without native bf16 its convolutions compute in fp32 on the rounded operands, the same bytes kept)."""
     spec = dict(peers.PEERS[name], **({"batch": batch} if batch else {}))
     spec["overrides"] = list(spec.get("overrides", [])) + list(overrides)
     peers.before_paddle()
@@ -154,6 +164,8 @@ def profile(name, side, threads, batch=None, overrides=()):
     baseline = status_mb("VmRSS")
     run, layers, params, nbytes, state, saved, hooks, allocator, versions = (_ours if side == "ours" else _theirs)(
         spec, threads)
+    if bf16_activations:
+        run = _in_bf16_activations(run)
     built = status_mb("VmRSS")
     run()                                           # warm-up: the optimizer's state, kernel choice, caches
     warm = status_mb("VmRSS")
@@ -179,7 +191,7 @@ def profile(name, side, threads, batch=None, overrides=()):
     out = {"name": name, "side": side, "batch": spec["batch"], "threads": threads, "loss": loss,
            "baseline_mb": round(baseline, 1), "built_mb": round(built, 1), "warm_mb": round(warm, 1),
            "peak_mb": round(peak, 1), "peak_above_baseline_mb": round(peak - baseline, 1), "s_per_step": seconds,
-           "overrides": list(overrides),
+           "overrides": list(overrides), **({"bf16_activations": True} if bf16_activations else {}),
            **{k + "_mb": _mb(v) for k, v in parts.items()}, **({} if counting else {"saved_for_backward_mb": None}),
            "rest_mb": round(peak - baseline - sum(parts.values()) / MB, 1),
            "saved_by_kind_mb": {k: _mb(v) for k, v in saved.by_kind.most_common() if v >= MB / 10},
@@ -285,11 +297,14 @@ def main():
     p.add_argument("--batch", type=int, help="with --run: another batch size than the table's")
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                    help="with --run --side ours: a recipe override (e.g. runtime.keep_freed_memory=false)")
+    p.add_argument("--bf16-activations", action="store_true",
+                   help="with --run --side ours: the step inside ops.bf16_activations (issue 43, measuring)")
     args = p.parse_args()
     args.json = args.json or os.path.relpath(os.path.join(report.results_dir(args.kind), "memory.json"), ROOT)
     if args.run:
         try:
-            print(json.dumps(profile(args.run, args.side, args.threads, args.batch, args.override)))
+            print(json.dumps(profile(args.run, args.side, args.threads, args.batch, args.override,
+                                     args.bf16_activations)))
         except ConfigError as e:      # a bad -o: one line, as the tools give it
             raise SystemExit(f"error: {e}") from None
     elif args.show or args.docs:
