@@ -2,7 +2,8 @@
 
 python benchmarks/memory.py [--only NAME ...] [--rounds 2] [--json PATH]   # `make bench-memory`
 python benchmarks/memory.py --show [--docs] [--kind KIND]                # the table (docs/performance.md)
-python benchmarks/memory.py --run NAME --side ours|theirs [--batch N]   # one side's profile, a JSON line
+python benchmarks/memory.py --run NAME --side ours|theirs [--batch N] [--precision P] [--bf16-activations]
+                                                                        # one side's profile, a JSON line
 
 Each side runs in its own process, the sides alternating per round (ours, theirs, then theirs, ours),
 with engine/cpu.py's settings for this CPU and the same number of threads. Memory is the process's
@@ -102,9 +103,9 @@ def _mb(nbytes):
     return round(nbytes / MB, 1)
 
 
-def _ours(spec, threads):
+def _ours(spec, threads, precision):
     """(run one step, the layers, parameters, optimizer-state tensors, saved-tensor hooks, allocator)."""
-    step, batch, versions = peers.our_step(spec, threads)
+    step, batch, versions = peers.our_step(spec, threads, precision=precision)
     import paddle  # already imported by our_step (the --run child)
     from paddle.base import core  # its host allocator's statistics (the --run child, paddle loaded)
     params = [p for p in step.model.parameters()]
@@ -119,8 +120,8 @@ def _ours(spec, threads):
             saved, lambda: paddle.autograd.saved_tensors_hooks(saved.pack, saved.unpack), allocator, versions)
 
 
-def _theirs(spec, threads):
-    model, optimizer, step, batch, versions = peers.their_step(spec, threads)
+def _theirs(spec, threads, precision):
+    model, optimizer, step, batch, versions = peers.their_step(spec, threads, precision)
     import torch  # already imported by their_step (the --run child)
     params = list(model.parameters())
 
@@ -149,9 +150,10 @@ def _hook(layers, side, saved):
     return [h for m in layers for h in (m.register_forward_pre_hook(saved.enter), m.register_forward_hook(saved.leave))]
 
 
-def profile(name, side, threads, batch=None, overrides=(), bf16_activations=False):
+def profile(name, side, threads, batch=None, overrides=(), bf16_activations=False, precision="fp32"):
     """One side's memory profile of one training step of peers.PEERS[name] (see the module's doc);
     `overrides`: more recipe overrides on our side (e.g. runtime.keep_freed_memory=false);
+    `precision`: one of peers.AMP (ours through train.amp, where the CPU runs it; theirs under autocast);
     `bf16_activations`: our step inside ops.bf16_activations (issue 43, not yet entered by train.amp; on a
     CPU without native bf16 its convolutions compute in fp32 on the rounded operands, the same bytes kept)."""
     spec = dict(peers.PEERS[name], **({"batch": batch} if batch else {}))
@@ -163,7 +165,7 @@ def profile(name, side, threads, batch=None, overrides=(), bf16_activations=Fals
         import torch  # noqa: F401  (optional, benchmarks/requirements.txt) in the baseline likewise
     baseline = status_mb("VmRSS")
     run, layers, params, nbytes, state, saved, hooks, allocator, versions = (_ours if side == "ours" else _theirs)(
-        spec, threads)
+        spec, threads, precision)
     if bf16_activations:
         run = _in_bf16_activations(run)
     built = status_mb("VmRSS")
@@ -191,7 +193,8 @@ def profile(name, side, threads, batch=None, overrides=(), bf16_activations=Fals
     out = {"name": name, "side": side, "batch": spec["batch"], "threads": threads, "loss": loss,
            "baseline_mb": round(baseline, 1), "built_mb": round(built, 1), "warm_mb": round(warm, 1),
            "peak_mb": round(peak, 1), "peak_above_baseline_mb": round(peak - baseline, 1), "s_per_step": seconds,
-           "overrides": list(overrides), **({"bf16_activations": True} if bf16_activations else {}),
+           "overrides": list(overrides), "precision": precision,
+           **({"bf16_activations": True} if bf16_activations else {}),
            **{k + "_mb": _mb(v) for k, v in parts.items()}, **({} if counting else {"saved_for_backward_mb": None}),
            "rest_mb": round(peak - baseline - sum(parts.values()) / MB, 1),
            "saved_by_kind_mb": {k: _mb(v) for k, v in saved.by_kind.most_common() if v >= MB / 10},
@@ -297,6 +300,8 @@ def main():
     p.add_argument("--batch", type=int, help="with --run: another batch size than the table's")
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                    help="with --run --side ours: a recipe override (e.g. runtime.keep_freed_memory=false)")
+    p.add_argument("--precision", choices=list(peers.AMP), default="fp32",
+                   help="with --run: the side's precision (benchmarks/peers.py's; ours needs native bf16)")
     p.add_argument("--bf16-activations", action="store_true",
                    help="with --run --side ours: the step inside ops.bf16_activations (issue 43, measuring)")
     args = p.parse_args()
@@ -304,7 +309,7 @@ def main():
     if args.run:
         try:
             print(json.dumps(profile(args.run, args.side, args.threads, args.batch, args.override,
-                                     args.bf16_activations)))
+                                     args.bf16_activations, args.precision)))
         except ConfigError as e:      # a bad -o: one line, as the tools give it
             raise SystemExit(f"error: {e}") from None
     elif args.show or args.docs:

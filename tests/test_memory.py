@@ -73,7 +73,7 @@ def test_the_profile_command_accounts_for_one_training_step():
     params_mb = p["parameters_mb"]
     assert abs(params_mb - 108_737_304 * 4 / 2 ** 20) < 0.1, p
     assert p["gradients_mb"] == params_mb and abs(p["optimizer_state_mb"] - 2 * params_mb) < 1, p
-    assert p["s_per_step"] > 0 and p["overrides"] == [], p
+    assert p["s_per_step"] > 0 and p["overrides"] == [] and p["precision"] == "fp32", p
     assert 0 < p["saved_for_backward_mb"] < p["peak_above_baseline_mb"], p
     assert p["baseline_mb"] < p["built_mb"] <= p["peak_mb"] and p["warm_mb"] <= p["peak_mb"] + 1, p
     parts = sum(p[k] for k in ("parameters_mb", "gradients_mb", "optimizer_state_mb", "saved_for_backward_mb",
