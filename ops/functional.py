@@ -97,7 +97,8 @@ class autocast:
 
 
 class bf16_activations:
-    """Context manager (issue 43, not yet switched on by train.amp: it needs measuring on a bf16 CPU):
+    """Context manager (issue 43; entered by `train.amp.activations: bfloat16` on a CPU with native bf16,
+    not the default until measured there; `bf16_activations(False)` marks a part that stays fp32):
     inside the block a convolution writes its output in bf16, and the operators after it (BatchNorm
     + residual + ReLU, pooling) read and write bf16, so the activations a ResNet keeps for its
     backward take half the bytes; the statistics, the parameters, their gradients and the trunk's
