@@ -211,7 +211,8 @@ def test_a_cpu_without_bf16_gets_one_line_and_fp32(isa, native):
         assert "AVX512_BF16 or AMX" in said[0] and "computing in fp32" in said[0] and f"={isa or 'unset'}" in said[0]
 
 
-def test_float16_on_a_cpu_is_one_error_line(tmp_path):
+def test_float16_on_a_cpu_is_one_error_line(yt8m_demo, tmp_path):
+    """(yt8m_demo: the recipe's data exists, so the error is the dtype's whatever ran before.)"""
     proc = tool("train", "-c", ATTENTION_LSTM_DEMO, "-o", "train.amp.enable=true", "--output", tmp_path,
                 check=False)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
