@@ -78,6 +78,12 @@ def _once(message, *args):
         log.info(message, *args)
 
 
+def heap_trim(runtime_cfg):
+    """What the trainer calls after each forward (engine.cpu.trim_heap) on a CPU whose run gives freed
+    memory back (`runtime.keep_freed_memory` false); None otherwise."""
+    return cpu.trim_heap if _on_cpu() and not runtime_cfg.keep_freed_memory else None
+
+
 def _on_cpu():
     return paddle.get_device().startswith("cpu")
 

@@ -33,6 +33,64 @@ def test_the_high_water_mark_resets_and_sees_a_256_mb_allocation():
     assert peak - before >= 250 and after - rss < 16, (before, rss, peak, after)
 
 
+_TRIM = """
+import ctypes
+from benchmarks import memory
+from engine import cpu
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+blocks = [libc.malloc(64 << 10) for _ in range(3200)]   # 200 MB in 64 KB blocks: below the mmap threshold
+for b in blocks:
+    ctypes.memset(b, 1, 64 << 10)                      # resident
+start = memory.status_mb("VmRSS")
+for b in blocks[:-1]:
+    libc.free(b)   # the last block stays: the heap's top is in use, so free() cannot shrink it
+freed = memory.status_mb("VmRSS")
+print(start, freed, cpu.trim_heap(), memory.status_mb("VmRSS"))
+"""
+
+
+def test_trim_heap_gives_the_free_pages_inside_the_heap_back():
+    """engine.cpu.trim_heap (the trainer's call after the forward): 200 MB of 64 KB blocks freed below
+    the heap's last block stay resident after free(), and go back to the system with the trim."""
+    proc = subprocess.run([sys.executable, "-c", _TRIM], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    start, freed, trimmed, after = proc.stdout.split()
+    start, freed, after = float(start), float(freed), float(after)
+    assert freed > start - 16, "free() alone keeps the pages"
+    assert trimmed == "True" and after < freed - 180, (start, freed, after)
+
+
+def test_the_trainer_trims_the_heap_between_the_forward_and_the_backward(monkeypatch):
+    """With runtime.keep_freed_memory false (the default) on a CPU, TrainStep calls the trim after the
+    forward, before the backward (where the peak is); with it true, glibc keeps its blocks: no trim."""
+    # the engine's training modules: only this test of the module needs them
+    from engine import config, cpu, runtime
+    from engine.training import trainer
+    events = []
+    monkeypatch.setattr(cpu, "trim_heap", lambda: events.append("trim"))
+    assert runtime.heap_trim(config.RuntimeSection.of({"keep_freed_memory": True})) is None
+
+    class Net(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.fc = paddle.nn.Linear(3, 2)
+
+        def forward(self, batch):
+            events.append("forward")
+            y = self.fc(batch["x"])
+            y.register_hook(lambda g: events.append("backward"))
+            return {"loss": y.sum()}
+
+    net = Net()
+    step = trainer.TrainStep(net, paddle.optimizer.SGD(0.1, parameters=net.parameters()),
+                             trainer.make_scaler(config.AmpSection()),
+                             after_forward=runtime.heap_trim(config.RuntimeSection.of({})))
+    step({"x": paddle.ones([4, 3])})
+    assert events == ["forward", "trim", "backward"]
+
+
 def test_saved_tensors_are_counted_once_per_buffer_and_charged_to_the_layer_that_saved_them():
     paddle.seed(0)
     net = paddle.nn.Sequential(paddle.nn.Linear(4, 3), paddle.nn.Tanh())

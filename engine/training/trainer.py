@@ -43,10 +43,12 @@ class TrainStep:
     micro-batch. Returns the detached losses: no host synchronisation.
     """
 
-    def __init__(self, net, optimizer, scaler, lr=None, amp=None, accum_steps=1, clip_grad_norm=None):
+    def __init__(self, net, optimizer, scaler, lr=None, amp=None, accum_steps=1, clip_grad_norm=None,
+                 after_forward=None):
         self.net, self.optimizer, self.scaler, self.lr = net, optimizer, scaler, lr
         self.amp = amp or C.AmpSection()
         self.accum_steps, self.clip_grad_norm = accum_steps, clip_grad_norm
+        self.after_forward = after_forward   # runtime.heap_trim's: the heap's free pages back before the peak
         self.last_lr = None   # the lr of the last update (the schedule has moved on by then)
 
     @property
@@ -58,6 +60,8 @@ class TrainStep:
         with self.net.no_sync() if no_sync else contextlib.nullcontext():
             with runtime.autocast(self.amp):
                 losses = self.net(batch)
+            if self.after_forward:
+                self.after_forward()
             self.scaler.scale(losses["loss"] / self.accum_steps).backward()
         if update:
             self.scaler.unscale_(self.optimizer)
@@ -81,7 +85,8 @@ def build_train_step(cfg, model, steps_per_epoch, total_steps, world_size=1, amp
     if amp.enable and amp.level == "O2":
         model, optimizer = decorate_o2(model, optimizer, amp)
     net = paddle.DataParallel(model) if world_size > 1 else model
-    return TrainStep(net, optimizer, make_scaler(amp), lr, amp, cfg.train.accum_steps, cfg.train.clip_grad_norm)
+    return TrainStep(net, optimizer, make_scaler(amp), lr, amp, cfg.train.accum_steps, cfg.train.clip_grad_norm,
+                     runtime.heap_trim(cfg.runtime))
 
 
 @dataclasses.dataclass(frozen=True)
