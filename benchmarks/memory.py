@@ -136,6 +136,7 @@ def _theirs(spec, threads, precision):
 
 def _in_bf16_activations(run):
     import ops  # the --run child's, paddle loaded
+
     def bf16_run():
         with ops.bf16_activations():
             return run()
@@ -154,8 +155,9 @@ def profile(name, side, threads, batch=None, overrides=(), bf16_activations=Fals
     """One side's memory profile of one training step of peers.PEERS[name] (see the module's doc);
     `overrides`: more recipe overrides on our side (e.g. runtime.keep_freed_memory=false);
     `precision`: one of peers.AMP (ours through train.amp, where the CPU runs it; theirs under autocast);
-    `bf16_activations`: our step inside ops.bf16_activations (issue 43, not yet entered by train.amp; on a
-    CPU without native bf16 its convolutions compute in fp32 on the rounded operands, the same bytes kept)."""
+    `bf16_activations`: our step inside ops.bf16_activations whatever the CPU (issue 43; train.amp enters it
+    only with native bf16; without, the convolutions compute in fp32 on the rounded operands, the same
+    tensors kept)."""
     spec = dict(peers.PEERS[name], **({"batch": batch} if batch else {}))
     spec["overrides"] = list(spec.get("overrides", [])) + list(overrides)
     peers.before_paddle()

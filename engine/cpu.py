@@ -139,7 +139,7 @@ def trim_heap():
     `runtime.keep_freed_memory` false the trainer calls it after each forward: the blocks the forward
     freed below glibc's mmap threshold stay in the heap as holes, resident through the backward where
     the peak is (docs/performance.md, "Memory of a training step": DeepLabV3-R50 on amd-zen3 3663 ->
-    3296 MB, one 44 ms call a step). False off glibc."""
+    3310 MB above the baseline, 1% of its step). False off glibc."""
     libc = _libc()
     try:
         return bool(libc and libc.malloc_trim(0))
