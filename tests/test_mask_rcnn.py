@@ -299,16 +299,15 @@ def golden_features(golden_models):
 def test_golden_backbone_fpn_rpn(golden_models, golden_features, op_path_conv):
     """Backbone, FPN and RPN head (objectness, deltas, anchors): stored in the aligned=False file only,
     since RoIAlign does not reach them (the aligned=True run gave them bit for bit)."""
-    op_path = op_path_conv
-    fast = op_path.fused
+    fast = op_path_conv.fused
     ref = np.load(os.path.join(DATA, GOLDEN[False]))
-    body, feats, ran = golden_features(fast, op_path.bf16, op_path.bf16_act)
+    body, feats, ran = golden_features(fast, op_path_conv.bf16, op_path_conv.bf16_act)
     # on the fused path the convolutions of the backbone, the FPN and the RPN head run through oneDNN (in
     # bf16 on the bf16 path), the frozen BN with its ReLU and residual in one kernel, the biases in another;
     # with bf16 activations the trunk's activations are bf16 and the FPN's and RPN's fp32
-    conv = "zoo_conv2d_bf16" if op_path.bf16 else "zoo_conv2d"
+    conv = "zoo_conv2d_bf16" if op_path_conv.bf16 else "zoo_conv2d"
     backbone, fpn = {conv, "zoo_bn_global_act", "zoo_bn_global_add_act"}, {conv, "zoo_channel_bias"}
-    if op_path.bf16_act:
+    if op_path_conv.bf16_act:
         backbone = {"zoo_conv2d_bf16act", "zoo_bn_global_act", "zoo_bn_global_add_act", "zoo_pool2d_bf16"}
     assert ran == ({"backbone": backbone, "fpn": fpn} if fast else {"backbone": set(), "fpn": set()})
     for i, f in enumerate(body):
