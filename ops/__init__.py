@@ -1,8 +1,8 @@
 """The fused CPU kernels as one layer package, below models/ and engine/ (it imports neither).
 
 - layers.py: what models call (linear + activation + dropout, attention, add & norm, convolution,
-  conv + BN + act, LSTM, pooling and the channel concat of bf16 activations, label-smoothed cross entropy),
-  on the models' own paddle layers; re-exported here.
+  conv + BN + act, transposed convolution, LSTM, pooling and the channel concat of bf16 activations,
+  label-smoothed cross entropy, RoIAlign, polygon masks), on the models' own paddle layers; re-exported here.
 - functional.py: the same operators on tensors; each picks its fused kernel or its reference.
 - reference.py: the pure Paddle references (what exports, and what the tests compare with).
 - library.py: building (`make ops`), caching and loading csrc/ops.cc and csrc/dnnl.cc.
@@ -12,10 +12,11 @@ docs/contributing.md says how a model uses it and how to add a kernel.
 """
 from ops.functional import (autocast, bf16_active, bf16_activations, bf16_supported, enabled_as, is_enabled,
                             set_enabled)
-from ops.layers import (activation, add, add_norm, attention, concat_channels, conv2d, conv_bn_act, float32,
-                        layer_norm, linear, linear_add_norm, lstm, matmul, pool, set_attention, smooth_cross_entropy)
+from ops.layers import (activation, add, add_norm, attention, concat_channels, conv2d, conv_bn_act, conv_transpose,
+                        float32, layer_norm, linear, linear_add_norm, lstm, matmul, pool, rasterize_polygons, roi_align,
+                        set_attention, smooth_cross_entropy)
 
 __all__ = ["activation", "add", "add_norm", "attention", "autocast", "bf16_active", "bf16_activations",
-           "bf16_supported", "concat_channels", "conv2d", "conv_bn_act", "enabled_as", "float32", "is_enabled", "layer_norm",
-           "linear", "linear_add_norm", "lstm", "matmul", "pool", "set_attention", "set_enabled",
-           "smooth_cross_entropy"]
+           "bf16_supported", "concat_channels", "conv2d", "conv_bn_act", "conv_transpose", "enabled_as", "float32",
+           "is_enabled", "layer_norm", "linear", "linear_add_norm", "lstm", "matmul", "pool", "rasterize_polygons",
+           "roi_align", "set_attention", "set_enabled", "smooth_cross_entropy"]

@@ -27,9 +27,11 @@ import functools
 import os
 
 import paddle
+import paddle.nn.functional as F
 
 from ops import library, reference
-from ops.paddle_attrs import batch_norm_settings, conv2d_settings, lstm_settings, pool2d_settings
+from ops.paddle_attrs import (batch_norm_settings, conv2d_settings, conv_transpose_settings, lstm_settings,
+                               pool2d_settings)
 
 _state = {"enabled": False, "bf16": False, "route": "operands", "bf16_act": False}
 BF16_ROUTES = ("operands", "fpmath")
@@ -260,19 +262,44 @@ def conv2d(x, conv):
     to_bf16 = _state["bf16_act"] or x.dtype == paddle.bfloat16   # a bf16 input gives a bf16 output
     if (fast and active(conv.weight, *_given(conv.bias), activations=(x,)) and library.state["dnnl"]
             and not _paddle_computes(x, conv, s)):
-        args = (x, conv.weight, list(s.stride), list(s.padding), list(s.dilation), not x.stop_gradient)
-        if to_bf16:
-            y = _run("zoo_conv2d_bf16act", *args)[0]
-        elif _state["bf16"] and _state["route"] == "operands":
-            y = _run("zoo_conv2d_bf16", *args)[0]
-        else:
-            y = _run("zoo_conv2d", *args, _state["bf16"])[0]
+        y = _onednn_conv(x, conv.weight, s.stride, s.padding, s.dilation, to_bf16)
         # the bias in one pass each way (paddle's broadcast add and its gradient are slow on CPU); on a
         # bf16 output it is added in fp32 and the sum rounded once
         return y if conv.bias is None else _run("zoo_channel_bias", y, conv.bias)[0]
     if to_bf16:   # paddle's CPU build has no bf16 convolution: fp32, rounded after
         return conv(float32(x)).astype("bfloat16")
     return conv(x)
+
+
+def conv_transpose(x, deconv):
+    """deconv(x) for a paddle Conv2DTranspose whose square kernel equals its stride, without padding
+    (Mask R-CNN's 2x2 stride-2 upsampling): the output windows do not overlap, so it is a 1x1
+    convolution to C_out x k x k channels on oneDNN, a pixel shuffle, and the bias in one pass. paddle's
+    CPU transposed convolution and its broadcast bias add took 3.4% and 10% of the Mask R-CNN demo's
+    step. Other layers take the layer; fp32 activations (as the layer: no CPU bf16 pixel shuffle)."""
+    t = conv_transpose_settings(deconv)
+    s, k = t.conv, t.kernel
+    simple = (s.data_format == "NCHW" and s.groups == 1 and s.padding == [0, 0] and s.dilation == [1, 1]
+              and list(s.stride) == k and k[0] == k[1] and not any(_pair(t.output_padding)) and x.ndim == 4)
+    if not (simple and active(x, deconv.weight, *_given(deconv.bias)) and library.state["dnnl"]):
+        return deconv(x)
+    w = deconv.weight                                    # [C_in, C_out, k, k] -> [C_out k k, C_in, 1, 1]
+    w = w.transpose([1, 2, 3, 0]).reshape([-1, w.shape[0], 1, 1])
+    y = F.pixel_shuffle(_onednn_conv(x, w, [1, 1], [0, 0], [1, 1], False), k[0])
+    return y if deconv.bias is None else _run("zoo_channel_bias", y, deconv.bias)[0]
+
+
+def _pair(v):
+    return [v, v] if isinstance(v, int) else list(v)
+
+
+def _onednn_conv(x, w, stride, padding, dilation, to_bf16):
+    args = (x, w, list(stride), list(padding), list(dilation), not x.stop_gradient)
+    if to_bf16:
+        return _run("zoo_conv2d_bf16act", *args)[0]
+    if _state["bf16"] and _state["route"] == "operands":
+        return _run("zoo_conv2d_bf16", *args)[0]
+    return _run("zoo_conv2d", *args, _state["bf16"])[0]
 
 
 WORK_SPACE_FLOOR = 32 << 20   # bytes (_columns_per_thread)
@@ -349,6 +376,26 @@ def concat_channels(xs):
     if xs[0].dtype == paddle.bfloat16:   # fp32 for the gradient, rounded after
         return paddle.concat([float32(x) for x in xs], axis=1).astype("bfloat16")
     return paddle.concat(xs, axis=1)
+
+
+def roi_align(x, boxes, boxes_num, output_size, spatial_scale=1.0, sampling_ratio=-1, aligned=True):
+    """paddle.vision.ops.roi_align (x [N, C, H, W], boxes [R, 4] of the images in order, boxes_num [B]
+    RoIs per image), on our kernel for float32 CPU tensors: its positions and weights computed once per
+    RoI for every channel, both passes over 2 threads where paddle's run one (csrc/ops.cc)."""
+    size = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+    if x.ndim == 4 and boxes_num is not None and boxes_num.place.is_cpu_place() and active(x, boxes):
+        return _run("zoo_roi_align", x, boxes, boxes_num.astype("int32"), int(size[0]), int(size[1]),
+                    float(spatial_scale), int(sampling_ratio), bool(aligned))[0]
+    return reference.roi_align(x, boxes, boxes_num, output_size, spatial_scale, sampling_ratio, aligned)
+
+
+def rasterize_polygons(xy, counts, height, width):
+    """reference.rasterize_polygons (pycocotools' polygon masks); on a CPU our kernel walks the edges as
+    rleFrPoly does, one set per thread (csrc/ops.cc), where the tensor version's ~60 operators per call
+    took 22% of the Mask R-CNN demo's step."""
+    if xy.dtype == paddle.float64 and xy.place.is_cpu_place() and active():
+        return _run("zoo_rasterize_polygons", xy, counts.astype("int32"), int(height), int(width))[0]
+    return reference.rasterize_polygons(xy, counts, height, width)
 
 
 def lstm(x, rnn, lengths=None):

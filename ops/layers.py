@@ -88,6 +88,12 @@ def conv2d(x, conv):
     return fn.conv2d(x, conv)
 
 
+def conv_transpose(x, deconv):
+    """deconv(x) for an nn.Conv2DTranspose; one whose kernel equals its stride on oneDNN
+    (functional.conv_transpose)."""
+    return fn.conv_transpose(x, deconv)
+
+
 def conv_bn_act(x, conv, bn, relu=True, residual=None):
     """act(bn(conv(x)) [+ residual]) for nn.Conv2D and nn.BatchNorm2D layers: the convolution on
     oneDNN, then BN with batch statistics, the residual add and ReLU in one kernel in training."""
@@ -107,6 +113,16 @@ def concat_channels(xs):
 def float32(x):
     """x as float32: where a model's bf16 activations end (functional.bf16_activations)."""
     return fn.float32(x)
+
+
+def roi_align(x, boxes, boxes_num, output_size, spatial_scale=1.0, sampling_ratio=-1, aligned=True):
+    """paddle.vision.ops.roi_align, in parallel on the CPU (functional.roi_align)."""
+    return fn.roi_align(x, boxes, boxes_num, output_size, spatial_scale, sampling_ratio, aligned)
+
+
+def rasterize_polygons(xy, counts, height, width):
+    """Polygon sets to masks as pycocotools does (functional.rasterize_polygons)."""
+    return fn.rasterize_polygons(xy, counts, height, width)
 
 
 def lstm(x, rnn, lengths=None):

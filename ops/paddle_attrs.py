@@ -12,6 +12,7 @@ from collections import namedtuple
 import paddle
 
 Conv2DSettings = namedtuple("Conv2DSettings", "stride padding dilation groups data_format padding_mode")
+ConvTransposeSettings = namedtuple("ConvTransposeSettings", "conv kernel output_padding")
 Pool2DSettings = namedtuple("Pool2DSettings",
                             "is_max kernel stride padding ceil_mode exclusive divisor data_format return_mask")
 BatchNormSettings = namedtuple("BatchNormSettings", "momentum epsilon use_global_stats data_format mean variance")
@@ -34,6 +35,12 @@ def conv2d_settings(conv):
     return Conv2DSettings(list(_read(conv, "_stride")), list(pads) if explicit else None,
                           list(_read(conv, "_dilation")), _read(conv, "_groups"), _read(conv, "_data_format"),
                           _read(conv, "_padding_mode"))
+
+
+def conv_transpose_settings(deconv):
+    """nn.Conv2DTranspose: its conv2d_settings, `kernel` [h, w] and `output_padding` (a number or a list)."""
+    return ConvTransposeSettings(conv2d_settings(deconv), list(_read(deconv, "_kernel_size")),
+                                 _read(deconv, "output_padding"))
 
 
 def batch_norm_settings(bn):

@@ -332,8 +332,8 @@ def test_golden_backbone_fpn_rpn(golden_models, golden_features, op_path_conv):
 def test_golden_roi_features_box_and_mask_heads(golden_models, golden_features, aligned, op_path):
     """RoI features, box head (fc7, logits, probabilities, deltas) and mask head (logits, the selected
     class's logits and probabilities) of the model built with `aligned` against PaddleDetection's with
-    the same setting. On the fused path the heads' linear layers and convolutions run on our operators
-    (asserted; the deconvolution is paddle's), in bf16 on the bf16 path."""
+    the same setting. On the fused path RoIAlign and the heads' linear layers, convolutions and
+    deconvolution run on our operators (asserted), in bf16 on the bf16 path."""
     model = golden_models[aligned]
     assert model.box_roi.aligned is aligned and model.mask_roi.aligned is aligned
     ref = np.load(os.path.join(DATA, GOLDEN[aligned]))
@@ -348,7 +348,7 @@ def test_golden_roi_features_box_and_mask_heads(golden_models, golden_features, 
         mask_logits = model.mask_head(mask_feat)
         # the other RoIAlign setting: the two golden files must tell them apart (4.1 apart measured)
         other = roi_heads.MultiScaleRoIAlign(7, aligned=not aligned)(feats, [rois])
-    fused = {"zoo_conv2d", "zoo_channel_bias", "zoo_matmul", "zoo_bias_act", "zoo_bias_dropout"}
+    fused = {"zoo_roi_align", "zoo_conv2d", "zoo_channel_bias", "zoo_matmul", "zoo_bias_act", "zoo_bias_dropout"}
     assert set(ran) == ({BF16_OPS.get(n, n) for n in fused} if op_path.bf16 else fused) if op_path.fused else not ran
     close(roi_feat.numpy()[:, :8], ref["box.roi_feat.slice"])
     stats_close(roi_feat.numpy(), ref["box.roi_feat.stats"])

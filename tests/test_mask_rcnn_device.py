@@ -52,10 +52,11 @@ def _random_instance(rng, kind):
     return parts
 
 
-def test_rasteriser_equals_pycocotools_on_random_polygons():
-    """600 random instances (28x28 and other sizes): every pixel equal to pycocotools' rleFrPoly.
-    Wrong details fail here: floor for C's truncation (120 of 400 masks differed when tried), a
-    crossing window one step too narrow (5 of 400)."""
+def test_rasteriser_equals_pycocotools_on_random_polygons(op_path_fp32):
+    """600 random instances (28x28 and other sizes): every pixel equal to pycocotools' rleFrPoly, on
+    both paths: the tensor operators (a GPU's) and our CPU kernel (asserted to run). Wrong details fail
+    here: floor for C's truncation (120 of 400 masks differed when tried), a crossing window one step
+    too narrow (5 of 400)."""
     rng = np.random.default_rng(0)
     cases = {}
     for n in range(600):
@@ -72,9 +73,10 @@ def test_rasteriser_equals_pycocotools_on_random_polygons():
                                            f"parts {[p.tolist() for p in parts]}"
             checked += 1
     assert checked == 600
+    assert set(op_path_fp32.ran) == ({"zoo_rasterize_polygons"} if op_path_fp32.fused else set())
 
 
-def test_mask_targets_in_boxes_equal_pycocotools():
+def test_mask_targets_in_boxes_equal_pycocotools(op_path_fp32):
     """Through polygons_in_boxes: float32 boxes, float64 moved vertices, as mask_target did on the host."""
     rng = np.random.default_rng(1)
     instances = [_random_instance(rng, k % 6) for k in range(60)]

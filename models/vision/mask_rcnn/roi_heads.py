@@ -62,9 +62,8 @@ class MultiScaleRoIAlign(nn.Layer):
             idx = paddle.nonzero(levels == self.min_level + k).reshape([-1])
             # RoIs of this level per image: roi_align's batch split
             per_image = (paddle.gather(image_of, idx).unsqueeze(1) == images.unsqueeze(0)).astype("int32").sum(0)
-            parts.append(paddle.vision.ops.roi_align(
-                feats[k], paddle.gather(rois, idx), per_image, self.resolution, spatial_scale=scale,
-                sampling_ratio=self.sampling_ratio, aligned=self.aligned))
+            parts.append(ops.roi_align(feats[k], paddle.gather(rois, idx), per_image, self.resolution,
+                                       spatial_scale=scale, sampling_ratio=self.sampling_ratio, aligned=self.aligned))
             order.append(idx)
         return paddle.gather(paddle.concat(parts), paddle.argsort(paddle.concat(order)))
 
@@ -107,12 +106,12 @@ class MaskHead(nn.Layer):
 
     def forward(self, roi_feats):
         x = roi_feats
-        # fp32 activations whatever ops.bf16_activations says: paddle's ReLU and transposed convolution
-        # have no CPU bf16 kernel; the 2x2 transposed convolution is paddle's (the layer package has none)
+        # fp32 activations whatever ops.bf16_activations says: paddle's ReLU and pixel shuffle have no
+        # CPU bf16 kernel
         with ops.bf16_activations(False):
             for conv in self.convs:
                 x = F.relu(ops.conv2d(x, conv))
-            return ops.conv2d(F.relu(self.deconv(x)), self.logits)
+            return ops.conv2d(F.relu(ops.conv_transpose(x, self.deconv)), self.logits)
 
 
 def select_class(logits, classes):
@@ -230,88 +229,12 @@ def polygons_to_mask(polygons, height, width):
 
 
 def rasterize_polygons(xy, counts, height, width):
-    """Masks [F, height, width] (uint8) of F polygon sets, equal to pycocotools' frPyObjects +
-    merge + decode (maskApi.c rleFrPoly, which PaddleDetection's targets use), in tensor operators.
-
-    xy float64 [F, V, 2]: each set's parts, vertices concatenated part after part (padding after);
-    counts [F, K]: vertices of each part (0: no part; parts of fewer than 3 vertices are skipped,
-    as polygons_to_mask does). rleFrPoly scales the vertices by 5 and truncates
-    (x = (int)(5 x + .5)), walks each edge in unit steps of its longer axis and toggles, in column
-    c, the pixel row below every step between x = 5c + 2 and 5c + 3; the mask is the parity of the
-    toggles up to each pixel of the column-major image. Here every (edge, column) pair solves for its
-    step directly: an x-major edge has exactly one candidate step, a y-major one is found in a window
-    of 4 steps around the real crossing and checked with rleFrPoly's own double-precision formula,
-    so the work is [F, V, width] whatever the polygons' extent. Parts are OR-ed (merge, no intersect).
-    float64 throughout: the truncations must see rleFrPoly's doubles bit for bit (small tensors:
-    at most `EDGE_ROWS` x width x 5 values per chunk of sets).
-    """
-    step = max(1, EDGE_ROWS // max(1, xy.shape[1]))
-    if xy.shape[0] > step:                                  # bounded memory: chunks of sets (host-known sizes)
-        return paddle.concat([_rasterize(xy[i:i + step], counts[i:i + step], height, width)
-                              for i in range(0, xy.shape[0], step)])
-    return _rasterize(xy, counts, height, width)
-
-
-EDGE_ROWS = 1 << 15     # sets x vertices rasterised at once
-
-
-def _rasterize(xy, counts, height, width):
-    f, v, _ = xy.shape
-    k = counts.shape[1]
-    h, w = int(height), int(width)
-    if f == 0:
-        return paddle.zeros([0, h, w], "uint8")
-    counts = counts.astype("int64")
-    ends = paddle.cumsum(counts, axis=1)
-    j = paddle.arange(v, dtype="int64")
-    part = (j.reshape([1, v, 1]) >= ends.unsqueeze(1)).astype("int64").sum(2)      # [F, V], K: padding
-    part_c = part.clip(max=k - 1)
-    end_j = paddle.take_along_axis(ends, part_c, 1)
-    count_j = paddle.take_along_axis(counts, part_c, 1)
-    nxt = paddle.where(j + 1 == end_j, end_j - count_j, j + 1).clip(max=v - 1)
-    edge_ok = (part < k) & (count_j >= 3)
-    X = paddle.trunc(5.0 * xy[:, :, 0] + 0.5)
-    Y = paddle.trunc(5.0 * xy[:, :, 1] + 0.5)
-    Xe, Ye = paddle.take_along_axis(X, nxt, 1), paddle.take_along_axis(Y, nxt, 1)
-    dx, dy = paddle.abs(Xe - X), paddle.abs(Ye - Y)
-    x_major = dx >= dy
-    flip = (x_major & (X > Xe)) | (~x_major & (Y > Ye))
-    xs, xe = paddle.where(flip, Xe, X), paddle.where(flip, X, Xe)
-    ys, ye = paddle.where(flip, Ye, Y), paddle.where(flip, Y, Ye)
-    one = paddle.ones_like(dx)
-    col = paddle.arange(w, dtype="float64")                      # output columns c
-    u_lo = 5.0 * col + 2.0                                       # the step from 5c + 2 to 5c + 3
-    e = lambda t: t.unsqueeze(2)  # noqa: E731  [F, V] -> [F, V, 1]
-    # x-major edges: u = xs + t, v = (int)(ys + s t + .5) for t = 0..dx; the step t -> t + 1 at t = 5c + 2 - xs
-    s = (ye - ys) / paddle.where(dx > 0, dx, one)
-    t = u_lo - e(xs)                                             # [F, V, W]
-    v0 = paddle.trunc(e(ys) + e(s) * t + 0.5)
-    v1 = paddle.trunc(e(ys) + e(s) * (t + 1.0) + 0.5)
-    ok_a = e(edge_ok & x_major & (dx > 0)) & (t >= 0) & (t <= e(dx) - 1.0)
-    row_a = paddle.minimum(v0, v1)
-    # y-major edges: v = ys + t, u = (int)(xs + s t + .5) for t = 0..dy (|s| < 1, u monotone)
-    s = (xe - xs) / paddle.where(dy > 0, dy, one)
-    s_safe = paddle.where(s != 0, s, one)
-    t0 = ((u_lo + 0.5) - e(xs)) / e(s_safe)                      # xs + s t + .5 = 5c + 3
-    t0 = paddle.floor(paddle.minimum(t0.clip(min=-4.0), e(dy) + 4.0))   # NaN-free, no overflow
-    T = t0.unsqueeze(3) + paddle.to_tensor([-2.0, -1.0, 0.0, 1.0], dtype="float64")   # [F, V, W, 4]
-    ee = lambda t: t.unsqueeze(2).unsqueeze(3)  # noqa: E731
-    u0 = paddle.trunc(ee(xs) + ee(s) * T + 0.5)
-    u1 = paddle.trunc(ee(xs) + ee(s) * (T + 1.0) + 0.5)
-    ok_b = (ee(edge_ok & ~x_major & (s != 0)) & (T >= 0) & (T <= ee(dy) - 1.0)
-            & (paddle.minimum(u0, u1) == u_lo.reshape([1, 1, w, 1])) & (paddle.abs(u1 - u0) == 1.0))
-    row_b = ee(ys) + T
-    # toggle rows: ceil(clip((v + .5) / 5 - .5, 0, h)); flat column-major position c h + row
-    rows = paddle.concat([row_a.unsqueeze(3), row_b], 3)
-    ok = paddle.concat([ok_a.unsqueeze(3), ok_b], 3)
-    rows = paddle.ceil(((rows + 0.5) / 5.0 - 0.5).clip(0.0, float(h)))
-    pos = (col.reshape([1, 1, w, 1]) * h + rows).astype("int64")
-    slot = (paddle.arange(f, dtype="int64").unsqueeze(1) * k + part_c).reshape([f, v, 1, 1])
-    size = h * w + 1
-    index = paddle.where(ok, slot * size + pos, paddle.zeros_like(pos)).reshape([-1, 1])
-    hist = paddle.scatter_nd_add(paddle.zeros([f * k * size], "int32"), index, ok.astype("int32").reshape([-1]))
-    inside = paddle.cumsum(hist.reshape([f, k, size]), axis=2)[:, :, :h * w] % 2
-    return (inside.sum(1) > 0).astype("uint8").reshape([f, w, h]).transpose([0, 2, 1])
+    """Masks [F, height, width] (uint8) of F polygon sets, equal to pycocotools' frPyObjects + merge +
+    decode (maskApi.c rleFrPoly, which PaddleDetection's targets use): ops.rasterize_polygons (its
+    reference, in tensor operators, says how). xy float64 [F, V, 2]: each set's parts, vertices
+    concatenated part after part (padding after); counts [F, K]: vertices of each part (0: no part;
+    parts of fewer than 3 vertices are skipped, as polygons_to_mask does)."""
+    return ops.rasterize_polygons(xy, counts, height, width)
 
 
 def polygons_in_boxes(points, counts, boxes, resolution):
