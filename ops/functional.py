@@ -383,7 +383,8 @@ def roi_align(x, boxes, boxes_num, output_size, spatial_scale=1.0, sampling_rati
     RoIs per image), on our kernel for float32 CPU tensors: its positions and weights computed once per
     RoI for every channel, both passes over 2 threads where paddle's run one (csrc/ops.cc)."""
     size = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
-    if x.ndim == 4 and boxes_num is not None and boxes_num.place.is_cpu_place() and active(x, boxes):
+    # active() first: a program being traced (export) has no place to ask
+    if active(x, boxes) and x.ndim == 4 and boxes_num is not None and boxes_num.place.is_cpu_place():
         return _run("zoo_roi_align", x, boxes, boxes_num.astype("int32"), int(size[0]), int(size[1]),
                     float(spatial_scale), int(sampling_ratio), bool(aligned))[0]
     return reference.roi_align(x, boxes, boxes_num, output_size, spatial_scale, sampling_ratio, aligned)
@@ -393,7 +394,7 @@ def rasterize_polygons(xy, counts, height, width):
     """reference.rasterize_polygons (pycocotools' polygon masks); on a CPU our kernel walks the edges as
     rleFrPoly does, one set per thread (csrc/ops.cc), where the tensor version's ~60 operators per call
     took 22% of the Mask R-CNN demo's step."""
-    if xy.dtype == paddle.float64 and xy.place.is_cpu_place() and active():
+    if active() and xy.dtype == paddle.float64 and xy.place.is_cpu_place():
         return _run("zoo_rasterize_polygons", xy, counts.astype("int32"), int(height), int(width))[0]
     return reference.rasterize_polygons(xy, counts, height, width)
 
