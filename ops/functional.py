@@ -280,17 +280,13 @@ def conv_transpose(x, deconv):
     t = conv_transpose_settings(deconv)
     s, k = t.conv, t.kernel
     simple = (s.data_format == "NCHW" and s.groups == 1 and s.padding == [0, 0] and s.dilation == [1, 1]
-              and list(s.stride) == k and k[0] == k[1] and not any(_pair(t.output_padding)) and x.ndim == 4)
+              and list(s.stride) == k and k[0] == k[1] and not any(t.output_padding) and x.ndim == 4)
     if not (simple and active(x, deconv.weight, *_given(deconv.bias)) and library.state["dnnl"]):
         return deconv(x)
     w = deconv.weight                                    # [C_in, C_out, k, k] -> [C_out k k, C_in, 1, 1]
     w = w.transpose([1, 2, 3, 0]).reshape([-1, w.shape[0], 1, 1])
     y = F.pixel_shuffle(_onednn_conv(x, w, [1, 1], [0, 0], [1, 1], False), k[0])
     return y if deconv.bias is None else _run("zoo_channel_bias", y, deconv.bias)[0]
-
-
-def _pair(v):
-    return [v, v] if isinstance(v, int) else list(v)
 
 
 def _onednn_conv(x, w, stride, padding, dilation, to_bf16):

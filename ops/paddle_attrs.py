@@ -37,10 +37,14 @@ def conv2d_settings(conv):
                           _read(conv, "_padding_mode"))
 
 
+def _pair(v):
+    return [int(v), int(v)] if isinstance(v, int) else [int(a) for a in v]
+
+
 def conv_transpose_settings(deconv):
-    """nn.Conv2DTranspose: its conv2d_settings, `kernel` [h, w] and `output_padding` (a number or a list)."""
+    """nn.Conv2DTranspose: its conv2d_settings, `kernel` and `output_padding` [h, w]."""
     return ConvTransposeSettings(conv2d_settings(deconv), list(_read(deconv, "_kernel_size")),
-                                 _read(deconv, "output_padding"))
+                                 _pair(_read(deconv, "output_padding")))
 
 
 def batch_norm_settings(bn):
@@ -57,14 +61,12 @@ def layer_norm_epsilon(norm):
 def pool2d_settings(pool):
     """nn.MaxPool2D / nn.AvgPool2D as numbers: `kernel`, `stride` [h, w]; `padding` [h, w] when symmetric
     and given by numbers, else None (strings, 4 values: only paddle's kernel handles those)."""
-    def pair(v):
-        return [int(v), int(v)] if isinstance(v, int) else [int(a) for a in v]
     is_max = isinstance(pool, paddle.nn.MaxPool2D)
     pad = _read(pool, "padding")
-    padding = pair(pad) if isinstance(pad, int) or (isinstance(pad, (list, tuple)) and len(pad) == 2) else None
+    padding = _pair(pad) if isinstance(pad, int) or (isinstance(pad, (list, tuple)) and len(pad) == 2) else None
     stride = _read(pool, "stride")
-    kernel = pair(_read(pool, "ksize"))
-    return Pool2DSettings(is_max, kernel, kernel if stride is None else pair(stride), padding,
+    kernel = _pair(_read(pool, "ksize"))
+    return Pool2DSettings(is_max, kernel, kernel if stride is None else _pair(stride), padding,
                           bool(_read(pool, "ceil_mode")), True if is_max else bool(_read(pool, "exclusive")),
                           None if is_max else _read(pool, "divisor"), _read(pool, "data_format"),
                           bool(_read(pool, "return_mask")) if is_max else False)

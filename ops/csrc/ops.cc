@@ -1204,14 +1204,17 @@ RoiPlan roi_plan(const float* boxes, const int32_t* boxes_num, int64_t B, int64_
   plan.first.resize(R + 1, 0);
   plan.grid.resize(R);
   std::vector<int> gh(R), gw(R);
+  std::vector<float> x0(R), y0(R), bh(R), bw(R);   // each RoI's corner and bin size on the map
   int64_t r = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int32_t k = 0; k < boxes_num[b]; ++k) plan.image[r++] = b;
   const float offset = aligned ? 0.5f : 0.f;
   for (r = 0; r < R; ++r) {
     const float* q = boxes + 4 * r;
-    float rw = q[2] * scale - offset - (q[0] * scale - offset), rh = q[3] * scale - offset - (q[1] * scale - offset);
+    x0[r] = q[0] * scale - offset, y0[r] = q[1] * scale - offset;
+    float rw = q[2] * scale - offset - x0[r], rh = q[3] * scale - offset - y0[r];
     if (!aligned) rw = std::max(rw, 1.f), rh = std::max(rh, 1.f);
+    bh[r] = rh / PH, bw[r] = rw / PW;
     gh[r] = sampling_ratio > 0 ? sampling_ratio : static_cast<int>(std::ceil(rh / PH));
     gw[r] = sampling_ratio > 0 ? sampling_ratio : static_cast<int>(std::ceil(rw / PW));
     plan.grid[r] = std::max(gh[r] * gw[r], 1);
@@ -1220,18 +1223,13 @@ RoiPlan roi_plan(const float* boxes, const int32_t* boxes_num, int64_t B, int64_
   plan.samples.resize(plan.first[R]);
 #pragma omp parallel for num_threads(threads()) schedule(static)
   for (int64_t i = 0; i < R; ++i) {
-    const float* q = boxes + 4 * i;
-    const float x0 = q[0] * scale - offset, y0 = q[1] * scale - offset;
-    float rw = q[2] * scale - offset - x0, rh = q[3] * scale - offset - y0;
-    if (!aligned) rw = std::max(rw, 1.f), rh = std::max(rh, 1.f);
-    const float bh = rh / PH, bw = rw / PW;
     RoiSample* s = plan.samples.data() + plan.first[i];
     for (int64_t ph = 0; ph < PH; ++ph)
       for (int64_t pw = 0; pw < PW; ++pw)
         for (int iy = 0; iy < gh[i]; ++iy) {
-          float y = y0 + ph * bh + (iy + .5f) * bh / gh[i];
+          float y = y0[i] + ph * bh[i] + (iy + .5f) * bh[i] / gh[i];
           for (int ix = 0; ix < gw[i]; ++ix, ++s) {
-            float x = x0 + pw * bw + (ix + .5f) * bw / gw[i];
+            float x = x0[i] + pw * bw[i] + (ix + .5f) * bw[i] / gw[i];
             if (y < -1.f || y > H || x < -1.f || x > W) {
               *s = RoiSample{{0, 0, 0, 0}, {0.f, 0.f, 0.f, 0.f}};
               continue;
