@@ -2,6 +2,7 @@
 (ops/) in one process, and PyTorch's in another (same threads, same environment).
 
 python benchmarks/kernel_shapes.py [--threads 2] [--no-torch] [--json PATH]
+python benchmarks/kernel_shapes.py --conv-routes [--threads 2]
 
 GEMMs of the Transformer-base step: batch 32 x 32 tokens (1024 rows), d_model 512, FFN 2048, 8 heads,
 vocabulary 33712; per layer shape the forward GEMM and both gradients (dX = dY W^T, dW = X^T dY), the
@@ -18,6 +19,12 @@ The bf16 columns (issue 22) time the same calls under ops.autocast, both routes:
 operands to bf16 at the operator (what train.amp.dtype bfloat16 runs), "fpmath" gives oneDNN the fp32
 operands with fpmath_mode = bf16; torch's under torch.autocast("cpu", bfloat16). fp32/bf16 is our
 fp32 operator's time over our bf16 one's.
+
+`--conv-routes` times our two fp32 convolution operators on the same layers, forward + backward:
+oneDNN's direct kernels (zoo_conv2d) against im2col over the batch and one GEMM per pass
+(zoo_conv2d_gemm), over output maps of 1 x 1 to 7 x 7, and prints direct / GEMM: above 1 the GEMM is
+the faster. ops.functional.GEMM_MAP, the largest map the GEMM takes, comes from this table (re-run it
+on a new CPU kind).
 """
 import argparse
 import json
@@ -50,7 +57,9 @@ CONVS = [("tsn stem 7x7/2", 12, 3, 224, 224, 64, 7, 2, 1), ("tsn res2 3x3", 12, 
          ("tsn res2 1x1", 12, 256, 56, 56, 64, 1, 1, 1), ("tsn res3 3x3", 12, 128, 28, 28, 128, 3, 1, 1),
          ("tsn res4 3x3", 12, 256, 14, 14, 256, 3, 1, 1), ("tsn res5 3x3", 12, 512, 7, 7, 512, 3, 1, 1),
          ("dlv3 res4 3x3 d2", 2, 256, 64, 64, 256, 3, 1, 2), ("dlv3 res5 3x3 d4", 2, 512, 64, 64, 512, 3, 1, 4),
-         ("dlv3 aspp 3x3 d12", 2, 2048, 64, 64, 256, 3, 1, 12)]
+         ("dlv3 aspp 3x3 d12", 2, 2048, 64, 64, 256, 3, 1, 12),
+         ("demo res5 3x3 2x2", 24, 512, 2, 2, 512, 3, 1, 1),    # StNet's and TSN's demos (56 px): one GEMM
+         ("dlv3 aspp pool 1x1", 2, 2048, 1, 1, 256, 1, 1, 1)]
 
 
 def _per_call(fn, budget=0.5):
@@ -105,6 +114,34 @@ def run_paddle(threads):
     return {"gemm": gemms, "conv": convs, "bf16": bf16}
 
 
+# N, C, out channels, kernel (padding keeps the size) for --conv-routes: ResNet last-stage layers
+ROUTE_LAYERS = [(8, 512, 512, 3), (32, 512, 512, 3), (32, 256, 256, 3), (32, 2048, 512, 1), (32, 512, 2048, 1),
+                (32, 128, 128, 3)]
+
+
+def run_routes(threads):
+    """ms per forward + backward of zoo_conv2d and zoo_conv2d_gemm for each layer and map size."""
+    before_paddle()
+    # in the --side routes child only, once before_paddle() has set what paddle reads when it loads
+    import paddle
+    from ops import functional, library
+    cpu.keep_freed_memory()
+    paddle.base.core.set_num_threads(threads)
+    functional.set_enabled(True, threads)
+    if not functional.active(paddle.ones([1])) or not library.state["dnnl"]:
+        raise SystemExit(f"error: the oneDNN operators are not available ({library.state['error']})")
+    rows = []
+    for size in (1, 2, 3, 4, 5, 7):
+        for n, c, o, k in ROUTE_LAYERS:
+            x, w = paddle.rand([n, c, size, size]), paddle.rand([o, c, k, k]) - 0.5
+            x.stop_gradient = w.stop_gradient = False
+            pad = [k // 2] * 2
+            times = [_per_call(lambda: functional._run(op, x, w, [1, 1], pad, [1, 1], *extra, True, False)[0]
+                               .sum().backward()) for op, extra in (("zoo_conv2d", (1,)), ("zoo_conv2d_gemm", ()))]
+            rows.append([n, c, size, o, k] + times)
+    return rows
+
+
 def run_torch(threads):
     import torch   # optional (benchmarks/requirements.txt), in the --side torch child only
     torch.set_num_threads(threads)
@@ -131,19 +168,18 @@ def main():
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--json", help="also write the times here (e.g. benchmarks/results/<kind>/kernel_shapes.json)")
-    p.add_argument("--side", choices=["paddle", "torch"], help=argparse.SUPPRESS)
+    p.add_argument("--conv-routes", action="store_true", help="our two convolution operators, map by map")
+    p.add_argument("--side", choices=["paddle", "torch", "routes"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.side:
-        print(json.dumps(run_paddle(args.threads) if args.side == "paddle" else run_torch(args.threads)))
+        print(json.dumps({"paddle": run_paddle, "torch": run_torch, "routes": run_routes}[args.side](args.threads)))
         return
     env = process_environment(dict(os.environ))
+    if args.conv_routes:
+        return _print_routes(_child("routes", args.threads, env), args.threads)
     results = {}
     for side in ["paddle"] + ([] if args.no_torch else ["torch"]):
-        cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--threads", str(args.threads)]
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-        if proc.returncode:
-            raise SystemExit(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"error: {side} failed")
-        results[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+        results[side] = _child(side, args.threads, env)
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"{cpu.cpu_info()['model']}, {args.threads} threads, load average {load}")
     tables = [("gemm", "GEMM", "M x K x N", [(r[0], (f"{r[1]}x" if r[1] else "") + f"{r[2]}x{r[3]}x{r[4]}")
@@ -167,6 +203,23 @@ def main():
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
+
+def _child(side, threads, env):
+    cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--threads", str(threads)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"error: {side} failed")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _print_routes(rows, threads):
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    print(f"{cpu.cpu_info()['model']}, {threads} threads, load average {load}\n")
+    print(f"{'N x C x map > O, kernel':<28} {'direct':>8} {'GEMM':>8} {'direct/GEMM':>12}   (ms, forward + backward)")
+    for n, c, size, o, k, direct, gemm in rows:
+        layer = f"{n}x{c}x{size}x{size}>{o}, {k}x{k}"
+        print(f"{layer:<28} {direct * 1e3:8.2f} {gemm * 1e3:8.2f} {direct / gemm:12.2f}")
+
 
 if __name__ == "__main__":
     main()

@@ -10,13 +10,13 @@
 
 docs/contributing.md says how a model uses it and how to add a kernel.
 """
-from ops.functional import (autocast, bf16_active, bf16_activations, bf16_supported, enabled_as, is_enabled,
-                            set_enabled)
+from ops.functional import (autocast, bf16_active, bf16_activations, bf16_supported, enabled_as, grad_norms,
+                            is_enabled, set_enabled)
 from ops.layers import (activation, add, add_norm, attention, concat_channels, conv2d, conv_bn_act, conv_transpose,
                         float32, layer_norm, linear, linear_add_norm, lstm, matmul, pool, rasterize_polygons, roi_align,
                         set_attention, smooth_cross_entropy)
 
 __all__ = ["activation", "add", "add_norm", "attention", "autocast", "bf16_active", "bf16_activations",
            "bf16_supported", "concat_channels", "conv2d", "conv_bn_act", "conv_transpose", "enabled_as", "float32",
-           "is_enabled", "layer_norm", "linear", "linear_add_norm", "lstm", "matmul", "pool", "rasterize_polygons",
-           "roi_align", "set_attention", "set_enabled", "smooth_cross_entropy"]
+           "grad_norms", "is_enabled", "layer_norm", "linear", "linear_add_norm", "lstm", "matmul", "pool",
+           "rasterize_polygons", "roi_align", "set_attention", "set_enabled", "smooth_cross_entropy"]

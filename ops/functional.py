@@ -253,16 +253,17 @@ def smooth_cross_entropy(logits, labels, eps=0.0):
 
 
 def conv2d(x, conv):
-    """conv(x) for a paddle Conv2D layer, through oneDNN's direct convolution (csrc/dnnl.cc) when the
-    layer is NCHW with zero padding given as numbers and one group; other layers, and those oneDNN would
-    run with a column buffer per thread (_columns_per_thread), take the layer itself."""
+    """conv(x) for a paddle Conv2D layer, through oneDNN's direct convolution (csrc/dnnl.cc; grouped and
+    depthwise ones too, which paddle's CPU build runs group by group), or one GEMM over the batch for a
+    small output map (_one_gemm), when the layer is NCHW with zero padding given as numbers; other
+    layers, and those oneDNN would run with a column buffer per thread (_columns_per_thread), take the
+    layer itself."""
     s = conv2d_settings(conv)
-    fast = (s.data_format == "NCHW" and s.groups == 1 and s.padding_mode == "zeros" and s.padding is not None
-            and x.ndim == 4)
+    fast = s.data_format == "NCHW" and s.padding_mode == "zeros" and s.padding is not None and x.ndim == 4
     to_bf16 = _state["bf16_act"] or x.dtype == paddle.bfloat16   # a bf16 input gives a bf16 output
     if (fast and active(conv.weight, *_given(conv.bias), activations=(x,)) and library.state["dnnl"]
             and not _paddle_computes(x, conv, s)):
-        y = _onednn_conv(x, conv.weight, s.stride, s.padding, s.dilation, to_bf16)
+        y = _onednn_conv(x, conv.weight, s.stride, s.padding, s.dilation, to_bf16, s.groups)
         # the bias in one pass each way (paddle's broadcast add and its gradient are slow on CPU); on a
         # bf16 output it is added in fp32 and the sum rounded once
         return y if conv.bias is None else _run("zoo_channel_bias", y, conv.bias)[0]
@@ -289,8 +290,11 @@ def conv_transpose(x, deconv):
     return y if deconv.bias is None else _run("zoo_channel_bias", y, deconv.bias)[0]
 
 
-def _onednn_conv(x, w, stride, padding, dilation, to_bf16):
-    args = (x, w, list(stride), list(padding), list(dilation), not x.stop_gradient)
+def _onednn_conv(x, w, stride, padding, dilation, to_bf16, groups=1):
+    args = (x, w, list(stride), list(padding), list(dilation))
+    if _one_gemm(x, w.shape, stride, padding, dilation, groups):
+        return _run("zoo_conv2d_gemm", *args, not x.stop_gradient, _state["bf16"])[0]
+    args += (int(groups), not x.stop_gradient)
     if to_bf16:
         return _run("zoo_conv2d_bf16act", *args)[0]
     if _state["bf16"] and _state["route"] == "operands":
@@ -299,20 +303,43 @@ def _onednn_conv(x, w, stride, padding, dilation, to_bf16):
 
 
 WORK_SPACE_FLOOR = 32 << 20   # bytes (_columns_per_thread)
+GEMM_MAP = 4                  # output pixels (_one_gemm)
+
+
+def _one_gemm(x, w_shape, stride, padding, dilation, groups):
+    """Whether a float32 convolution runs as im2col over the batch and one GEMM per pass
+    (zoo_conv2d_gemm): an output map of at most GEMM_MAP pixels, columns within WORK_SPACE_FLOOR. There
+    the weights outweigh the activations, and oneDNN's direct kernels reorder them in every pass. On
+    amd-zen3 (2 threads, forward + backward; benchmarks/kernel_shapes.py --conv-routes) the GEMM took
+    1x1 maps in 0.35-0.65x the direct kernels' time, 2x2 in 0.5-1.1x, 3x3 and larger in 0.8-1.5x;
+    other CPU kinds not measured yet. Grouped convolutions, bf16 operands and activations keep the
+    direct kernels."""
+    if (groups != 1 or _state["bf16_act"] or x.dtype != paddle.float32
+            or (_state["bf16"] and _state["route"] == "operands")):
+        return False
+    oh, ow = _output_size(tuple(x.shape), tuple(w_shape), stride, padding, dilation)
+    return oh * ow <= GEMM_MAP and x.shape[0] * oh * ow * w_shape[1] * w_shape[2] * w_shape[3] * 4 <= WORK_SPACE_FLOOR
+
+
+def _output_size(x_shape, w_shape, strides, pads, dilations):
+    return [(x_shape[2 + i] + 2 * pads[i] - dilations[i] * (w_shape[2 + i] - 1) - 1) // strides[i] + 1 for i in (0, 1)]
 
 
 def _paddle_computes(x, conv, s):
-    """Whether paddle's convolution takes this one (_columns_per_thread); dynamic mode only."""
+    """Whether paddle's convolution takes this one (_columns_per_thread); dynamic mode only. Not those
+    that run as one GEMM (_one_gemm)."""
+    if _one_gemm(x, conv.weight.shape, s.stride, s.padding, s.dilation, s.groups):
+        return False
     if _state["bf16_act"] or x.dtype == paddle.bfloat16:
         math = 3
     else:
         math = 2 if _state["bf16"] and _state["route"] == "operands" else int(_state["bf16"])
     return _columns_per_thread(tuple(x.shape), tuple(conv.weight.shape), tuple(s.stride), tuple(s.padding),
-                               tuple(s.dilation), math, os.environ.get("ZOO_FAST_OPS_THREADS"))
+                               tuple(s.dilation), int(s.groups), math, os.environ.get("ZOO_FAST_OPS_THREADS"))
 
 
 @functools.lru_cache(maxsize=1024)
-def _columns_per_thread(x_shape, w_shape, strides, pads, dilations, math, threads):
+def _columns_per_thread(x_shape, w_shape, strides, pads, dilations, groups, math, threads):
     """Whether oneDNN needs more work space for this convolution than one sample's im2col columns, and
     over WORK_SPACE_FLOOR (below it the work space is small beside a step's activations and oneDNN's
     kernel is the faster: a ResNet stem, 16 MB at 2 x 512 x 512). Where it has no direct kernel for a
@@ -322,11 +349,10 @@ def _columns_per_thread(x_shape, w_shape, strides, pads, dilations, math, thread
     GEMM with one buffer, so it takes those: DeepLabV3-R50 at 2 x 512 on amd-zen2, peak above baseline
     4035 -> 3718 MB, step 15.7 -> 15.9 s. `threads`: the operators' thread setting, part of the cache
     key (the work space grows with it)."""
-    oh, ow = [(x_shape[2 + i] + 2 * pads[i] - dilations[i] * (w_shape[2 + i] - 1) - 1) // strides[i] + 1
-              for i in (0, 1)]
+    oh, ow = _output_size(x_shape, w_shape, strides, pads, dilations)
     columns = w_shape[1] * w_shape[2] * w_shape[3] * oh * ow * 4
-    return (library.conv_work_space(x_shape, w_shape, strides, pads, dilations, math) or 0) > max(columns,
-                                                                                                WORK_SPACE_FLOOR)
+    work_space = library.conv_work_space(x_shape, w_shape, strides, pads, dilations, math, groups) or 0
+    return work_space > max(columns, WORK_SPACE_FLOOR)
 
 
 def batch_norm_act(x, bn, relu=True, residual=None):
@@ -362,6 +388,16 @@ def pool2d(x, pool):
     if fast and active(activations=(x,)):
         return _run("zoo_pool2d_bf16", x, s.kernel, s.stride, s.padding, s.ceil_mode, s.is_max, s.exclusive)[0]
     return pool(float32(x)).astype("bfloat16")
+
+
+def grad_norms(tensors):
+    """The L2 norm of each tensor, a float32 tensor [len(tensors)], each taken in float32 or better:
+    float32 CPU tensors in one parallel pass over all of them (double sums; paddle's p_norm, one call
+    per gradient, took 21% of the TSN demo's step), others through paddle's norm in float32."""
+    if active(*tensors):
+        return _run("zoo_l2_norms", list(tensors))[0]
+    fp32 = paddle.float32
+    return paddle.stack([paddle.linalg.norm(t if t.dtype == fp32 else t.astype(fp32)) for t in tensors])
 
 
 def concat_channels(xs):

@@ -193,7 +193,8 @@ def _cdll():
         state["cdll"].zoo_threads_mxcsr.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.c_int]
         if state["dnnl"]:
             state["cdll"].zoo_conv_work_space.restype = ctypes.c_longlong
-            state["cdll"].zoo_conv_work_space.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 5 + [ctypes.c_int]
+            state["cdll"].zoo_conv_work_space.argtypes = ([ctypes.POINTER(ctypes.c_int64)] * 5
+                                                          + [ctypes.c_int64, ctypes.c_int])
     return state["cdll"]
 
 
@@ -216,14 +217,14 @@ def bf16_supported():
     return state["bf16"]
 
 
-def conv_work_space(x_shape, w_shape, strides, pads, dilations, math):
+def conv_work_space(x_shape, w_shape, strides, pads, dilations, math, groups=1):
     """Bytes of work space oneDNN's convolution of these shapes needs (the largest of its forward and
     two backward passes, with the configured threads; csrc/dnnl.cc, zoo_conv_work_space); -1 when
     oneDNN has no convolution for them, None without the library."""
     if not (load() and state["dnnl"]):
         return None
     arrays = [(ctypes.c_int64 * len(v))(*[int(d) for d in v]) for v in (x_shape, w_shape, strides, pads, dilations)]
-    return int(_cdll().zoo_conv_work_space(*arrays, int(math)))
+    return int(_cdll().zoo_conv_work_space(*arrays, int(groups), int(math)))
 
 
 def threads_mxcsr(n):

@@ -396,34 +396,65 @@ def test_batch_norm_act_with_global_statistics(mode, relu, residual):
         np.testing.assert_array_equal(bn._variance.numpy(), var)
 
 
-# (N, C, H, W), out channels, kernel, stride, padding, dilation, bias, input needs a gradient
-CONVS = [((2, 3, 11, 9), 5, 3, 1, 1, 1, False, True),
-         ((3, 4, 13, 10), 6, (3, 1), 1, (1, 0), 1, False, True),     # StNet-style temporal kernel
-         ((2, 5, 15, 12), 7, 3, 2, 1, 1, True, True),                # strided, odd sizes, bias
-         ((1, 6, 17, 14), 4, 3, 1, 2, 2, False, True),               # dilated (DeepLabV3 OS8)
-         ((2, 3, 23, 21), 8, 7, 2, 3, 1, False, False),              # a stem: the image needs no gradient
-         ((2, 6, 9, 9), 3, 1, 2, 0, 1, False, True)]                 # 1x1 strided projection
+# (N, C, H, W), out channels, kernel, stride, padding, dilation, groups, bias, input needs a gradient, the
+# operator: oneDNN's direct kernels, or one GEMM where the output map has at most 4 pixels (GEMM_MAP)
+CONVS = [((2, 3, 11, 9), 5, 3, 1, 1, 1, 1, False, True, "direct"),
+         ((3, 4, 13, 10), 6, (3, 1), 1, (1, 0), 1, 1, False, True, "direct"),   # StNet-style temporal kernel
+         ((2, 5, 15, 12), 7, 3, 2, 1, 1, 1, True, True, "direct"),              # strided, odd sizes, bias
+         ((1, 6, 17, 14), 4, 3, 1, 2, 2, 1, False, True, "direct"),             # dilated (DeepLabV3 OS8)
+         ((2, 3, 23, 21), 8, 7, 2, 3, 1, 1, False, False, "direct"),            # a stem: no input gradient
+         ((2, 6, 9, 9), 3, 1, 2, 0, 1, 1, False, True, "direct"),               # 1x1 strided projection
+         ((4, 6, 5, 1), 6, (3, 1), 1, (1, 0), 1, 6, True, True, "direct"),      # depthwise (StNet's Xception)
+         ((2, 6, 7, 5), 4, 3, 2, 1, 1, 2, False, True, "direct"),               # two groups, strided
+         ((3, 8, 2, 2), 5, 3, 1, 1, 1, 1, True, True, "gemm"),                  # a last stage at 2 x 2
+         ((3, 8, 4, 3), 5, 3, 2, 1, 1, 1, False, True, "gemm"),                 # strided down to 2 x 2
+         ((2, 5, 2, 2), 3, 3, 1, 2, 2, 1, False, False, "gemm"),                # dilated, no input gradient
+         ((5, 7, 1, 1), 4, 1, 1, 0, 1, 1, True, True, "gemm"),                  # ASPP's pooled branch
+         ((2, 4, 3, 1), 6, (3, 1), 1, (1, 0), 1, 1, False, True, "gemm")]       # 3 x 1 map, 3 x 1 kernel
 
 
-@pytest.mark.parametrize("shape,cout,kernel,stride,padding,dilation,bias,x_grad", CONVS)
-def test_conv2d(shape, cout, kernel, stride, padding, dilation, bias, x_grad, monkeypatch):
-    """oneDNN's convolution against paddle's own (conv2d and its two gradients), whatever work space
-    oneDNN needs for it (below: which of the two runs a convolution)."""
+@pytest.mark.parametrize("shape,cout,kernel,stride,padding,dilation,groups,bias,x_grad,route", CONVS)
+def test_conv2d(shape, cout, kernel, stride, padding, dilation, groups, bias, x_grad, route, monkeypatch):
+    """Our convolution against paddle's own (conv2d and its two gradients), whatever work space oneDNN
+    needs for it (below: which of the two runs a convolution), and the operator's gradients against
+    finite differences."""
     monkeypatch.setattr(functional, "_columns_per_thread", lambda *a: False)
     paddle.seed(0)
-    conv = nn.Conv2D(shape[1], cout, kernel, stride=stride, padding=padding, dilation=dilation,
+    conv = nn.Conv2D(shape[1], cout, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups,
                      bias_attr=None if bias else False)
     x = _t(RNG.standard_normal(shape), grad=x_grad)
-    fast, ref = _layer_grads(lambda x: functional.conv2d(x, conv), [x], True, conv), \
-        _layer_grads(lambda x: functional.conv2d(x, conv), [x], False, conv)
+    with _counting() as ran:
+        fast = _layer_grads(lambda x: functional.conv2d(x, conv), [x], True, conv)
+    ref = _layer_grads(lambda x: functional.conv2d(x, conv), [x], False, conv)
+    op = "zoo_conv2d_gemm" if route == "gemm" else "zoo_conv2d"
+    assert sorted(ran) == sorted([op] + ["zoo_channel_bias"] * bias)
     assert len(fast) == len(ref) == 1 + x_grad + 1 + bias
     for a, b in zip(fast, ref):
         _close(a, b)
 
     s = [stride] * 2
     p, d = (list(padding) if isinstance(padding, tuple) else [padding] * 2), [dilation] * 2
-    if x_grad:
-        _finite_differences(lambda x, w: _run("zoo_conv2d", x, w, s, p, d, True, False)[0], [x, _t(conv.weight.numpy())])
+    args = (s, p, d, True, False) if route == "gemm" else (s, p, d, groups, True, False)
+    _finite_differences(lambda x, w: _run(op, x, w, *args)[0], [_t(x.numpy()), _t(conv.weight.numpy())])
+
+
+def test_grad_norms_in_one_pass():
+    """zoo_l2_norms against float64 numpy: tensors within one chunk of 2^15 values and across several
+    (100003 values: 4 chunks, the last partial), a scalar, an empty one; the fallback (a bf16 tensor
+    among them) gives the same norms through paddle's."""
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(s).astype(np.float32) * 10.0 ** rng.integers(-3, 3)
+              for s in [(3, 4), (100003,), (), (0, 5), (512, 64, 3, 3)]]
+    expected = [np.sqrt((a.astype(np.float64) ** 2).sum()) for a in arrays]
+    tensors = [_t(a, grad=False) for a in arrays]
+    with functional.enabled_as(True), _counting() as ran:
+        norms = functional.grad_norms(tensors)
+    assert ran == ["zoo_l2_norms"] and norms.dtype == paddle.float32 and list(norms.shape) == [5]
+    np.testing.assert_allclose(norms.numpy(), expected, rtol=1e-6)
+    with functional.enabled_as(True), _counting() as ran:
+        mixed = functional.grad_norms(tensors[:2] + [tensors[4].astype("bfloat16")])
+    assert not ran
+    np.testing.assert_allclose(mixed.numpy()[:2], expected[:2], rtol=1e-5)
 
 
 # an empty batch too: Mask R-CNN's mask head on an image without a foreground RoI
@@ -538,7 +569,7 @@ def test_convolutions_oneDNN_would_run_on_per_thread_columns_take_paddle(monkeyp
         assert bool(ran) is runs_ours, (work_space, ran)
         with functional.enabled_as(False):
             _close(y.numpy(), conv(x).numpy())
-    assert asked[0] == ((2, 6, 17, 14), (4, 6, 3, 3), (1, 1), (2, 2), (2, 2), 0)
+    assert asked[0] == ((2, 6, 17, 14), (4, 6, 3, 3), (1, 1), (2, 2), (2, 2), 0, 1)
     monkeypatch.undo()
     functional._columns_per_thread.cache_clear()
     # and oneDNN answers: no work space for a plain 3x3 convolution here; a positive size or none
@@ -601,9 +632,9 @@ def test_lstms_it_does_not_cover_take_paddle():
 
 
 def test_conv2d_layers_it_does_not_cover_take_paddle():
-    """Groups, "SAME" padding and NHWC are not in the oneDNN operator: those layers run themselves."""
+    """"SAME" padding and NHWC are not in the oneDNN operator: those layers run themselves."""
     x = _t(RNG.standard_normal((2, 4, 9, 8)))
-    for conv in (nn.Conv2D(4, 4, 3, padding=1, groups=2), nn.Conv2D(4, 4, 3, padding="SAME"),
+    for conv in (nn.Conv2D(4, 4, 3, padding="SAME"),
                  nn.Conv2D(8, 4, 3, padding=1, data_format="NHWC")):
         with functional.enabled_as(True), _counting() as ran:
             y = functional.conv2d(x, conv)

@@ -398,7 +398,8 @@ std::vector<paddle::DataType> LinearBf16InferDtype(const paddle::DataType& x, co
 // dynamic graph is im2col + GEMM; oneDNN's direct JIT kernels run a ResNet 3x3 layer's forward +
 // backward in about half its time (README, "Against PyTorch"). Float32, NCHW activations and OIHW
 // weights in paddle's layout; oneDNN picks its own (blocked) layouts and we reorder at the boundary,
-// as PyTorch does for NCHW tensors. groups 1, symmetric zero padding, any stride and dilation.
+// as PyTorch does for NCHW tensors. Any groups (goihw weights: a depthwise convolution runs oneDNN's
+// depthwise kernels), symmetric zero padding, any stride and dilation.
 // `math`: 0 fp32; 1 fp32 with fpmath_mode = bf16 (zoo_conv2d's `fpmath`); 2 bf16 operands
 // (zoo_conv2d_bf16: the reorders at the boundary round x, w and dy to bf16 in oneDNN's layouts; y, dx
 // and dw stay fp32); 3 bf16 activations (zoo_conv2d_bf16act, issue 43: y and dy are bf16 tensors, x
@@ -423,7 +424,8 @@ struct ConvPlan : ConvDescs {
 // Call inside Context::enter(): oneDNN sizes the work space by the OpenMP threads set there.
 ConvDescs conv_descs(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,
                      const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                     const std::vector<int64_t>& dilations, int math, bool user_scratchpad, bool x_bf16 = false) {
+                     const std::vector<int64_t>& dilations, int64_t groups, int math, bool user_scratchpad,
+                     bool x_bf16 = false) {
   using Tag = memory::format_tag;
   const auto f32 = memory::data_type::f32;
   const memory::dims st{strides[0], strides[1]}, pd{pads[0], pads[1]};
@@ -437,7 +439,10 @@ ConvDescs conv_descs(const std::vector<int64_t>& xs, const std::vector<int64_t>&
   const auto bf16 = memory::data_type::bf16;
   const auto xt = x_bf16 ? bf16 : f32, yt = math == 3 ? bf16 : f32;   // the tensors' types
   p.x = memory::desc(memory::dims(xs.begin(), xs.end()), xt, Tag::nchw);
-  p.w = memory::desc(memory::dims(ws.begin(), ws.end()), f32, Tag::oihw);
+  // paddle's [O, C / groups, kh, kw] is oneDNN's goihw [groups, O / groups, C / groups, kh, kw]
+  const memory::dims wd = groups == 1 ? memory::dims(ws.begin(), ws.end())
+                                      : memory::dims{groups, ws[0] / groups, ws[1], ws[2], ws[3]};
+  p.w = memory::desc(wd, f32, groups == 1 ? Tag::oihw : Tag::goihw);
   p.y = memory::desc(ys, yt, Tag::nchw);
   const auto in = math >= 2 ? bf16 : f32;   // x, w, and dy in the backward
   const memory::desc xa(p.x.get_dims(), in, Tag::any), wa(p.w.get_dims(), in, Tag::any), ya(ys, yt, Tag::any);
@@ -458,13 +463,15 @@ ConvDescs conv_descs(const std::vector<int64_t>& xs, const std::vector<int64_t>&
 // Call inside Context::enter().
 const ConvPlan& conv_plan(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,
                           const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                          const std::vector<int64_t>& dilations, int math, int nthreads, bool x_bf16) {
-  std::string key = "conv|t" + std::to_string(nthreads) + "|m" + std::to_string(math) + (x_bf16 ? "|xb" : "");
+                          const std::vector<int64_t>& dilations, int64_t groups, int math, int nthreads,
+                          bool x_bf16) {
+  std::string key = "conv|t" + std::to_string(nthreads) + "|m" + std::to_string(math) + (x_bf16 ? "|xb" : "") +
+                    "|g" + std::to_string(groups);
   for (const auto* v : {&xs, &ws, &strides, &pads, &dilations})
     for (int64_t d : *v) key += "," + std::to_string(d);
   return Context::get().cached<ConvPlan>(key, [&]() {
     auto p = std::make_shared<ConvPlan>();
-    static_cast<ConvDescs&>(*p) = conv_descs(xs, ws, strides, pads, dilations, math, false, x_bf16);
+    static_cast<ConvDescs&>(*p) = conv_descs(xs, ws, strides, pads, dilations, groups, math, false, x_bf16);
     p->fwd_prim = dnnl::convolution_forward(p->fwd);
     p->bwd_data_prim = dnnl::convolution_backward_data(p->bwd_data);
     p->bwd_weights_prim = dnnl::convolution_backward_weights(p->bwd_weights);
@@ -497,10 +504,11 @@ bool is_bf16(const paddle::Tensor& t) { return t.dtype() == paddle::DataType::BF
 
 std::vector<paddle::Tensor> ConvForward(const paddle::Tensor& x, const paddle::Tensor& w,
                                         const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                                        const std::vector<int64_t>& dilations, bool need_dx, int math) {
+                                        const std::vector<int64_t>& dilations, int64_t groups, bool need_dx,
+                                        int math) {
   int nt;
   auto lock = Context::get().enter(&nt);
-  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, math, nt, is_bf16(x));
+  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, groups, math, nt, is_bf16(x));
   auto y = paddle::empty(p.y.get_dims(), math == 3 ? paddle::DataType::BFLOAT16 : x.dtype(), x.place());
   auto& s = Context::get().stream();
   memory xu = wrap(p.x, x), wu = wrap(p.w, w), yu = wrap(p.y, y);
@@ -513,10 +521,11 @@ std::vector<paddle::Tensor> ConvForward(const paddle::Tensor& x, const paddle::T
 
 std::vector<paddle::Tensor> ConvBackward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor& dy,
                                          const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                                         const std::vector<int64_t>& dilations, bool need_dx, int math) {
+                                         const std::vector<int64_t>& dilations, int64_t groups, bool need_dx,
+                                         int math) {
   int nt;
   auto lock = Context::get().enter(&nt);
-  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, math, nt, is_bf16(x));
+  const ConvPlan& p = conv_plan(x.shape(), w.shape(), strides, pads, dilations, groups, math, nt, is_bf16(x));
   auto dx = paddle::empty(x.shape(), x.dtype(), x.place());  // left unwritten when the input needs no grad
   auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
   auto& s = Context::get().stream();
@@ -537,23 +546,25 @@ std::vector<paddle::Tensor> ConvBackward(const paddle::Tensor& x, const paddle::
 
 std::vector<paddle::Tensor> ConvF32Forward(const paddle::Tensor& x, const paddle::Tensor& w,
                                            const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                                           const std::vector<int64_t>& dilations, bool need_dx, bool fpmath) {
-  return ConvForward(x, w, strides, pads, dilations, need_dx, fpmath ? 1 : 0);
+                                           const std::vector<int64_t>& dilations, int64_t groups, bool need_dx,
+                                           bool fpmath) {
+  return ConvForward(x, w, strides, pads, dilations, groups, need_dx, fpmath ? 1 : 0);
 }
 std::vector<paddle::Tensor> ConvF32Backward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor& dy,
                                             const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                                            const std::vector<int64_t>& dilations, bool need_dx, bool fpmath) {
-  return ConvBackward(x, w, dy, strides, pads, dilations, need_dx, fpmath ? 1 : 0);
+                                            const std::vector<int64_t>& dilations, int64_t groups, bool need_dx,
+                                            bool fpmath) {
+  return ConvBackward(x, w, dy, strides, pads, dilations, groups, need_dx, fpmath ? 1 : 0);
 }
 std::vector<paddle::Tensor> ConvBf16Forward(const paddle::Tensor& x, const paddle::Tensor& w,
                                             const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                                            const std::vector<int64_t>& dilations, bool need_dx) {
-  return ConvForward(x, w, strides, pads, dilations, need_dx, 2);
+                                            const std::vector<int64_t>& dilations, int64_t groups, bool need_dx) {
+  return ConvForward(x, w, strides, pads, dilations, groups, need_dx, 2);
 }
 std::vector<paddle::Tensor> ConvBf16Backward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor& dy,
                                              const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                                             const std::vector<int64_t>& dilations, bool need_dx) {
-  return ConvBackward(x, w, dy, strides, pads, dilations, need_dx, 2);
+                                             const std::vector<int64_t>& dilations, int64_t groups, bool need_dx) {
+  return ConvBackward(x, w, dy, strides, pads, dilations, groups, need_dx, 2);
 }
 
 // bf16 activations (math 3). Where oneDNN has no bf16 (AVX2 CPUs: ops.autocast never asks for it
@@ -580,29 +591,176 @@ void check_act_input(const paddle::Tensor& t, const char* what) {
 
 std::vector<paddle::Tensor> ConvActForward(const paddle::Tensor& x, const paddle::Tensor& w,
                                            const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                                           const std::vector<int64_t>& dilations, bool need_dx) {
+                                           const std::vector<int64_t>& dilations, int64_t groups, bool need_dx) {
   check_act_input(x, "x");
   check_f32_cpu(w, "the weight");
-  if (bf16_native()) return ConvForward(x, w, strides, pads, dilations, need_dx, 3);
+  if (bf16_native()) return ConvForward(x, w, strides, pads, dilations, groups, need_dx, 3);
   const int nt = threads();
-  const paddle::Tensor y = ConvForward(f32_rounded(x, nt), f32_rounded(w, nt), strides, pads, dilations, need_dx, 0)[0];
+  const paddle::Tensor y =
+      ConvForward(f32_rounded(x, nt), f32_rounded(w, nt), strides, pads, dilations, groups, need_dx, 0)[0];
   return {bf16_copy(y, nt)};
 }
 
 std::vector<paddle::Tensor> ConvActBackward(const paddle::Tensor& x, const paddle::Tensor& w, const paddle::Tensor& dy,
                                             const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                                            const std::vector<int64_t>& dilations, bool need_dx) {
+                                            const std::vector<int64_t>& dilations, int64_t groups, bool need_dx) {
   PD_CHECK(is_bf16(dy), "the gradient of a bf16 convolution output must be bfloat16");
-  if (bf16_native()) return ConvBackward(x, w, dy, strides, pads, dilations, need_dx, 3);
+  if (bf16_native()) return ConvBackward(x, w, dy, strides, pads, dilations, groups, need_dx, 3);
   const int nt = threads();
   auto g = ConvBackward(f32_rounded(x, nt), f32_rounded(w, nt), f32_rounded(dy, nt), strides, pads, dilations,
-                        need_dx, 0);
+                        groups, need_dx, 0);
   if (!is_bf16(x)) return g;
   return {need_dx ? bf16_copy(g[0], nt) : paddle::empty(x.shape(), x.dtype(), x.place()), g[1]};
 }
 
 std::vector<paddle::DataType> ConvActInferDtype(const paddle::DataType& x, const paddle::DataType& w) {
   return {paddle::DataType::BFLOAT16};
+}
+
+// ================================================================== convolution as one GEMM
+// zoo_conv2d_gemm: the convolution of zoo_conv2d (fp32, groups 1, symmetric zero padding; `fpmath` as
+// there) as im2col over the whole batch and one GEMM per pass, for layers whose output map is small
+// beside their weights (ops.functional._conv_route picks them): a ResNet's last stages at demo sizes,
+// 2 x 2 to 8 x 8. There the direct kernels reorder the weights to their blocked layouts in every pass
+// (9.4 MB at 512 x 512 x 3 x 3) and run the backward-weights pass as per-thread GEMMs over a large work
+// space (72 MB there, so functional.py sent those layers to paddle); paddle's im2col + GEMM runs one
+// thin GEMM per sample and so reads the weights once per sample. Here each pass reads them once: the
+// columns are cols [K = C kh kw, M = N OH OW], rebuilt from x in the backward rather than kept.
+struct ConvGeom {
+  int64_t n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow;
+  int64_t L() const { return oh * ow; }
+  int64_t K() const { return c * kh * kw; }
+  int64_t M() const { return n * oh * ow; }
+};
+
+ConvGeom conv_geom(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws, const std::vector<int64_t>& st,
+                   const std::vector<int64_t>& pd, const std::vector<int64_t>& dl) {
+  PD_CHECK(xs.size() == 4 && ws.size() == 4 && xs[1] == ws[1] && st.size() == 2 && pd.size() == 2 && dl.size() == 2,
+           "zoo_conv2d_gemm: x [N, C, H, W], w [O, C, kh, kw] and two strides, pads and dilations expected");
+  ConvGeom g{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], st[0], st[1], pd[0], pd[1], dl[0], dl[1], 0, 0};
+  g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
+  g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+  PD_CHECK(g.oh > 0 && g.ow > 0, "zoo_conv2d_gemm: the kernel does not fit in the padded input");
+  return g;
+}
+
+// cols[k, m], k = (c, i, j), m = (n, y, x): x[n, c, y sh - ph + i dh, x sw - pw + j dw], 0 in the padding
+void im2col(const ConvGeom& g, const float* x, float* cols, int nt) {
+  const int64_t K = g.K(), M = g.M(), L = g.L();
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t c = k / (g.kh * g.kw), i = (k / g.kw) % g.kh, j = k % g.kw;
+    for (int64_t n = 0; n < g.n; ++n) {
+      const float* plane = x + (n * g.c + c) * g.h * g.w;
+      float* dst = cols + k * M + n * L;
+      for (int64_t y = 0; y < g.oh; ++y, dst += g.ow) {
+        const int64_t iy = y * g.sh - g.ph + i * g.dh;
+        if (iy < 0 || iy >= g.h) {
+          std::fill(dst, dst + g.ow, 0.f);
+          continue;
+        }
+        const float* row = plane + iy * g.w;
+        for (int64_t xx = 0; xx < g.ow; ++xx) {
+          const int64_t ix = xx * g.sw - g.pw + j * g.dw;
+          dst[xx] = (ix >= 0 && ix < g.w) ? row[ix] : 0.f;
+        }
+      }
+    }
+  }
+}
+
+// dx[n, c] = the sum of dcols over the (i, j) that read each pixel, in a fixed order (the result does
+// not depend on the threads); one (n, c) plane per task, so no two threads write one plane
+void col2im(const ConvGeom& g, const float* dcols, float* dx, int nt) {
+  const int64_t M = g.M(), L = g.L(), HW = g.h * g.w;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t nc = 0; nc < g.n * g.c; ++nc) {
+    const int64_t n = nc / g.c, c = nc % g.c;
+    float* plane = dx + nc * HW;
+    std::fill(plane, plane + HW, 0.f);
+    for (int64_t i = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j) {
+        const float* src = dcols + ((c * g.kh + i) * g.kw + j) * M + n * L;
+        for (int64_t y = 0; y < g.oh; ++y, src += g.ow) {
+          const int64_t iy = y * g.sh - g.ph + i * g.dh;
+          if (iy < 0 || iy >= g.h) continue;
+          float* row = plane + iy * g.w;
+          for (int64_t xx = 0; xx < g.ow; ++xx) {
+            const int64_t ix = xx * g.sw - g.pw + j * g.dw;
+            if (ix >= 0 && ix < g.w) row[ix] += src[xx];
+          }
+        }
+      }
+  }
+}
+
+// between NCHW y [N, O, L] and the GEMM's t [O, N L]: `to_nchw` y from t, else t from y
+void swap_batch_axis(const ConvGeom& g, float* t, float* y, bool to_nchw, int nt) {
+  const int64_t L = g.L(), M = g.M();
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t no = 0; no < g.n * g.o; ++no) {
+    float* a = t + (no % g.o) * M + (no / g.o) * L;
+    float* b = y + no * L;
+    if (to_nchw)
+      std::memcpy(b, a, sizeof(float) * L);
+    else
+      std::memcpy(a, b, sizeof(float) * L);
+  }
+}
+
+paddle::Tensor f32_empty(const std::vector<int64_t>& shape, const paddle::Tensor& like) {
+  return paddle::empty(shape, paddle::DataType::FLOAT32, like.place());
+}
+
+Operand plain(const float* data, int64_t cols) { return {data, 0, cols, 1, dnnl_f32}; }
+
+std::vector<paddle::Tensor> ConvGemmForward(const paddle::Tensor& x, const paddle::Tensor& w,
+                                            const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                                            const std::vector<int64_t>& dilations, bool need_dx, bool fpmath) {
+  check_f32_cpu(x, "x");
+  check_f32_cpu(w, "the weight");
+  const paddle::Tensor xd = dense(x), wd = dense(w);
+  const ConvGeom g = conv_geom(xd.shape(), wd.shape(), strides, pads, dilations);
+  zoo_apply_fp_mode();
+  const int nt = threads();
+  auto t = f32_empty({g.o, g.M()}, x);
+  {
+    auto cols = f32_empty({g.K(), g.M()}, x);
+    im2col(g, xd.data<float>(), cols.data<float>(), nt);
+    gemm(1, g.o, g.K(), g.M(), plain(wd.data<float>(), g.K()), plain(cols.data<float>(), g.M()), t.data<float>(),
+         fpmath);   // t [O, M] = w [O, K] @ cols [K, M]
+  }
+  auto y = f32_empty({g.n, g.o, g.oh, g.ow}, x);
+  swap_batch_axis(g, t.data<float>(), y.data<float>(), true, nt);
+  return {y};
+}
+
+std::vector<paddle::Tensor> ConvGemmBackward(const paddle::Tensor& x, const paddle::Tensor& w,
+                                             const paddle::Tensor& dy, const std::vector<int64_t>& strides,
+                                             const std::vector<int64_t>& pads, const std::vector<int64_t>& dilations,
+                                             bool need_dx, bool fpmath) {
+  check_f32_cpu(dy, "the convolution output's gradient");
+  const paddle::Tensor xd = dense(x), wd = dense(w), dyd = dense(dy);
+  const ConvGeom g = conv_geom(xd.shape(), wd.shape(), strides, pads, dilations);
+  zoo_apply_fp_mode();
+  const int nt = threads();
+  auto dt = f32_empty({g.o, g.M()}, x);
+  swap_batch_axis(g, dt.data<float>(), const_cast<float*>(dyd.data<float>()), false, nt);
+  auto dw = f32_empty(wd.shape(), w);
+  {
+    auto cols = f32_empty({g.K(), g.M()}, x);
+    im2col(g, xd.data<float>(), cols.data<float>(), nt);
+    gemm(1, g.o, g.M(), g.K(), plain(dt.data<float>(), g.M()), plain(cols.data<float>(), g.M()).t(),
+         dw.data<float>(), fpmath);   // dw [O, K] = dt [O, M] @ cols^T
+  }
+  auto dx = f32_empty(xd.shape(), x);   // left unwritten when the input needs no gradient
+  if (need_dx) {
+    auto dcols = f32_empty({g.K(), g.M()}, x);
+    gemm(1, g.K(), g.o, g.M(), plain(wd.data<float>(), g.K()).t(), plain(dt.data<float>(), g.M()),
+         dcols.data<float>(), fpmath);   // dcols [K, M] = w^T @ dt
+    col2im(g, dcols.data<float>(), dx.data<float>(), nt);
+  }
+  return {dx, dw};
 }
 
 // ==================================================================================== LSTM
@@ -767,17 +925,17 @@ extern "C" {
 int zoo_bf16_supported() { return zoo_dnnl::bf16_native() ? 1 : 0; }
 
 // Called through ctypes by ops/library.py: the work space in bytes oneDNN's convolution of these shapes
-// (x NCHW, w OIHW; strides, pads, dilations of 2) needs in its forward or backward with the configured
-// threads, the largest of the three; -1 when oneDNN has no convolution for them.
+// (x NCHW, w [O, C / groups, kh, kw]; strides, pads, dilations of 2) needs in its forward or backward
+// with the configured threads, the largest of the three; -1 when oneDNN has no convolution for them.
 long long zoo_conv_work_space(const int64_t* xs, const int64_t* ws, const int64_t* strides, const int64_t* pads,
-                              const int64_t* dilations, int math) {
+                              const int64_t* dilations, int64_t groups, int math) {
   try {
     int nt;
     auto lock = zoo_dnnl::Context::get().enter(&nt);
     // bf16 activations without native bf16 run the fp32 primitives (ConvActForward)
     if (math == 3 && !zoo_dnnl::bf16_native()) math = 0;
     const auto d = zoo_dnnl::conv_descs({xs, xs + 4}, {ws, ws + 4}, {strides, strides + 2}, {pads, pads + 2},
-                                        {dilations, dilations + 2}, math, true, math == 3);
+                                        {dilations, dilations + 2}, groups, math, true, math == 3);
     return static_cast<long long>(std::max({d.fwd.scratchpad_desc().get_size(), d.bwd_data.scratchpad_desc().get_size(),
                                             d.bwd_weights.scratchpad_desc().get_size()}));
   } catch (...) {
@@ -829,40 +987,53 @@ PD_BUILD_OP(zoo_conv2d)
     .Inputs({"X", "W"})
     .Outputs({"Out"})
     .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
-            "need_dx: bool", "fpmath: bool"})
+            "groups: int64_t", "need_dx: bool", "fpmath: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvF32Forward));
 PD_BUILD_GRAD_OP(zoo_conv2d)
     .Inputs({"X", "W", paddle::Grad("Out")})
     .Outputs({paddle::Grad("X"), paddle::Grad("W")})
     .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
-            "need_dx: bool", "fpmath: bool"})
+            "groups: int64_t", "need_dx: bool", "fpmath: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvF32Backward));
+
+PD_BUILD_OP(zoo_conv2d_gemm)
+    .Inputs({"X", "W"})
+    .Outputs({"Out"})
+    .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
+            "need_dx: bool", "fpmath: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvGemmForward));
+PD_BUILD_GRAD_OP(zoo_conv2d_gemm)
+    .Inputs({"X", "W", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("W")})
+    .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
+            "need_dx: bool", "fpmath: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvGemmBackward));
 
 PD_BUILD_OP(zoo_conv2d_bf16act)
     .Inputs({"X", "W"})
     .Outputs({"Out"})
     .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
-            "need_dx: bool"})
+            "groups: int64_t", "need_dx: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvActForward))
     .SetInferDtypeFn(PD_INFER_DTYPE(zoo_dnnl::ConvActInferDtype));
 PD_BUILD_GRAD_OP(zoo_conv2d_bf16act)
     .Inputs({"X", "W", paddle::Grad("Out")})
     .Outputs({paddle::Grad("X"), paddle::Grad("W")})
     .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
-            "need_dx: bool"})
+            "groups: int64_t", "need_dx: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvActBackward));
 
 PD_BUILD_OP(zoo_conv2d_bf16)
     .Inputs({"X", "W"})
     .Outputs({"Out"})
     .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
-            "need_dx: bool"})
+            "groups: int64_t", "need_dx: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvBf16Forward));
 PD_BUILD_GRAD_OP(zoo_conv2d_bf16)
     .Inputs({"X", "W", paddle::Grad("Out")})
     .Outputs({paddle::Grad("X"), paddle::Grad("W")})
     .Attrs({"strides: std::vector<int64_t>", "pads: std::vector<int64_t>", "dilations: std::vector<int64_t>",
-            "need_dx: bool"})
+            "groups: int64_t", "need_dx: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::ConvBf16Backward));
 
 PD_BUILD_OP(zoo_lstm)
