@@ -171,6 +171,7 @@ def zero_grad_step(opt_cfg, net=None, lr=0.1):
     net = net or Net()
     opt = build_optimizer(opt_cfg, net, lr)
     before = {n: p.numpy().copy() for n, p in net.named_parameters()}
+    net.clear_gradients()   # an earlier step's L2 stays in its gradients (optim._L2IntoGradient)
     (net(paddle.randn([5, 4])) * 0.0).sum().backward()   # every gradient exactly 0
     opt.step()
     return net, before, {n: p.numpy() for n, p in net.named_parameters()}
@@ -188,6 +189,30 @@ def test_zero_gradient_step_moves_only_decayed_params(name):
             np.testing.assert_array_equal(after[n], before[n], err_msg=n)
     if name != "AdamW":   # the ParamAttr L2Decay(0.5) replaces the optimizer's decay
         np.testing.assert_allclose(after["own.weight"], before["own.weight"] * (1 - lr * 0.5), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam"])
+def test_l2_into_the_gradient_in_place_gives_paddles_updates(name):
+    """SGD's and Adam's L2 decay, added into each gradient in place (optim._L2IntoGradient), against
+    paddle's own optimizer, which adds it out of place (add_n of g and coeff * w), on the same parameter
+    groups (decayed, exempt, a ParamAttr L2Decay(0.5)): equal parameters after three steps."""
+    results = []
+    for ours in (True, False):
+        paddle.seed(0)
+        net = Net()
+        opt = build_optimizer({"name": name, "weight_decay": 0.01}, net, 0.1)
+        if not ours:
+            rule = paddle.optimizer.SGD if name == "SGD" else paddle.optimizer.Adam
+            assert type(opt).__mro__[2] is rule
+            opt = rule(learning_rate=0.1, parameters=opt._param_groups)
+        for i in range(3):
+            net(paddle.full([5, 4], 0.3 * i - 0.5)).square().sum().backward()
+            opt.step()
+            opt.clear_grad()
+        results.append({n: p.numpy() for n, p in net.named_parameters()})
+    for n in results[0]:
+        np.testing.assert_allclose(results[0][n], results[1][n], rtol=1e-6, atol=1e-7, err_msg=n)
+    assert any(np.abs(results[0][n]).sum() > 0 for n in DECAYED)
 
 
 def test_rebuilding_keeps_own_regularizer_and_resets_groups():

@@ -345,7 +345,7 @@ class SGD(_Optimizer):
         super().__init__(weight_decay, no_decay)
 
     def make(self, lr, groups):
-        return paddle.optimizer.SGD(learning_rate=lr, parameters=groups)
+        return _SGD(learning_rate=lr, parameters=groups)
 
 
 @OPTIMIZERS.register("Momentum")
@@ -368,8 +368,8 @@ class Adam(_Optimizer):
         self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
 
     def make(self, lr, groups):
-        return paddle.optimizer.Adam(learning_rate=lr, beta1=self.beta1, beta2=self.beta2,
-                                     epsilon=self.epsilon, parameters=groups, use_multi_tensor=self.multi_tensor)
+        return _Adam(learning_rate=lr, beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon, parameters=groups,
+                     use_multi_tensor=self.multi_tensor)
 
 
 @OPTIMIZERS.register("AdamW")
@@ -395,7 +395,35 @@ class RMSProp(_Optimizer):
                     centered=self.centered, parameters=groups)
 
 
-class _RMSPropWithoutMomentum(paddle.optimizer.RMSProp):
+class _L2IntoGradient:
+    """L2 decay added into the gradient in place, one parameter at a time, for the optimizers whose
+    kernel does not take it (paddle's Momentum does). paddle's makes two new tensors per parameter
+    (coeff * w and g + coeff * w) and keeps them all until every update is made: 870 MB at
+    AttentionLSTM's optimizer step, which was its peak (paddle's memory profiler), and 11% of the StNet
+    demo's step. The gradient is dead after the update (the trainer clears it). A parameter kept in
+    fp16/bf16 with an fp32 master copy, or a sparse gradient, takes paddle's way."""
+
+    def _own_path(self, param, grad=None):
+        return param.dtype == paddle.float32 and (grad is None or (grad.dtype == param.dtype and grad.is_dense()))
+
+    def _create_regularization_of_grad(self, param, grad, regularization=None):
+        reg = getattr(param, "regularizer", None) or regularization
+        if (grad is None or not isinstance(reg, paddle.regularizer.L2Decay) or not paddle.in_dynamic_mode()
+                or not self._own_path(param, grad)):
+            return super()._create_regularization_of_grad(param, grad, regularization)
+        grad.add_(param * reg._coeff)
+        return grad
+
+
+class _SGD(_L2IntoGradient, paddle.optimizer.SGD):
+    pass
+
+
+class _Adam(_L2IntoGradient, paddle.optimizer.Adam):
+    pass
+
+
+class _RMSPropWithoutMomentum(_L2IntoGradient, paddle.optimizer.RMSProp):
     """paddle's RMSProp at momentum 0, without its `momentum` accumulator.
 
     paddle keeps that accumulator for every parameter even at momentum 0, where its kernel only uses
@@ -405,21 +433,8 @@ class _RMSPropWithoutMomentum(paddle.optimizer.RMSProp):
     passed as that buffer: the kernel reads g[i] and writes v[i] element by element, so sharing the
     storage is safe (tests/test_optim.py checks the updates against the formulas). A parameter kept
     in fp16/bf16 with an fp32 master copy keeps paddle's own path (its update is fp32, its gradient not).
+    Its L2 decay goes into the gradient in place (_L2IntoGradient).
     """
-
-    def _own_path(self, param, grad=None):
-        return param.dtype == paddle.float32 and (grad is None or (grad.dtype == param.dtype and grad.is_dense()))
-
-    def _create_regularization_of_grad(self, param, grad, regularization=None):
-        """L2 decay added into the gradient in place, one parameter at a time. paddle's makes two new
-        tensors per parameter (coeff * w and g + coeff * w) and keeps them all until every update is
-        made: 870 MB at AttentionLSTM's optimizer step, which was its peak (paddle's memory profiler)."""
-        reg = getattr(param, "regularizer", None) or regularization
-        if (grad is None or not isinstance(reg, paddle.regularizer.L2Decay) or not paddle.in_dynamic_mode()
-                or not self._own_path(param, grad)):
-            return super()._create_regularization_of_grad(param, grad, regularization)
-        grad.add_(param * reg._coeff)   # the gradient is dead after the update (the trainer frees it)
-        return grad
 
     def _create_accumulators(self, block, parameters):
         params = parameters.get("params") if isinstance(parameters, dict) else parameters
