@@ -311,7 +311,7 @@ def _one_gemm(x, w_shape, stride, padding, dilation, groups):
     (zoo_conv2d_gemm): an output map of at most GEMM_MAP pixels, columns within WORK_SPACE_FLOOR. There
     the weights outweigh the activations, and oneDNN's direct kernels reorder them in every pass. On
     amd-zen3 (2 threads, forward + backward; benchmarks/kernel_shapes.py --conv-routes) the GEMM took
-    1x1 maps in 0.35-0.65x the direct kernels' time, 2x2 in 0.5-1.1x, 3x3 and larger in 0.8-1.5x;
+    1x1 maps in 0.24-0.80x the direct kernels' time, 2x2 in 0.49-1.10x, 3x3 to 7x7 in 0.88-1.59x;
     other CPU kinds not measured yet. Grouped convolutions, bf16 operands and activations keep the
     direct kernels."""
     if (groups != 1 or _state["bf16_act"] or x.dtype != paddle.float32
