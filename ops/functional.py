@@ -254,10 +254,10 @@ def smooth_cross_entropy(logits, labels, eps=0.0):
 
 def conv2d(x, conv):
     """conv(x) for a paddle Conv2D layer, through oneDNN's direct convolution (csrc/dnnl.cc; grouped and
-    depthwise ones too, which paddle's CPU build runs group by group), or one GEMM over the batch for a
-    small output map (_one_gemm), when the layer is NCHW with zero padding given as numbers; other
-    layers, and those oneDNN would run with a column buffer per thread (_columns_per_thread), take the
-    layer itself."""
+    depthwise ones too: paddle's CPU depthwise kernel took 7.5 ms forward and 12.5 ms backward on StNet
+    demo's [8, 512, 3, 1]), or one GEMM over the batch for a small output map (_one_gemm), when the
+    layer is NCHW with zero padding given as numbers; other layers, and those oneDNN would run with a
+    column buffer per thread (_columns_per_thread), take the layer itself."""
     s = conv2d_settings(conv)
     fast = s.data_format == "NCHW" and s.padding_mode == "zeros" and s.padding is not None and x.ndim == 4
     to_bf16 = _state["bf16_act"] or x.dtype == paddle.bfloat16   # a bf16 input gives a bf16 output

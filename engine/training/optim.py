@@ -399,7 +399,7 @@ class _L2IntoGradient:
     """L2 decay added into the gradient in place, one parameter at a time, for the optimizers whose
     kernel does not take it (paddle's Momentum does). paddle's makes two new tensors per parameter
     (coeff * w and g + coeff * w) and keeps them all until every update is made: 870 MB at
-    AttentionLSTM's optimizer step, which was its peak (paddle's memory profiler), and 11% of the StNet
+    AttentionLSTM's optimizer step, which was its peak (paddle's memory profiler), and 9% of the StNet
     demo's step. The gradient is dead after the update (the trainer clears it). A parameter kept in
     fp16/bf16 with an fp32 master copy, or a sparse gradient, takes paddle's way."""
 
