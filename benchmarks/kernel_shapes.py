@@ -76,17 +76,23 @@ def _operands(rand, batch, M, K, N, tx, ty):
     return rand(lead + ([K, M] if tx else [M, K])), rand(lead + ([N, K] if ty else [K, N]))
 
 
-def run_paddle(threads):
+def _paddle_with_our_operators(threads):
+    """paddle and ops.functional, set up for timing in a child process (--side paddle or routes)."""
     before_paddle()
-    # in the --side paddle child only, once before_paddle() has set what paddle reads when it loads
+    # in the child only, once before_paddle() has set what paddle reads when it loads
     import paddle
-    import ops
     from ops import functional, library
     cpu.keep_freed_memory()   # the kernels' time, not that of faulting their outputs in (runtime.keep_freed_memory)
     paddle.base.core.set_num_threads(threads)
     functional.set_enabled(True, threads)
     if not functional.active(paddle.ones([1])) or not library.state["dnnl"]:
         raise SystemExit(f"error: the oneDNN operators are not available ({library.state['error']})")
+    return paddle, functional
+
+
+def run_paddle(threads):
+    paddle, functional = _paddle_with_our_operators(threads)
+    import ops   # loaded by the setup above already; for autocast and the bf16 query
     bf16 = ops.bf16_supported()
 
     def timed(fn):
@@ -121,15 +127,7 @@ ROUTE_LAYERS = [(8, 512, 512, 3), (32, 512, 512, 3), (32, 256, 256, 3), (32, 204
 
 def run_routes(threads):
     """ms per forward + backward of zoo_conv2d and zoo_conv2d_gemm for each layer and map size."""
-    before_paddle()
-    # in the --side routes child only, once before_paddle() has set what paddle reads when it loads
-    import paddle
-    from ops import functional, library
-    cpu.keep_freed_memory()
-    paddle.base.core.set_num_threads(threads)
-    functional.set_enabled(True, threads)
-    if not functional.active(paddle.ones([1])) or not library.state["dnnl"]:
-        raise SystemExit(f"error: the oneDNN operators are not available ({library.state['error']})")
+    paddle, functional = _paddle_with_our_operators(threads)
     rows = []
     for size in (1, 2, 3, 4, 5, 7):
         for n, c, o, k in ROUTE_LAYERS:

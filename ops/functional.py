@@ -261,12 +261,13 @@ def conv2d(x, conv):
     s = conv2d_settings(conv)
     fast = s.data_format == "NCHW" and s.padding_mode == "zeros" and s.padding is not None and x.ndim == 4
     to_bf16 = _state["bf16_act"] or x.dtype == paddle.bfloat16   # a bf16 input gives a bf16 output
-    if (fast and active(conv.weight, *_given(conv.bias), activations=(x,)) and library.state["dnnl"]
-            and not _paddle_computes(x, conv, s)):
-        y = _onednn_conv(x, conv.weight, s.stride, s.padding, s.dilation, to_bf16, s.groups)
-        # the bias in one pass each way (paddle's broadcast add and its gradient are slow on CPU); on a
-        # bf16 output it is added in fp32 and the sum rounded once
-        return y if conv.bias is None else _run("zoo_channel_bias", y, conv.bias)[0]
+    if fast and active(conv.weight, *_given(conv.bias), activations=(x,)) and library.state["dnnl"]:
+        gemm = _one_gemm(x, conv.weight.shape, s.stride, s.padding, s.dilation, s.groups)
+        if gemm or not _paddle_computes(x, conv, s):
+            y = _onednn_conv(x, conv.weight, s.stride, s.padding, s.dilation, to_bf16, s.groups, gemm)
+            # the bias in one pass each way (paddle's broadcast add and its gradient are slow on CPU); on a
+            # bf16 output it is added in fp32 and the sum rounded once
+            return y if conv.bias is None else _run("zoo_channel_bias", y, conv.bias)[0]
     if to_bf16:   # paddle's CPU build has no bf16 convolution: fp32, rounded after
         return conv(float32(x)).astype("bfloat16")
     return conv(x)
@@ -286,13 +287,15 @@ def conv_transpose(x, deconv):
         return deconv(x)
     w = deconv.weight                                    # [C_in, C_out, k, k] -> [C_out k k, C_in, 1, 1]
     w = w.transpose([1, 2, 3, 0]).reshape([-1, w.shape[0], 1, 1])
-    y = F.pixel_shuffle(_onednn_conv(x, w, [1, 1], [0, 0], [1, 1], False), k[0])
+    one = ([1, 1], [0, 0], [1, 1])
+    y = F.pixel_shuffle(_onednn_conv(x, w, *one, False, 1, _one_gemm(x, w.shape, *one, 1)), k[0])
     return y if deconv.bias is None else _run("zoo_channel_bias", y, deconv.bias)[0]
 
 
-def _onednn_conv(x, w, stride, padding, dilation, to_bf16, groups=1):
+def _onednn_conv(x, w, stride, padding, dilation, to_bf16, groups, gemm):
+    """`gemm`: _one_gemm's answer for this convolution."""
     args = (x, w, list(stride), list(padding), list(dilation))
-    if _one_gemm(x, w.shape, stride, padding, dilation, groups):
+    if gemm:
         return _run("zoo_conv2d_gemm", *args, not x.stop_gradient, _state["bf16"])[0]
     args += (int(groups), not x.stop_gradient)
     if to_bf16:
@@ -326,10 +329,8 @@ def _output_size(x_shape, w_shape, strides, pads, dilations):
 
 
 def _paddle_computes(x, conv, s):
-    """Whether paddle's convolution takes this one (_columns_per_thread); dynamic mode only. Not those
-    that run as one GEMM (_one_gemm)."""
-    if _one_gemm(x, conv.weight.shape, s.stride, s.padding, s.dilation, s.groups):
-        return False
+    """Whether paddle's convolution takes this one (_columns_per_thread) rather than oneDNN's direct
+    kernels; dynamic mode only."""
     if _state["bf16_act"] or x.dtype == paddle.bfloat16:
         math = 3
     else:

@@ -485,7 +485,8 @@ def clip_grad_norm_(parameters, max_norm):
     fp32 = paddle.float32
     norm = paddle.linalg.norm(ops.grad_norms([g.detach() for g in grads]))
     factor = (max_norm / (norm + 1e-6)).clip_(max=1.0)
-    # nothing to scale; on a CPU reading the factor waits for no device (tests/test_host_round_trips.py)
+    # nothing to scale; on a CPU reading the factor waits for no device. on_device looked up on the
+    # module: tests/test_host_round_trips.py patches it there to run this as on a GPU
     if not ops.reference.on_device(grads[0]) and float(factor) == 1.0:
         return norm
     for g in grads:

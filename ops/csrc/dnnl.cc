@@ -394,6 +394,11 @@ std::vector<paddle::DataType> LinearBf16InferDtype(const paddle::DataType& x, co
 }
 
 // ============================================================================= convolution
+// The output size along one axis (symmetric padding `pad`, `dilation` counted paddle's way: 1 is none)
+int64_t conv_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation) {
+  return (in + 2 * pad - dilation * (kernel - 1) - 1) / stride + 1;
+}
+
 // 2-D convolution for training: forward, data and weight gradients. Paddle's CPU convolution in the
 // dynamic graph is im2col + GEMM; oneDNN's direct JIT kernels run a ResNet 3x3 layer's forward +
 // backward in about half its time (README, "Against PyTorch"). Float32, NCHW activations and OIHW
@@ -431,10 +436,7 @@ ConvDescs conv_descs(const std::vector<int64_t>& xs, const std::vector<int64_t>&
   const memory::dims st{strides[0], strides[1]}, pd{pads[0], pads[1]};
   const memory::dims dl{dilations[0] - 1, dilations[1] - 1};  // oneDNN counts the gaps
   memory::dims ys{xs[0], ws[0], 0, 0};
-  for (int i = 0; i < 2; ++i) {
-    const int64_t span = dilations[i] * (ws[2 + i] - 1) + 1;
-    ys[2 + i] = (xs[2 + i] + 2 * pads[i] - span) / strides[i] + 1;
-  }
+  for (int i = 0; i < 2; ++i) ys[2 + i] = conv_out_size(xs[2 + i], ws[2 + i], strides[i], pads[i], dilations[i]);
   ConvDescs p;
   const auto bf16 = memory::data_type::bf16;
   const auto xt = x_bf16 ? bf16 : f32, yt = math == 3 ? bf16 : f32;   // the tensors' types
@@ -620,8 +622,8 @@ std::vector<paddle::DataType> ConvActInferDtype(const paddle::DataType& x, const
 // ================================================================== convolution as one GEMM
 // zoo_conv2d_gemm: the convolution of zoo_conv2d (fp32, groups 1, symmetric zero padding; `fpmath` as
 // there) as im2col over the whole batch and one GEMM per pass, for layers whose output map is small
-// beside their weights (ops.functional._conv_route picks them): a ResNet's last stages at demo sizes,
-// 2 x 2 to 8 x 8. There the direct kernels reorder the weights to their blocked layouts in every pass
+// beside their weights (ops.functional._one_gemm picks them: at most 4 output pixels): a ResNet's last
+// stage at demo sizes, 2 x 2. There the direct kernels reorder the weights to their blocked layouts in every pass
 // (9.4 MB at 512 x 512 x 3 x 3) and run the backward-weights pass as per-thread GEMMs over a large work
 // space (72 MB there, so functional.py sent those layers to paddle); paddle's im2col + GEMM runs one
 // thin GEMM per sample and so reads the weights once per sample. Here each pass reads them once: the
@@ -638,8 +640,8 @@ ConvGeom conv_geom(const std::vector<int64_t>& xs, const std::vector<int64_t>& w
   PD_CHECK(xs.size() == 4 && ws.size() == 4 && xs[1] == ws[1] && st.size() == 2 && pd.size() == 2 && dl.size() == 2,
            "zoo_conv2d_gemm: x [N, C, H, W], w [O, C, kh, kw] and two strides, pads and dilations expected");
   ConvGeom g{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], st[0], st[1], pd[0], pd[1], dl[0], dl[1], 0, 0};
-  g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
-  g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+  g.oh = conv_out_size(g.h, g.kh, g.sh, g.ph, g.dh);
+  g.ow = conv_out_size(g.w, g.kw, g.sw, g.pw, g.dw);
   PD_CHECK(g.oh > 0 && g.ow > 0, "zoo_conv2d_gemm: the kernel does not fit in the padded input");
   return g;
 }
