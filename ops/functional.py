@@ -349,7 +349,14 @@ def _columns_per_thread(x_shape, w_shape, strides, pads, dilations, groups, math
     +264 MB from 1 to 2 threads; 16 threads would hold 4.6 GB). paddle's own convolution is im2col +
     GEMM with one buffer, so it takes those: DeepLabV3-R50 at 2 x 512 on amd-zen2, peak above baseline
     4035 -> 3718 MB, step 15.7 -> 15.9 s. `threads`: the operators' thread setting, part of the cache
-    key (the work space grows with it)."""
+    key (the work space grows with it).
+    A 1x1 convolution has no columns on either route, so it stays oneDNN's: its work space there is
+    the bf16 kernels' transposition buffer, at most 16-32 MB per thread (amd-zen4), in the scratchpad
+    oneDNN shares among its primitives. Counted as columns, it sent DeepLabV3-R50's bf16 1x1
+    convolutions at 64 x 64 and 128 x 128 to paddle's fp32 kernel: 32 of its 62, 8 s of its 13.9 s
+    step."""
+    if w_shape[2] == w_shape[3] == 1:
+        return False
     oh, ow = _output_size(x_shape, w_shape, strides, pads, dilations)
     columns = w_shape[1] * w_shape[2] * w_shape[3] * oh * ow * 4
     work_space = library.conv_work_space(x_shape, w_shape, strides, pads, dilations, math, groups) or 0

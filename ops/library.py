@@ -195,6 +195,7 @@ def _cdll():
             state["cdll"].zoo_conv_work_space.restype = ctypes.c_longlong
             state["cdll"].zoo_conv_work_space.argtypes = ([ctypes.POINTER(ctypes.c_int64)] * 5
                                                           + [ctypes.c_int64, ctypes.c_int])
+            state["cdll"].zoo_scratchpad_bytes.restype = ctypes.c_longlong
     return state["cdll"]
 
 
@@ -225,6 +226,14 @@ def conv_work_space(x_shape, w_shape, strides, pads, dilations, math, groups=1):
         return None
     arrays = [(ctypes.c_int64 * len(v))(*[int(d) for d in v]) for v in (x_shape, w_shape, strides, pads, dilations)]
     return int(_cdll().zoo_conv_work_space(*arrays, int(groups), int(math)))
+
+
+def scratchpad_bytes():
+    """Bytes of the one work space buffer our oneDNN primitives share (csrc/dnnl.cc, Context::scratchpad):
+    the largest any of them has asked so far; None without the library."""
+    if not (load() and state["dnnl"]):
+        return None
+    return int(_cdll().zoo_scratchpad_bytes())
 
 
 def threads_mxcsr(n):

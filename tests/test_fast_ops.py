@@ -26,7 +26,7 @@ from models.vision.resnet import Bottleneck, ResNet
 from ops import functional, library, reference
 from ops.paddle_attrs import (batch_norm_settings, conv2d_settings, conv_transpose_settings, layer_norm_epsilon,
                               lstm_settings)
-from tests.conftest import BERT_PRETRAIN_DEMO
+from tests.conftest import BERT_PRETRAIN_DEMO, needs_native_bf16
 from tests.helpers import ROOT, counting_fused_ops as _counting, fused_ops_on, nsp_majority, read_metrics, tool
 
 
@@ -576,6 +576,68 @@ def test_convolutions_oneDNN_would_run_on_per_thread_columns_take_paddle(monkeyp
     # (-1 would say it has no convolution) for the dilated one, whose kernel depends on the CPU
     assert library.conv_work_space((2, 64, 32, 32), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 0) >= 0
     assert library.conv_work_space((2, 6, 17, 14), (4, 6, 3, 3), (1, 1), (2, 2), (2, 2), 0) >= 0
+
+
+def test_a_1x1_convolution_stays_on_onednn_whatever_its_work_space(monkeypatch):
+    """A 1x1 convolution has no im2col columns on either route; oneDNN's work space there is its bf16
+    kernels' transposition buffer (16-32 MB per thread on amd-zen4), which sent DeepLabV3-R50's bf16 1x1
+    convolutions to paddle's fp32 kernel. Any reported size keeps it on oneDNN; a 3x3 one with the same
+    answer goes to paddle (the rule above)."""
+    monkeypatch.setattr(library, "conv_work_space", lambda *a: 1 << 40)
+    x = _t(RNG.standard_normal((2, 6, 17, 14)))
+    for k, runs_ours in ((1, True), (3, False)):
+        functional._columns_per_thread.cache_clear()
+        with functional.enabled_as(True), _counting() as ran:
+            functional.conv2d(x, nn.Conv2D(6, 4, k, padding=k // 2, bias_attr=False))
+        assert bool(ran) is runs_ours, (k, ran)
+    monkeypatch.undo()
+    functional._columns_per_thread.cache_clear()
+
+
+_SHARED_WORK_SPACE = """
+import json
+import numpy as np
+import paddle
+from ops import functional, library
+def rss_mb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+channels = [1024 + 16 * i for i in range(6)]
+asked = [library.conv_work_space((2, c, 64, 64), (256, c, 1, 1), (1, 1), (0, 0), (1, 1), 3) for c in channels]
+layers = [paddle.nn.Conv2D(c, 256, 1, bias_attr=False) for c in channels]
+inputs = [paddle.to_tensor(np.ones((2, c, 64, 64), np.float32)).astype("bfloat16") for c in channels]
+with functional.enabled_as(True), functional.autocast(), functional.bf16_activations():
+    functional.conv2d(paddle.ones([1, 4, 8, 8]), paddle.nn.Conv2D(4, 4, 1))   # the library's own pages
+    before = rss_mb()
+    for conv, x in zip(layers, inputs):
+        x.stop_gradient = False
+        functional.conv2d(x, conv).astype("float32").sum().backward()
+        x.clear_gradient(False)
+print("RESULT " + json.dumps({"asked": asked, "grown_mb": rss_mb() - before, "buffer": library.scratchpad_bytes()}))
+"""
+
+
+@needs_native_bf16
+def test_onednn_primitives_share_one_work_space():
+    """Our oneDNN primitives run in user scratchpad mode on one buffer, grown to the largest work space
+    asked (csrc/dnnl.cc, Context::scratchpad). In oneDNN's own mode each cached primitive of the bf16
+    1x1 kernels kept its own transposition buffer: DeepLabV3-R50's bf16 step held 3.5 GB instead of 2.75
+    (amd-zen4). Six DeepLabV3-sized bf16 1x1 convolutions of distinct shapes, forward and backward, in
+    a child whose glibc unmaps every freed block above 64 KB, so that its resident memory is what is
+    alive: the buffer is the largest work space oneDNN reports for them (its own query), and the
+    resident memory grows by less than half their sum (137 MB against 30 before the change, amd-zen4:
+    each primitive held its own)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=ROOT, GLOG_minloglevel="2", MALLOC_MMAP_THRESHOLD_="65536",
+               MALLOC_TRIM_THRESHOLD_="65536")
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", _SHARED_WORK_SPACE], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert min(r["asked"]) >= 4 << 20, r          # a real work space each, or the test shows nothing
+    assert max(r["asked"]) <= r["buffer"] < max(r["asked"]) + 4096, r
+    assert r["grown_mb"] < sum(r["asked"]) / 2 / 2**20, r
 
 
 # (direction, lengths): AttentionLSTM's case (both directions over each sample's real steps; a sample

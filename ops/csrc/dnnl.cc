@@ -61,12 +61,14 @@ int threads() {
 struct Primitive {
   dnnl_primitive_t prim = nullptr;
   std::vector<std::pair<int, dnnl_memory_desc_t>> args;
+  dnnl_memory_desc_t scratchpad = nullptr;  // made in user scratchpad mode: Context::scratchpad at each call
   Primitive() = default;
   Primitive(const Primitive&) = delete;
   Primitive& operator=(const Primitive&) = delete;
   ~Primitive() {
     if (prim != nullptr) dnnl_primitive_destroy(prim);
     for (auto& a : args) dnnl_memory_desc_destroy(a.second);
+    if (scratchpad != nullptr) dnnl_memory_desc_destroy(scratchpad);
   }
 };
 
@@ -110,6 +112,22 @@ class Context {
     return *made;
   }
 
+  // The work space of every primitive we make (user scratchpad mode), one buffer grown to the largest
+  // asked; calls run one at a time (enter()), so they can share it. In oneDNN's own mode each cached
+  // primitive held its own: paddle's oneDNN is built for concurrent execution. Call inside enter().
+  void* scratchpad(size_t bytes) {
+    if (bytes > scratch_bytes_) {
+      const size_t n = (bytes + 4095) / 4096 * 4096;
+      void* p = std::aligned_alloc(4096, n);
+      PD_CHECK(p != nullptr, "oneDNN's work space: cannot allocate ", n, " bytes");
+      scratch_.reset(p);
+      scratch_bytes_ = n;
+    }
+    return scratch_.get();
+  }
+  dnnl::memory scratchpad(const dnnl::memory::desc& d) { return dnnl::memory(d, engine_, scratchpad(d.get_size())); }
+  size_t scratchpad_bytes() const { return scratch_bytes_; }
+
   // Executes the primitive cached under `key` (built by `make` on a miss) on `ptrs` (one data pointer
   // per argument, in the order of Primitive::args).
   template <typename Make>
@@ -117,11 +135,17 @@ class Context {
     int nt;
     auto lock = enter(&nt);
     const Primitive& p = cached<Primitive>(key + "|t" + std::to_string(nt), make);
-    std::vector<dnnl_memory_t> mems(p.args.size());
-    std::vector<dnnl_exec_arg_t> args(p.args.size());
+    const size_t n = p.args.size() + (p.scratchpad != nullptr);
+    std::vector<dnnl_memory_t> mems(n);
+    std::vector<dnnl_exec_arg_t> args(n);
     for (size_t i = 0; i < p.args.size(); ++i) {
       ok(dnnl_memory_create(&mems[i], p.args[i].second, engine_.get(), ptrs[i]), "memory_create");
       args[i] = {p.args[i].first, mems[i]};
+    }
+    if (p.scratchpad != nullptr) {
+      ok(dnnl_memory_create(&mems.back(), p.scratchpad, engine_.get(),
+                            scratchpad(dnnl_memory_desc_get_size(p.scratchpad))), "memory_create");
+      args.back() = {DNNL_ARG_SCRATCHPAD, mems.back()};
     }
     dnnl_status_t s = dnnl_primitive_execute(p.prim, stream_.get(), static_cast<int>(args.size()), args.data());
     if (s == 0) s = dnnl_stream_wait(stream_.get());
@@ -133,6 +157,11 @@ class Context {
   Context() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
 
   static constexpr size_t kCapacity = 1024;
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> scratch_;
+  size_t scratch_bytes_ = 0;
   dnnl::engine engine_;
   dnnl::stream stream_;
   std::mutex mu_;
@@ -217,16 +246,18 @@ void gemm(int64_t batch, int64_t M, int64_t K, int64_t N, const Operand& a, cons
                {DNNL_ARG_WEIGHTS, strided_desc(3, bd, bs, b.type)},
                {DNNL_ARG_DST, strided_desc(3, cd, cs, dnnl_f32)}};
     dnnl_primitive_attr_t attr = nullptr;
-    if (fpmath) {
-      ok(dnnl_primitive_attr_create(&attr), "primitive_attr_create");
-      ok(dnnl_primitive_attr_set_fpmath_mode(attr, dnnl_fpmath_mode_bf16), "set_fpmath_mode");
-    }
+    ok(dnnl_primitive_attr_create(&attr), "primitive_attr_create");
+    ok(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "set_scratchpad_mode");
+    if (fpmath) ok(dnnl_primitive_attr_set_fpmath_mode(attr, dnnl_fpmath_mode_bf16), "set_fpmath_mode");
     dnnl_primitive_desc_t pd;
     dnnl_status_t made = dnnl_matmul_primitive_desc_create(&pd, Context::get().engine().get(), p->args[0].second,
                                                            p->args[1].second, nullptr, p->args[2].second, attr);
-    if (attr != nullptr) dnnl_primitive_attr_destroy(attr);
+    dnnl_primitive_attr_destroy(attr);
     ok(made, "matmul_primitive_desc_create");
     dnnl_status_t s = dnnl_primitive_create(&p->prim, pd);
+    const_dnnl_memory_desc_t scratch = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    if (s == 0 && scratch != nullptr && dnnl_memory_desc_get_size(scratch) > 0)
+      s = dnnl_memory_desc_clone(&p->scratchpad, scratch);
     dnnl_primitive_desc_destroy(pd);
     ok(s, "primitive_create");
     return p;
@@ -424,12 +455,12 @@ struct ConvPlan : ConvDescs {
   dnnl::convolution_backward_weights bwd_weights_prim;
 };
 
-// The three descriptors (oneDNN picks its kernels here); `user_scratchpad`: in user scratchpad mode,
-// the only mode in which oneDNN reports the scratchpad's size (the kernels chosen do not depend on it).
+// The three descriptors (oneDNN picks its kernels here), in user scratchpad mode (Context::scratchpad;
+// also the only mode in which oneDNN reports the scratchpad's size).
 // Call inside Context::enter(): oneDNN sizes the work space by the OpenMP threads set there.
 ConvDescs conv_descs(const std::vector<int64_t>& xs, const std::vector<int64_t>& ws,
                      const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                     const std::vector<int64_t>& dilations, int64_t groups, int math, bool user_scratchpad,
+                     const std::vector<int64_t>& dilations, int64_t groups, int math,
                      bool x_bf16 = false) {
   using Tag = memory::format_tag;
   const auto f32 = memory::data_type::f32;
@@ -453,7 +484,7 @@ ConvDescs conv_descs(const std::vector<int64_t>& xs, const std::vector<int64_t>&
   const dnnl::engine& eng = Context::get().engine();
   dnnl::primitive_attr attr;
   if (math == 1) attr.set_fpmath_mode(dnnl::fpmath_mode::bf16);
-  if (user_scratchpad) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   p.fwd = dnnl::convolution_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, alg, xa, wa, ya,
                                                     st, dl, pd, pd, attr);
   p.bwd_data = dnnl::convolution_backward_data::primitive_desc(eng, alg, dxa, wa, dya, st, dl, pd, pd, p.fwd, attr);
@@ -473,7 +504,7 @@ const ConvPlan& conv_plan(const std::vector<int64_t>& xs, const std::vector<int6
     for (int64_t d : *v) key += "," + std::to_string(d);
   return Context::get().cached<ConvPlan>(key, [&]() {
     auto p = std::make_shared<ConvPlan>();
-    static_cast<ConvDescs&>(*p) = conv_descs(xs, ws, strides, pads, dilations, groups, math, false, x_bf16);
+    static_cast<ConvDescs&>(*p) = conv_descs(xs, ws, strides, pads, dilations, groups, math, x_bf16);
     p->fwd_prim = dnnl::convolution_forward(p->fwd);
     p->bwd_data_prim = dnnl::convolution_backward_data(p->bwd_data);
     p->bwd_weights_prim = dnnl::convolution_backward_weights(p->bwd_weights);
@@ -515,7 +546,8 @@ std::vector<paddle::Tensor> ConvForward(const paddle::Tensor& x, const paddle::T
   auto& s = Context::get().stream();
   memory xu = wrap(p.x, x), wu = wrap(p.w, w), yu = wrap(p.y, y);
   memory xm = as(xu, p.fwd.src_desc()), wm = as(wu, p.fwd.weights_desc()), ym = out_for(yu, p.fwd.dst_desc());
-  p.fwd_prim.execute(s, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}});
+  p.fwd_prim.execute(s, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym},
+                         {DNNL_ARG_SCRATCHPAD, Context::get().scratchpad(p.fwd.scratchpad_desc())}});
   finish(ym, yu);
   s.wait();
   return {y};
@@ -536,11 +568,13 @@ std::vector<paddle::Tensor> ConvBackward(const paddle::Tensor& x, const paddle::
   if (need_dx) {
     memory dy_d = p.bwd_data.diff_dst_desc() == dy_w.get_desc() ? dy_w : as(dyu, p.bwd_data.diff_dst_desc());
     memory wm = as(wu, p.bwd_data.weights_desc()), dxm = out_for(dxu, p.bwd_data.diff_src_desc());
-    p.bwd_data_prim.execute(s, {{DNNL_ARG_DIFF_DST, dy_d}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DIFF_SRC, dxm}});
+    p.bwd_data_prim.execute(s, {{DNNL_ARG_DIFF_DST, dy_d}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DIFF_SRC, dxm},
+                                {DNNL_ARG_SCRATCHPAD, Context::get().scratchpad(p.bwd_data.scratchpad_desc())}});
     finish(dxm, dxu);
   }
   memory xm = as(xu, p.bwd_weights.src_desc()), dwm = out_for(dwu, p.bwd_weights.diff_weights_desc());
-  p.bwd_weights_prim.execute(s, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_DIFF_DST, dy_w}, {DNNL_ARG_DIFF_WEIGHTS, dwm}});
+  p.bwd_weights_prim.execute(s, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_DIFF_DST, dy_w}, {DNNL_ARG_DIFF_WEIGHTS, dwm},
+                                 {DNNL_ARG_SCRATCHPAD, Context::get().scratchpad(p.bwd_weights.scratchpad_desc())}});
   finish(dwm, dwu);
   s.wait();
   return {dx, dw};
@@ -811,12 +845,14 @@ const LstmPlan& lstm_plan(int64_t n, int64_t t, int64_t c, int64_t h, bool rever
     // data takes the first output for h0 in the left-to-right weight_hh gradient; final states not written
     const memory::desc& st = p->state;
     const auto prop = training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
-    p->fwd = dnnl::lstm_forward::primitive_desc(eng, prop, dir, p->x, st, st, wl, wi, p->b, p->y, none, none);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);   // Context::scratchpad
+    p->fwd = dnnl::lstm_forward::primitive_desc(eng, prop, dir, p->x, st, st, wl, wi, p->b, p->y, none, none, attr);
     p->fwd_prim = dnnl::lstm_forward(p->fwd);
     if (!training) return p;
     p->bwd = dnnl::lstm_backward::primitive_desc(eng, dnnl::prop_kind::backward, dir, p->x, st, st, wl, wi, p->b,
                                                  p->y, none, none, p->x, st, st, wl, wi, p->b, p->y, none, none,
-                                                 p->fwd);
+                                                 p->fwd, attr);
     p->bwd_prim = dnnl::lstm_backward(p->bwd);
     return p;
   });
@@ -855,7 +891,8 @@ std::vector<paddle::Tensor> lstm_forward(const paddle::Tensor& x, const paddle::
       {DNNL_ARG_SRC_LAYER, wrap(p.x, x)},         {DNNL_ARG_SRC_ITER, wrap(p.state, zero)},
       {DNNL_ARG_SRC_ITER_C, wrap(p.state, zero)}, {DNNL_ARG_WEIGHTS_LAYER, wl},
       {DNNL_ARG_WEIGHTS_ITER, wi},                {DNNL_ARG_BIAS, wrap(p.b, b)},
-      {DNNL_ARG_DST_LAYER, wrap(p.y, y)}};
+      {DNNL_ARG_DST_LAYER, wrap(p.y, y)},
+      {DNNL_ARG_SCRATCHPAD, Context::get().scratchpad(p.fwd.scratchpad_desc())}};
   std::vector<paddle::Tensor> outs = {y};
   if (training) {
     outs.push_back(paddle::empty({static_cast<int64_t>(p.fwd.workspace_desc().get_size())}, paddle::DataType::UINT8,
@@ -908,6 +945,7 @@ std::vector<paddle::Tensor> LstmBackward(const paddle::Tensor& x, const paddle::
                          {DNNL_ARG_WORKSPACE, wrap(p.bwd.workspace_desc(), ws)},
                          {DNNL_ARG_DIFF_DST_LAYER, wrap(p.y, dy)}, {DNNL_ARG_DIFF_SRC_LAYER, wrap(p.x, dx)},
                          {DNNL_ARG_DIFF_WEIGHTS_LAYER, dwl}, {DNNL_ARG_DIFF_WEIGHTS_ITER, dwi},
+                         {DNNL_ARG_SCRATCHPAD, Context::get().scratchpad(p.bwd.scratchpad_desc())},
                          {DNNL_ARG_DIFF_BIAS, zeroed(wrap(p.b, db))}});
   finish(dwl, dwl_u);
   finish(dwi, dwi_u);
@@ -926,6 +964,13 @@ extern "C" {
 // Called through ctypes by ops/library.py: 1 when oneDNN computes bf16 natively on this CPU.
 int zoo_bf16_supported() { return zoo_dnnl::bf16_native() ? 1 : 0; }
 
+// Called through ctypes by ops/library.py: the bytes of the work space our primitives share.
+long long zoo_scratchpad_bytes() {
+  int nt;
+  auto lock = zoo_dnnl::Context::get().enter(&nt);
+  return static_cast<long long>(zoo_dnnl::Context::get().scratchpad_bytes());
+}
+
 // Called through ctypes by ops/library.py: the work space in bytes oneDNN's convolution of these shapes
 // (x NCHW, w [O, C / groups, kh, kw]; strides, pads, dilations of 2) needs in its forward or backward
 // with the configured threads, the largest of the three; -1 when oneDNN has no convolution for them.
@@ -937,7 +982,7 @@ long long zoo_conv_work_space(const int64_t* xs, const int64_t* ws, const int64_
     // bf16 activations without native bf16 run the fp32 primitives (ConvActForward)
     if (math == 3 && !zoo_dnnl::bf16_native()) math = 0;
     const auto d = zoo_dnnl::conv_descs({xs, xs + 4}, {ws, ws + 4}, {strides, strides + 2}, {pads, pads + 2},
-                                        {dilations, dilations + 2}, groups, math, true, math == 3);
+                                        {dilations, dilations + 2}, groups, math, math == 3);
     return static_cast<long long>(std::max({d.fwd.scratchpad_desc().get_size(), d.bwd_data.scratchpad_desc().get_size(),
                                             d.bwd_weights.scratchpad_desc().get_size()}));
   } catch (...) {
