@@ -5,7 +5,8 @@ python benchmarks/peers.py [--only BERT-base ...] [--rounds 2] [--steps 3] [--re
 python benchmarks/peers.py --show [--docs] [--kind KIND]   # the table from the JSON (into docs/performance.md)
 python benchmarks/peers.py --mixed [--only ...] [--rounds 2]   # bf16: ours vs torch.autocast, ours fp32 beside
 python benchmarks/peers.py --show --mixed [--docs]             # that table (peers_bf16.json)
-python benchmarks/peers.py --run NAME --side ours|theirs [--precision fp32|bf16|bf16act] [--steps N] [--profile]
+python benchmarks/peers.py --run NAME --side ours|theirs [--precision fp32|bf16|bf16act|bf16-fp32act] [--steps N]
+                           [--profile]
 
 Each (model, side) runs in its own process with the same environment (engine/cpu.py's settings for
 this CPU) and the same number of math threads; the sides alternate (ours, theirs, then theirs,
@@ -16,10 +17,11 @@ get the same numpy batch (`make_batch`), a warm-up step, then `--steps` timed st
 the median step. The ratio is our samples/s over theirs (> 1: we are faster). `--reference` adds
 our pure-Paddle path (`runtime.fast_ops: false`). `--profile` prints the per-op table of a side.
 `--mixed` times mixed precision instead: our bf16 step (train.amp.dtype bfloat16: oneDNN bf16 GEMMs and
-convolutions), PyTorch's step under torch.autocast("cpu", bfloat16), and our fp32 step, alternating
-in the same way; each side's peak memory (ru_maxrss of its process) beside. JSON: peers_bf16.json.
-`--run ... --precision bf16act`: our bf16 step with bf16 activations (train.amp.activations, issue 43;
-not yet a column of the table), PyTorch's side under the same autocast.
+convolutions, bf16 activations between a CNN's operators), PyTorch's step under torch.autocast("cpu",
+bfloat16), and our fp32 step, alternating in the same way; each side's peak memory (ru_maxrss of its
+process) beside. JSON: peers_bf16.json. `--run ... --precision bf16-fp32act`: our bf16 step with fp32
+activations between the operators (train.amp.activations float32; `bf16act` names the default);
+PyTorch's side runs the same autocast for every bf16 precision.
 Results are per CPU kind (benchmarks/report.py): the JSON defaults to
 benchmarks/results/<kind>/peers.json of the machine at hand, and `--docs` (alias `--readme`) replaces
 only that kind's table in docs/performance.md (`--kind` shows or writes another kind's JSON).
@@ -44,8 +46,10 @@ from benchmarks import report  # noqa: E402
 from engine.cpu import before_paddle, process_environment  # noqa: E402  (no paddle import)
 
 # the precisions a side can run: ours through the recipe's AMP keys, theirs with torch.autocast("cpu", bfloat16)
+# (bf16: train.amp's default activations, bfloat16; bf16act names them; bf16-fp32act: float32 between operators)
 AMP = {"fp32": [], "bf16": ["train.amp.enable=true", "train.amp.dtype=bfloat16"],
-       "bf16act": ["train.amp.enable=true", "train.amp.dtype=bfloat16", "train.amp.activations=bfloat16"]}
+       "bf16act": ["train.amp.enable=true", "train.amp.dtype=bfloat16", "train.amp.activations=bfloat16"],
+       "bf16-fp32act": ["train.amp.enable=true", "train.amp.dtype=bfloat16", "train.amp.activations=float32"]}
 
 # the models of the mixed-precision table (issue 22's four)
 MIXED = ("BERT-base", "Transformer-base", "TSN-R50", "DeepLabV3-R50")

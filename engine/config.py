@@ -67,9 +67,9 @@ AMP_KEYS = {
     "dtype": (str, "float16", one_of("float16", "bfloat16")),   # float16 needs a GPU; bfloat16 on a CPU too
     "level": (str, "O1", one_of("O1", "O2")),  # O1: autocast per op; O2 (GPU): low-precision weights, fp32 master copy
     "init_loss_scaling": (float, 32768.0, lambda v: None if v > 0 else "must be > 0"),  # float16's first loss scale
-    # CPU bf16: the dtype of the tensors between operators; bfloat16 is ops.bf16_activations, for convolutional
-    # networks (issue 43: not the default until measured on a bf16 CPU); ignored on a GPU (paddle.amp)
-    "activations": (str, "float32", one_of("float32", "bfloat16")),
+    # CPU bf16: the dtype of the tensors between operators; bfloat16 is ops.bf16_activations (convolutional
+    # networks: half the bytes saved for the backward, docs/performance.md); ignored on a GPU (paddle.amp)
+    "activations": (str, "bfloat16", one_of("float32", "bfloat16")),
     # paddle.amp op lists, e.g. PaddleSeg's (a GPU's autocast; the CPU's bf16 runs our fused operators, reads neither)
     "custom_white_list": (list, None, op_names),  # ops computed in low precision beyond paddle's defaults
     "custom_black_list": (list, None, op_names),  # ops kept in fp32 beyond paddle's defaults

@@ -102,20 +102,21 @@ def test_bf16_levels_train_on_cpu(yt8m_demo, tmp_path, level):
         trainer.fit(Session(cfg), str(tmp_path / "fp16"))
 
 
-@pytest.mark.parametrize("activations", ["float32", "bfloat16"])
+@pytest.mark.parametrize("activations", ["float32", "bfloat16", None])
 def test_cpu_bf16_activations_follow_train_amp(monkeypatch, activations):
     """On a CPU with native bf16 (claimed here: this checks what train.amp enters, not the kernels,
     tests/test_bf16_activations.py does those), train.amp bf16 enters ops.autocast, and with
-    `activations: bfloat16` also ops.bf16_activations; both end with the block. Where the CPU has no
-    native bf16, resolve_amp turns AMP off and neither is entered."""
+    `activations: bfloat16` (the default, None here) also ops.bf16_activations; both end with the
+    block. Where the CPU has no native bf16, resolve_amp turns AMP off and neither is entered."""
     import ops   # loads paddle's custom-op machinery; only these tests need it
     from engine import runtime
-    amp = config.AmpSection.of({"enable": True, "dtype": "bfloat16", "activations": activations})
+    given = {} if activations is None else {"activations": activations}
+    amp = config.AmpSection.of({"enable": True, "dtype": "bfloat16", **given})
     with ops.enabled_as(True):
         monkeypatch.setattr(ops, "bf16_supported", lambda: True)
         with runtime.autocast(runtime.resolve_amp(amp)):
             inside = (ops.bf16_active(), ops.bf16_activations.active())
-        assert inside == (True, activations == "bfloat16")
+        assert inside == (True, activations != "float32")
         assert (ops.bf16_active(), ops.bf16_activations.active()) == (False, False)
         monkeypatch.setattr(ops, "bf16_supported", lambda: False)
         resolved = runtime.resolve_amp(amp)
