@@ -99,8 +99,8 @@ class autocast:
 
 
 class bf16_activations:
-    """Context manager (issue 43; entered by `train.amp.activations: bfloat16` on a CPU with native bf16,
-    not the default until measured there; `bf16_activations(False)` marks a part that stays fp32):
+    """Context manager (issue 43; entered by `train.amp.activations: bfloat16`, the default of train.amp
+    bf16, on a CPU with native bf16; `bf16_activations(False)` marks a part that stays fp32):
     inside the block a convolution writes its output in bf16, and the operators after it (BatchNorm
     + residual + ReLU, pooling) read and write bf16, so the activations a ResNet keeps for its
     backward take half the bytes; the statistics, the parameters, their gradients and the trunk's
@@ -462,7 +462,10 @@ def _lstm(x, weights, lengths):
         b = paddle.add_n(biases) if biases else paddle.zeros(w_hh.shape[:1], w_hh.dtype)
         # without gradients: oneDNN's inference LSTM, which keeps no work space (as fast here: csrc/dnnl.cc)
         grads = paddle.is_grad_enabled() and not all(v.stop_gradient for v in (inputs, w_ih, w_hh, b))
-        return _run("zoo_lstm" if grads else "zoo_lstm_infer", inputs, w_ih, w_hh, b, reverse)[0]
+        return _run(name + ("" if grads else "_infer"), inputs, w_ih, w_hh, b, reverse)[0]
+
+    # under autocast, oneDNN's bf16 LSTM where the CPU has it (x, weights and h in bf16; c and gradients fp32)
+    name = "zoo_lstm_bf16" if _state["bf16"] and library.bf16_supported() else "zoo_lstm"
 
     n, t = x.shape[0], x.shape[1]
     time_major = x.transpose([1, 0, 2])   # [T, N, C], the operator's layout

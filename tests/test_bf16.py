@@ -144,6 +144,73 @@ def test_convolution_computes_on_bf16_operands(stride, padding, dilation, monkey
     assert conv.weight.grad.dtype == paddle.float32
 
 
+def _lstm_bf16_reference(x, w_ih, w_hh, b, dy):
+    """One direction of an LSTM from zero states in float64, on bf16 operands where oneDNN's bf16 LSTM
+    has them: x, the weights and the recurrent h are rounded (each step's h as the next GEMM reads it),
+    the cell state and the gates are not; y is each step's h rounded. The gradients by backpropagation
+    through time, the roundings passed through as the identity. Returns y, dx, dw_ih, dw_hh, db."""
+    def sig(v):
+        return 1 / (1 + np.exp(-v))
+    xr, wi, wh = (bf16(a).astype(np.float64) for a in (x, w_ih, w_hh))
+    T, N = x.shape[:2]
+    H = w_hh.shape[1]
+    h, c = np.zeros((N, H)), np.zeros((N, H))
+    ys, saved = [], []
+    for t in range(T):
+        hr = bf16(h.astype(np.float32)).astype(np.float64)
+        i, f, g, o = np.split(xr[t] @ wi.T + hr @ wh.T + b, 4, axis=1)
+        i, f, g, o = sig(i), sig(f), np.tanh(g), sig(o)
+        saved.append((hr, c, i, f, g, o))
+        c = f * c + i * g
+        h = o * np.tanh(c)
+        ys.append(bf16(h.astype(np.float32)))
+    dx, dwi, dwh, db = np.zeros(x.shape), np.zeros(w_ih.shape), np.zeros(w_hh.shape), np.zeros(b.shape)
+    dh_next, dc_next = np.zeros((N, H)), np.zeros((N, H))
+    for t in reversed(range(T)):
+        hr, c_prev, i, f, g, o = saved[t]
+        c = f * c_prev + i * g
+        dh = dy[t] + dh_next
+        dc = dh * o * (1 - np.tanh(c) ** 2) + dc_next
+        dz = np.concatenate([dc * g * i * (1 - i), dc * c_prev * f * (1 - f), dc * i * (1 - g ** 2),
+                             dh * np.tanh(c) * o * (1 - o)], axis=1)
+        dwi += dz.T @ xr[t]
+        dwh += dz.T @ hr
+        db += dz.sum(0)
+        dx[t] = dz @ wi
+        dh_next, dc_next = dz @ wh, dc * f
+    return np.stack(ys), dx, dwi, dwh, db
+
+
+@needs_native_bf16
+def test_lstm_computes_on_bf16_operands():
+    """Under autocast the LSTM runs oneDNN's bf16 LSTM (zoo_lstm_bf16; AttentionLSTM's LSTMs were its
+    fp32 part). Its output equals the float64 reference on bf16 x, weights and recurrent h
+    (_lstm_bf16_reference: fp32 accumulation and oneDNN's activation functions, then one rounding of
+    h to bf16, leave no difference on these values), in training and in evaluation; its gradients are
+    the reference's to bf16's precision (oneDNN rounds the gates' gradients to bf16 for its GEMMs)."""
+    T, N, C, H = 9, 5, 24, 16
+    x = RNG.standard_normal((T, N, C)).astype(np.float32)
+    w_ih, w_hh = (RNG.standard_normal((4 * H, k)).astype(np.float32) * 0.3 for k in (C, H))
+    b = RNG.standard_normal(4 * H).astype(np.float32) * 0.1
+    dy = RNG.standard_normal((T, N, H)).astype(np.float32)
+    y_ref, *grads_ref = _lstm_bf16_reference(x, w_ih, w_hh, b, dy)
+    args = [_t(x), _t(w_ih), _t(w_hh), _t(b)]
+    y = functional._run("zoo_lstm_bf16", *args, False)[0]
+    (y * _t(dy, grad=False)).sum().backward()
+    with paddle.no_grad():
+        y_eval = functional._run("zoo_lstm_bf16_infer", *args, False)[0]
+    _close(y.numpy(), y_ref, 1e-6)
+    _close(y_eval.numpy(), y_ref, 1e-6)
+    for got, want in zip([a.grad.numpy() for a in args], grads_ref):
+        rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+        assert rel < 1e-2, rel
+    # and through the layer package: autocast picks it, both directions, per-sample lengths
+    rnn = nn.LSTM(C, H, direction="bidirectional")
+    with ops.autocast(), counting_fused_ops() as ran:
+        functional.lstm(_t(x.transpose(1, 0, 2)), rnn, paddle.to_tensor([9, 3, 1, 7, 0], dtype="int32"))
+    assert ran == ["zoo_lstm_bf16", "zoo_lstm_bf16"], ran
+
+
 @needs_native_bf16
 def test_outside_autocast_and_off_the_fused_path_nothing_is_bf16():
     x, y = _t(RNG.standard_normal((4, 8))), _t(RNG.standard_normal((8, 3)))

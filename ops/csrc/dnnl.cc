@@ -808,14 +808,18 @@ std::vector<paddle::Tensor> ConvGemmBackward(const paddle::Tensor& x, const padd
 // paddle's: weight_ih [4H, C] and weight_hh [4H, H] with the gates in paddle's order i, f, g, o, which
 // is oneDNN's, are its `ldgoi` layout; b = bias_ih + bias_hh. `reverse` runs right to left over all T
 // steps; per-sample lengths are the caller's (functional.lstm). Outputs: y [T, N, H] and the
-// primitive's work space (uint8), which the backward reads. Float32 only: oneDNN's bf16 LSTM needs
-// AVX512_BF16 (issue 43, not measured yet).
+// primitive's work space (uint8), which the backward reads.
+// bf16 (`zoo_lstm_bf16`, under ops.autocast; oneDNN's bf16 LSTM needs AVX512_BF16 or AMX): the same
+// operator with x, the weights and the recurrent h in bf16 (rounded at the operator, nearest even), the
+// cell state c, the bias, the gates' accumulation and every gradient in fp32, as oneDNN's bf16 RNNs
+// compute; y is returned widened to fp32 (exact), so the backward rounds x and y again to the same bf16.
 // Without gradients (evaluation, `zoo_lstm_infer`) the plan is oneDNN's forward_inference: no work space
 // (a no-grad bidirectional call at 150 x 16 x 1024 peaks 62 MB above its start against 136 MB). On AVX2
 // it runs oneDNN's JIT kernels (brgemm), measured no faster than the reference training forward on
 // amd-zen3 (1.36-1.51 against 1.29-1.47 s for that call).
 struct LstmPlan {
-  memory::desc x, y, w_ih, w_hh, b, state;   // paddle's layouts; `state`: h0 or c0 [1, 1, N, H]
+  memory::desc x, y, w_ih, w_hh, b, state;   // paddle's layouts (fp32); `state`: h0 or c0 [1, 1, N, H]
+  memory::desc xc, yc, h_state;              // what the primitive computes on: x, y and h0 (bf16 or fp32)
   dnnl::lstm_forward::primitive_desc fwd;
   dnnl::lstm_backward::primitive_desc bwd;   // training plans only
   dnnl::lstm_forward fwd_prim;
@@ -824,12 +828,13 @@ struct LstmPlan {
 
 // Call inside Context::enter().
 const LstmPlan& lstm_plan(int64_t n, int64_t t, int64_t c, int64_t h, bool reverse, int nthreads,
-                          bool training = true) {
+                          bool training, bool bf16) {
   std::string key = "lstm|t" + std::to_string(nthreads) + (reverse ? "|r" : "|l") + (training ? "|train" : "|infer");
+  key += bf16 ? "|bf16" : "";
   for (int64_t d : {n, t, c, h}) key += "," + std::to_string(d);
   return Context::get().cached<LstmPlan>(key, [&]() {
     using Tag = memory::format_tag;
-    const auto f32 = memory::data_type::f32;
+    const auto f32 = memory::data_type::f32, dt = bf16 ? memory::data_type::bf16 : f32;
     auto p = std::make_shared<LstmPlan>();
     p->x = memory::desc({t, n, c}, f32, Tag::tnc);
     p->y = memory::desc({t, n, h}, f32, Tag::tnc);
@@ -837,7 +842,12 @@ const LstmPlan& lstm_plan(int64_t n, int64_t t, int64_t c, int64_t h, bool rever
     p->w_hh = memory::desc({1, 1, h, 4, h}, f32, Tag::ldgoi);
     p->b = memory::desc({1, 1, 4, h}, f32, Tag::ldgo);
     p->state = memory::desc({1, 1, n, h}, f32, Tag::ldnc);
-    const memory::desc wl(p->w_ih.get_dims(), f32, Tag::any), wi(p->w_hh.get_dims(), f32, Tag::any), none;
+    p->xc = memory::desc({t, n, c}, dt, Tag::tnc);
+    p->yc = memory::desc({t, n, h}, dt, Tag::tnc);
+    p->h_state = memory::desc({1, 1, n, h}, dt, Tag::ldnc);
+    const memory::desc wl(p->w_ih.get_dims(), dt, Tag::any), wi(p->w_hh.get_dims(), dt, Tag::any), none;
+    // the gradients are fp32 in both (oneDNN's bf16 backward takes and gives its diff tensors in fp32)
+    const memory::desc dwl(p->w_ih.get_dims(), f32, Tag::any), dwi(p->w_hh.get_dims(), f32, Tag::any);
     const auto dir = reverse ? dnnl::rnn_direction::unidirectional_right2left
                              : dnnl::rnn_direction::unidirectional_left2right;
     const dnnl::engine& eng = Context::get().engine();
@@ -847,11 +857,12 @@ const LstmPlan& lstm_plan(int64_t n, int64_t t, int64_t c, int64_t h, bool rever
     const auto prop = training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);   // Context::scratchpad
-    p->fwd = dnnl::lstm_forward::primitive_desc(eng, prop, dir, p->x, st, st, wl, wi, p->b, p->y, none, none, attr);
+    const memory::desc& hs = p->h_state;
+    p->fwd = dnnl::lstm_forward::primitive_desc(eng, prop, dir, p->xc, hs, st, wl, wi, p->b, p->yc, none, none, attr);
     p->fwd_prim = dnnl::lstm_forward(p->fwd);
     if (!training) return p;
-    p->bwd = dnnl::lstm_backward::primitive_desc(eng, dnnl::prop_kind::backward, dir, p->x, st, st, wl, wi, p->b,
-                                                 p->y, none, none, p->x, st, st, wl, wi, p->b, p->y, none, none,
+    p->bwd = dnnl::lstm_backward::primitive_desc(eng, dnnl::prop_kind::backward, dir, p->xc, hs, st, wl, wi, p->b,
+                                                 p->yc, none, none, p->x, st, st, dwl, dwi, p->b, p->y, none, none,
                                                  p->fwd, attr);
     p->bwd_prim = dnnl::lstm_backward(p->bwd);
     return p;
@@ -872,26 +883,34 @@ memory zeroed(memory m) {
   return m;
 }
 
+// x (fp32) as the primitive reads it: itself, or its bf16 copy
+paddle::Tensor lstm_operand(const paddle::Tensor& x, bool bf16, int nthreads) {
+  return bf16 ? bf16_copy(x, nthreads) : x;
+}
+
 // y, and the work space when `training`
 std::vector<paddle::Tensor> lstm_forward(const paddle::Tensor& x, const paddle::Tensor& w_ih,
                                          const paddle::Tensor& w_hh, const paddle::Tensor& b, bool reverse,
-                                         bool training) {
+                                         bool training, bool bf16) {
   check_lstm(x, w_ih, w_hh, b);
   int nt;
   auto lock = Context::get().enter(&nt);
   const auto& xs = x.shape();
   const int64_t h = w_hh.shape()[1];
-  const LstmPlan& p = lstm_plan(xs[1], xs[0], xs[2], h, reverse, nt, training);
-  auto y = paddle::empty({xs[0], xs[1], h}, x.dtype(), x.place());
+  const LstmPlan& p = lstm_plan(xs[1], xs[0], xs[2], h, reverse, nt, training, bf16);
+  const auto ct = bf16 ? paddle::DataType::BFLOAT16 : x.dtype();   // the computed tensors' type
+  auto y = paddle::empty({xs[0], xs[1], h}, ct, x.place());
   auto& s = Context::get().stream();
   memory wl = as(wrap(p.w_ih, w_ih), p.fwd.weights_layer_desc());
   memory wi = as(wrap(p.w_hh, w_hh), p.fwd.weights_iter_desc());
   const auto zero = paddle::full({xs[1], h}, 0.0f, x.dtype(), x.place());
+  const auto zero_h = paddle::full({xs[1], h}, 0.0f, ct, x.place());
+  const paddle::Tensor xc = lstm_operand(x, bf16, nt);
   std::unordered_map<int, memory> args = {
-      {DNNL_ARG_SRC_LAYER, wrap(p.x, x)},         {DNNL_ARG_SRC_ITER, wrap(p.state, zero)},
+      {DNNL_ARG_SRC_LAYER, wrap(p.xc, xc)},       {DNNL_ARG_SRC_ITER, wrap(p.h_state, zero_h)},
       {DNNL_ARG_SRC_ITER_C, wrap(p.state, zero)}, {DNNL_ARG_WEIGHTS_LAYER, wl},
       {DNNL_ARG_WEIGHTS_ITER, wi},                {DNNL_ARG_BIAS, wrap(p.b, b)},
-      {DNNL_ARG_DST_LAYER, wrap(p.y, y)},
+      {DNNL_ARG_DST_LAYER, wrap(p.yc, y)},
       {DNNL_ARG_SCRATCHPAD, Context::get().scratchpad(p.fwd.scratchpad_desc())}};
   std::vector<paddle::Tensor> outs = {y};
   if (training) {
@@ -901,28 +920,36 @@ std::vector<paddle::Tensor> lstm_forward(const paddle::Tensor& x, const paddle::
   }
   p.fwd_prim.execute(s, args);
   s.wait();
+  if (bf16) outs[0] = f32_rounded(y, nt);   // widened: exact
   return outs;
 }
 
 std::vector<paddle::Tensor> LstmForward(const paddle::Tensor& x, const paddle::Tensor& w_ih,
                                         const paddle::Tensor& w_hh, const paddle::Tensor& b, bool reverse) {
-  return lstm_forward(x, w_ih, w_hh, b, reverse, true);
+  return lstm_forward(x, w_ih, w_hh, b, reverse, true, false);
 }
-
 std::vector<paddle::Tensor> LstmInfer(const paddle::Tensor& x, const paddle::Tensor& w_ih,
                                       const paddle::Tensor& w_hh, const paddle::Tensor& b, bool reverse) {
-  return lstm_forward(x, w_ih, w_hh, b, reverse, false);
+  return lstm_forward(x, w_ih, w_hh, b, reverse, false, false);
+}
+std::vector<paddle::Tensor> LstmBf16Forward(const paddle::Tensor& x, const paddle::Tensor& w_ih,
+                                            const paddle::Tensor& w_hh, const paddle::Tensor& b, bool reverse) {
+  return lstm_forward(x, w_ih, w_hh, b, reverse, true, true);
+}
+std::vector<paddle::Tensor> LstmBf16Infer(const paddle::Tensor& x, const paddle::Tensor& w_ih,
+                                          const paddle::Tensor& w_hh, const paddle::Tensor& b, bool reverse) {
+  return lstm_forward(x, w_ih, w_hh, b, reverse, false, true);
 }
 
-std::vector<paddle::Tensor> LstmBackward(const paddle::Tensor& x, const paddle::Tensor& w_ih,
-                                         const paddle::Tensor& w_hh, const paddle::Tensor& b, const paddle::Tensor& y,
-                                         const paddle::Tensor& ws, const paddle::Tensor& dy, bool reverse) {
+std::vector<paddle::Tensor> lstm_backward(const paddle::Tensor& x, const paddle::Tensor& w_ih,
+                                          const paddle::Tensor& w_hh, const paddle::Tensor& b, const paddle::Tensor& y,
+                                          const paddle::Tensor& ws, const paddle::Tensor& dy, bool reverse, bool bf16) {
   check_f32_cpu(dy, "the LSTM output's gradient");
   int nt;
   auto lock = Context::get().enter(&nt);
   const auto& xs = x.shape();
   const int64_t h = w_hh.shape()[1];
-  const LstmPlan& p = lstm_plan(xs[1], xs[0], xs[2], h, reverse, nt);
+  const LstmPlan& p = lstm_plan(xs[1], xs[0], xs[2], h, reverse, nt, true, bf16);
   auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
   auto dw_ih = paddle::empty(w_ih.shape(), w_ih.dtype(), w_ih.place());
   auto dw_hh = paddle::empty(w_hh.shape(), w_hh.dtype(), w_hh.place());
@@ -935,13 +962,15 @@ std::vector<paddle::Tensor> LstmBackward(const paddle::Tensor& x, const paddle::
   memory dwl = zeroed(out_for(dwl_u, p.bwd.diff_weights_layer_desc()));
   memory dwi = zeroed(out_for(dwi_u, p.bwd.diff_weights_iter_desc()));
   const auto zero = paddle::full({xs[1], h}, 0.0f, x.dtype(), x.place());
+  const auto zero_h = paddle::full({xs[1], h}, 0.0f, bf16 ? paddle::DataType::BFLOAT16 : x.dtype(), x.place());
+  const paddle::Tensor xc = lstm_operand(x, bf16, nt), yc = lstm_operand(y, bf16, nt);
   // the initial states' gradients (unused)
   const auto dh0 = paddle::empty({xs[1], h}, x.dtype(), x.place()), dc0 = paddle::empty_like(dh0);
-  p.bwd_prim.execute(s, {{DNNL_ARG_SRC_LAYER, wrap(p.x, x)}, {DNNL_ARG_SRC_ITER, wrap(p.state, zero)},
+  p.bwd_prim.execute(s, {{DNNL_ARG_SRC_LAYER, wrap(p.xc, xc)}, {DNNL_ARG_SRC_ITER, wrap(p.h_state, zero_h)},
                          {DNNL_ARG_SRC_ITER_C, wrap(p.state, zero)}, {DNNL_ARG_DIFF_SRC_ITER, wrap(p.state, dh0)},
                          {DNNL_ARG_DIFF_SRC_ITER_C, wrap(p.state, dc0)}, {DNNL_ARG_WEIGHTS_LAYER, wl},
                          {DNNL_ARG_WEIGHTS_ITER, wi},
-                         {DNNL_ARG_BIAS, wrap(p.b, b)}, {DNNL_ARG_DST_LAYER, wrap(p.y, y)},
+                         {DNNL_ARG_BIAS, wrap(p.b, b)}, {DNNL_ARG_DST_LAYER, wrap(p.yc, yc)},
                          {DNNL_ARG_WORKSPACE, wrap(p.bwd.workspace_desc(), ws)},
                          {DNNL_ARG_DIFF_DST_LAYER, wrap(p.y, dy)}, {DNNL_ARG_DIFF_SRC_LAYER, wrap(p.x, dx)},
                          {DNNL_ARG_DIFF_WEIGHTS_LAYER, dwl}, {DNNL_ARG_DIFF_WEIGHTS_ITER, dwi},
@@ -951,6 +980,17 @@ std::vector<paddle::Tensor> LstmBackward(const paddle::Tensor& x, const paddle::
   finish(dwi, dwi_u);
   s.wait();
   return {dx, dw_ih, dw_hh, db};
+}
+std::vector<paddle::Tensor> LstmBackward(const paddle::Tensor& x, const paddle::Tensor& w_ih,
+                                         const paddle::Tensor& w_hh, const paddle::Tensor& b, const paddle::Tensor& y,
+                                         const paddle::Tensor& ws, const paddle::Tensor& dy, bool reverse) {
+  return lstm_backward(x, w_ih, w_hh, b, y, ws, dy, reverse, false);
+}
+std::vector<paddle::Tensor> LstmBf16Backward(const paddle::Tensor& x, const paddle::Tensor& w_ih,
+                                             const paddle::Tensor& w_hh, const paddle::Tensor& b,
+                                             const paddle::Tensor& y, const paddle::Tensor& ws,
+                                             const paddle::Tensor& dy, bool reverse) {
+  return lstm_backward(x, w_ih, w_hh, b, y, ws, dy, reverse, true);
 }
 
 std::vector<paddle::DataType> LstmInferDtype(const paddle::DataType& x, const paddle::DataType& w_ih,
@@ -1099,3 +1139,20 @@ PD_BUILD_GRAD_OP(zoo_lstm)
     .Outputs({paddle::Grad("X"), paddle::Grad("WeightIh"), paddle::Grad("WeightHh"), paddle::Grad("Bias")})
     .Attrs({"reverse: bool"})
     .SetKernelFn(PD_KERNEL(zoo_dnnl::LstmBackward));
+
+PD_BUILD_OP(zoo_lstm_bf16)
+    .Inputs({"X", "WeightIh", "WeightHh", "Bias"})
+    .Outputs({"Out", "Workspace"})
+    .Attrs({"reverse: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::LstmBf16Forward))
+    .SetInferDtypeFn(PD_INFER_DTYPE(zoo_dnnl::LstmInferDtype));
+PD_BUILD_OP(zoo_lstm_bf16_infer)
+    .Inputs({"X", "WeightIh", "WeightHh", "Bias"})
+    .Outputs({"Out"})
+    .Attrs({"reverse: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::LstmBf16Infer));
+PD_BUILD_GRAD_OP(zoo_lstm_bf16)
+    .Inputs({"X", "WeightIh", "WeightHh", "Bias", "Out", "Workspace", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("WeightIh"), paddle::Grad("WeightHh"), paddle::Grad("Bias")})
+    .Attrs({"reverse: bool"})
+    .SetKernelFn(PD_KERNEL(zoo_dnnl::LstmBf16Backward));
