@@ -174,10 +174,14 @@ def _backends(tmp, onnx_dir, int8_dir, int8_ov_dir, threads):
     if openvino.has_bf16():
         backends[OPENVINO_BF16] = Predictor(onnx_dir, threads=threads, backend="openvino", precision="bf16",
                                             cache_dir=ov_cache)
-    # the IR's float layers run in bf16 where OpenVINO has bf16 here (Predictor): the column says which
+    # the IR's float layers run in bf16 where OpenVINO has bf16 here (Predictor): the column says which;
+    # there also with its float layers in f32, the INT8 a CPU without bf16 would get
     int8 = Predictor(int8_ov_dir, threads=threads, backend="openvino", cache_dir=ov_cache)
     bf16 = any(p.inference_precision == "bf16" for p in int8.programs.values())
     backends[OPENVINO_INT8_BF16 if bf16 else OPENVINO_INT8] = int8
+    if bf16:
+        backends[OPENVINO_INT8] = Predictor(int8_ov_dir, threads=threads, backend="openvino", cache_dir=ov_cache,
+                                            int8_float="fp32")
     if backends[BF16_EXPORT].precision != "bf16":   # no native bf16 here: the column would time fp32
         del backends[BF16_EXPORT]
     return backends

@@ -359,6 +359,9 @@ def test_openvino_int8_runs_its_float_layers_in_bf16_only_where_openvino_has_bf1
         fp32 = Predictor(str(src), backend="openvino", cache_dir=False)
         assert int8.precision == "int8" and fp32.precision == "fp32"
         assert int8.programs["model"].options["INFERENCE_PRECISION_HINT"] == ("bf16" if has else "f32")
+        # the latency table's "OpenVINO INT8" column where OpenVINO has bf16: the float layers in f32
+        int8_f32 = Predictor(str(tmp_path / "int8"), backend="openvino", cache_dir=False, int8_float="fp32")
+        assert int8_f32.programs["model"].options["INFERENCE_PRECISION_HINT"] == "f32"
         assert fp32.programs["model"].options["INFERENCE_PRECISION_HINT"] == "f32"
         assert fp32.programs["model"].inference_precision == "f32"     # what OpenVINO compiled
         if not has:        # this CPU: what OpenVINO compiled (with the mock, OpenVINO still finds no bf16 here)

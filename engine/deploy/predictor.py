@@ -163,13 +163,15 @@ def tensorrt_version():
 class Predictor:
     """`precision` (None: the export's, `precision` in infer_cfg.yml) "bf16" runs Paddle Inference's
     oneDNN bf16 kernels where the CPU has native bf16, else fp32 with one log line. `wrap(program)`,
-    when given, stands in for each program (quantization records their feeds)."""
+    when given, stands in for each program (quantization records their feeds). `int8_float`: the
+    precision of an OpenVINO INT8 IR's float layers, "fp32", or None: bf16 where OpenVINO has bf16 here
+    (the latency table times both)."""
     BACKENDS = ("inference", "onnxruntime", "openvino")
     training = False
 
     def __init__(self, export_dir, mkldnn=True, threads=None, device="cpu", model_name=None, backend="inference",
-                 wrap=None, precision=None, tensorrt=None, ov_hint="LATENCY", cache_dir=None):
-        self.export_dir = export_dir
+                 wrap=None, precision=None, tensorrt=None, ov_hint="LATENCY", cache_dir=None, int8_float=None):
+        self.export_dir, self.int8_float = export_dir, int8_float
         if backend not in self.BACKENDS:
             raise ConfigError(f"backend '{backend}': one of {', '.join(self.BACKENDS)}")
         if backend == "onnxruntime":
@@ -216,8 +218,10 @@ class Predictor:
             self.run = next(iter(self.programs.values()))
 
     def _openvino(self, fmt, threads, hint, cache_dir):
-        """OpenVINO's program maker: an INT8 IR's float layers in bf16 where OpenVINO has bf16 here."""
+        """OpenVINO's program maker: an INT8 IR's float layers in bf16 where OpenVINO has bf16 here, unless
+        `int8_float` says fp32."""
         rest = "bf16" if self.precision == "int8" and fmt == "openvino" and openvino.has_bf16() else "fp32"
+        rest = self.int8_float or rest
         precision = "int8" if fmt == "openvino" else self.precision
         if cache_dir is None and os.access(self.export_dir, os.W_OK):   # a second start skips compilation
             cache_dir = os.path.join(self.export_dir, "openvino_cache")
