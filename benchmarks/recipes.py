@@ -187,6 +187,19 @@ def _backends(tmp, onnx_dir, int8_dir, int8_ov_dir, threads):
     return backends
 
 
+def _quantized_for_timing(onnx_dir, int8_dir, feeds, threads):
+    """ONNX Runtime's INT8 of the random-weight export. Its simulation check compares relative errors,
+    which near-zero outputs make unstable: a random BERT-base's logits on amd-zen4 failed it once (0.259
+    against 0.084) and passed it on other batches (0.111 against 0.077); a trained model's are not near
+    zero (tests/test_quantize.py checks every demo). Timed anyway, the check's report kept in the JSON."""
+    try:
+        return quantize.quantize(onnx_dir, int8_dir, feeds, threads=threads)
+    except ConfigError as e:
+        print(f"note: {e}; timed anyway (random weights)", file=sys.stderr)
+        return dict(quantize.quantize(onnx_dir, int8_dir, feeds, threads=threads, check_feeds=0),
+                    simulation_check_failed=str(e))
+
+
 def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
     """Latency per batch of each backend a deployment could choose, on the same batches and threads,
     timed in alternating rounds (_rounds), with the load average around the run."""
@@ -209,7 +222,7 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
             batches[bs] = next(b for b in loader if len(b["index"]) == bs)
         # INT8 calibrated on the timed batches themselves (random weights: ranges, not accuracy, matter)
         feeds = quantize.record_feeds(onnx_dir, batches.values(), rt["threads"])
-        quant = quantize.quantize(onnx_dir, int8_dir, feeds, threads=rt["threads"])
+        quant = _quantized_for_timing(onnx_dir, int8_dir, feeds, rt["threads"])
         quant_ov = quantize.quantize_openvino(onnx_dir, int8_ov_dir, feeds, threads=rt["threads"])
         backends = _backends(tmp, onnx_dir, int8_dir, int8_ov_dir, rt["threads"])
         precisions = {name: {prog: p.inference_precision for prog, p in b.programs.items()}
@@ -233,7 +246,8 @@ def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
             "env": {k: os.environ.get(k) for k in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS")},
             "rows": rows, "size_on_disk_mb": {k: v / 2 ** 20 for k, v in sizes.items()},
             "openvino_inference_precision": precisions,
-            "quantization": {k: quant[k] for k in ("route", "observer", "simulation_gap")},
+            "quantization": {k: quant[k] for k in ("route", "observer", "simulation_gap", "simulation_check_failed")
+                             if k in quant},
             "quantization_openvino": {k: quant_ov[k] for k in ("route", "nncf", "weights", "int8_vs_fp32")
                                       if k in quant_ov},
             "peak_memory_mb": runtime.peak_memory_mb(),

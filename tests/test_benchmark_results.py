@@ -174,3 +174,25 @@ def test_the_latency_table_names_the_fastest_route_and_export_reads_it(results, 
     out = capsys.readouterr().out
     assert "| OpenVINO p50 / p90 ms |" in out and "ONNX Runtime p50" in out and "bf16" not in out
     assert "- TSN-R50 fp32: OpenVINO 1.25x" in out
+
+
+def test_the_latency_table_times_int8_whose_check_refused_random_weights(monkeypatch, capsys):
+    """The latency table quantizes a random-weight export; where ONNX Runtime's simulation check refuses
+    it (near-zero outputs, e.g. a random BERT's logits), the INT8 program is still made and timed, the
+    check's line printed as a note and kept in the JSON record; a passing check changes nothing."""
+    from benchmarks import recipes   # imports paddle: this test only
+    from engine.errors import ConfigError
+    calls, refuse = [], [True]
+
+    def quantize(src, dst, feeds, threads=None, check_feeds=2):
+        calls.append(check_feeds)
+        if check_feeds and refuse[0]:
+            raise ConfigError("x/int8/model.onnx: ONNX Runtime's INT8 kernels give y 0.259 away")
+        return {"route": "onnxruntime-qdq", "simulation_gap": {}}
+    monkeypatch.setattr(recipes.quantize, "quantize", quantize)
+    q = recipes._quantized_for_timing("onnx", "int8", {}, 2)
+    assert calls == [2, 0] and q["simulation_check_failed"].endswith("0.259 away"), (calls, q)
+    assert capsys.readouterr().err.startswith("note: x/int8/model.onnx: ONNX Runtime's INT8 kernels")
+    calls[:], refuse[0] = [], False
+    assert recipes._quantized_for_timing("onnx", "int8", {}, 2) == {"route": "onnxruntime-qdq", "simulation_gap": {}}
+    assert calls == [2]
