@@ -306,7 +306,14 @@ def _onednn_conv(x, w, stride, padding, dilation, to_bf16, groups, gemm):
 
 
 WORK_SPACE_FLOOR = 32 << 20   # bytes (_columns_per_thread)
-GEMM_MAP = 4                  # output pixels (_one_gemm)
+# output pixels (_one_gemm), by oneDNN's kernels (benchmarks/kernel_shapes.py --conv-routes, direct / GEMM
+# over its six layers): AVX2 (amd-zen3) 1x1 maps 1.25-4.18, 2x2 0.91-2.03; AVX-512 (amd-zen4) 1x1 0.55-1.86
+# (1.23 summed), 2x2 0.45-1.06 (0.82 summed)
+GEMM_MAP = {"avx2": 4, "avx512": 1}
+
+
+def _gemm_map():
+    return GEMM_MAP["avx512" if library.avx512() else "avx2"]
 
 
 def _one_gemm(x, w_shape, stride, padding, dilation, groups):
@@ -314,14 +321,14 @@ def _one_gemm(x, w_shape, stride, padding, dilation, groups):
     (zoo_conv2d_gemm): an output map of at most GEMM_MAP pixels, columns within WORK_SPACE_FLOOR. There
     the weights outweigh the activations, and oneDNN's direct kernels reorder them in every pass. On
     amd-zen3 (2 threads, forward + backward; benchmarks/kernel_shapes.py --conv-routes) the GEMM took
-    1x1 maps in 0.24-0.80x the direct kernels' time, 2x2 in 0.49-1.10x, 3x3 to 7x7 in 0.88-1.59x;
-    other CPU kinds not measured yet. Grouped convolutions, bf16 operands and activations keep the
-    direct kernels."""
+    1x1 maps in 0.24-0.80x the direct kernels' time, 2x2 in 0.49-1.10x, 3x3 to 7x7 in 0.88-1.59x; on
+    amd-zen4, whose AVX-512 direct kernels are faster, only 1x1 maps gain (GEMM_MAP). Grouped
+    convolutions, bf16 operands and activations keep the direct kernels."""
     if (groups != 1 or _state["bf16_act"] or x.dtype != paddle.float32
             or (_state["bf16"] and _state["route"] == "operands")):
         return False
     oh, ow = _output_size(tuple(x.shape), tuple(w_shape), stride, padding, dilation)
-    return oh * ow <= GEMM_MAP and x.shape[0] * oh * ow * w_shape[1] * w_shape[2] * w_shape[3] * 4 <= WORK_SPACE_FLOOR
+    return oh * ow <= _gemm_map() and x.shape[0] * oh * ow * w_shape[1] * w_shape[2] * w_shape[3] * 4 <= WORK_SPACE_FLOOR
 
 
 def _output_size(x_shape, w_shape, strides, pads, dilations):

@@ -218,6 +218,15 @@ def bf16_supported():
     return state["bf16"]
 
 
+def avx512():
+    """Whether oneDNN's kernels here are AVX-512 ones (csrc/dnnl.cc, zoo_avx512); False without the library."""
+    if not (load() and state["dnnl"]):
+        return False
+    if "avx512" not in state:
+        state["avx512"] = bool(_cdll().zoo_avx512())
+    return state["avx512"]
+
+
 def conv_work_space(x_shape, w_shape, strides, pads, dilations, math, groups=1):
     """Bytes of work space oneDNN's convolution of these shapes needs (the largest of its forward and
     two backward passes, with the configured threads; csrc/dnnl.cc, zoo_conv_work_space); -1 when

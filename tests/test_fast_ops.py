@@ -397,7 +397,8 @@ def test_batch_norm_act_with_global_statistics(mode, relu, residual):
 
 
 # (N, C, H, W), out channels, kernel, stride, padding, dilation, groups, bias, input needs a gradient, the
-# operator: oneDNN's direct kernels, or one GEMM where the output map has at most 4 pixels (GEMM_MAP)
+# operator: oneDNN's direct kernels, or one GEMM where the output map has at most 4 pixels (GEMM_MAP's AVX2
+# answer, set here on every CPU so that both routes are checked everywhere)
 CONVS = [((2, 3, 11, 9), 5, 3, 1, 1, 1, 1, False, True, "direct"),
          ((3, 4, 13, 10), 6, (3, 1), 1, (1, 0), 1, 1, False, True, "direct"),   # StNet-style temporal kernel
          ((2, 5, 15, 12), 7, 3, 2, 1, 1, 1, True, True, "direct"),              # strided, odd sizes, bias
@@ -419,6 +420,7 @@ def test_conv2d(shape, cout, kernel, stride, padding, dilation, groups, bias, x_
     needs for it (below: which of the two runs a convolution), and the operator's gradients against
     finite differences."""
     monkeypatch.setattr(functional, "_columns_per_thread", lambda *a: False)
+    monkeypatch.setattr(functional, "_gemm_map", lambda: functional.GEMM_MAP["avx2"])
     paddle.seed(0)
     conv = nn.Conv2D(shape[1], cout, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups,
                      bias_attr=None if bias else False)
@@ -436,6 +438,17 @@ def test_conv2d(shape, cout, kernel, stride, padding, dilation, groups, bias, x_
     p, d = (list(padding) if isinstance(padding, tuple) else [padding] * 2), [dilation] * 2
     args = (s, p, d, True, False) if route == "gemm" else (s, p, d, groups, True, False)
     _finite_differences(lambda x, w: _run(op, x, w, *args)[0], [_t(x.numpy()), _t(conv.weight.numpy())])
+
+
+def test_the_gemm_route_takes_the_maps_it_wins_on_this_kind(monkeypatch):
+    """GEMM_MAP by oneDNN's kernels (benchmarks/kernel_shapes.py --conv-routes): 2 x 2 maps take the GEMM
+    under AVX2 (amd-zen3), where it won 0.91-2.03x, but not under AVX-512 (amd-zen4: 0.45-1.06x, 0.82x
+    summed); 1 x 1 maps take it on both."""
+    x2, x1 = _t(RNG.standard_normal((3, 8, 2, 2))), _t(RNG.standard_normal((5, 7, 1, 1)))
+    for avx512, takes_2x2 in ((False, True), (True, False)):
+        monkeypatch.setattr(library, "avx512", lambda v=avx512: v)
+        assert functional._one_gemm(x2, (5, 8, 3, 3), (1, 1), (1, 1), (1, 1), 1) is takes_2x2
+        assert functional._one_gemm(x1, (4, 7, 1, 1), (1, 1), (0, 0), (1, 1), 1) is True
 
 
 def test_grad_norms_in_one_pass():

@@ -1004,6 +1004,14 @@ extern "C" {
 // Called through ctypes by ops/library.py: 1 when oneDNN computes bf16 natively on this CPU.
 int zoo_bf16_supported() { return zoo_dnnl::bf16_native() ? 1 : 0; }
 
+// Called through ctypes by ops/library.py: 1 when oneDNN's kernels here are AVX-512 ones (avx512_core,
+// within ONEDNN_MAX_CPU_ISA).
+int zoo_avx512() {
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const unsigned want = static_cast<unsigned>(dnnl_cpu_isa_avx512_core);
+  return (isa & want) == want ? 1 : 0;
+}
+
 // Called through ctypes by ops/library.py: the bytes of the work space our primitives share.
 long long zoo_scratchpad_bytes() {
   int nt;
