@@ -87,7 +87,8 @@ class counting_fused_ops:
 # Under bf16 (the op_path fixture's "bf16" path), matmul and convolution round their operands to 8
 # significant bits: a golden float array passes when ||ours - ref|| / ||ref|| <= 2e-2 (issue 22).
 BF16_RTOL = 2e-2
-BF16_OPS = {"zoo_matmul": "zoo_linear_bf16", "zoo_conv2d": "zoo_conv2d_bf16"}   # linear layers' GEMMs
+BF16_OPS = {"zoo_matmul": "zoo_linear_bf16", "zoo_conv2d": "zoo_conv2d_bf16",   # linear layers' GEMMs
+            "zoo_lstm": "zoo_lstm_bf16", "zoo_lstm_infer": "zoo_lstm_bf16_infer"}
 BF16_ACT_OPS = {"zoo_conv2d": "zoo_conv2d_bf16act"}   # under ops.bf16_activations (the "bf16act" path)
 
 

@@ -440,6 +440,20 @@ def test_conv2d(shape, cout, kernel, stride, padding, dilation, groups, bias, x_
     _finite_differences(lambda x, w: _run(op, x, w, *args)[0], [_t(x.numpy()), _t(conv.weight.numpy())])
 
 
+def test_linear_to_one_output():
+    """A linear layer to one output (AttentionLSTM's attention scores): its input gradient is a GEMM with
+    K = 1, where oneDNN 3.6's avx512_core matmul wrote NaN at 1200 x 1 x 256 on amd-zen4 and the
+    AttentionLSTM demo stopped learning; such products are outer products of ours. Against paddle's."""
+    for m, k in ((1200, 256), (37, 2048), (5, 3)):
+        fc = nn.Linear(k, 1)
+        x = RNG.standard_normal((m, k)).astype(np.float32)
+        fast, ref = (_layer_grads(lambda x: functional.linear(x, fc.weight, fc.bias), [_t(x)], on, fc)
+                     for on in (True, False))
+        for a, b in zip(fast, ref):
+            assert np.isfinite(a).all()
+            _close(a, b)
+
+
 def test_the_gemm_route_takes_the_maps_it_wins_on_this_kind(monkeypatch):
     """GEMM_MAP by oneDNN's kernels (benchmarks/kernel_shapes.py --conv-routes): 2 x 2 maps take the GEMM
     under AVX2 (amd-zen3), where it won 0.91-2.03x, but not under AVX-512 (amd-zen4: 0.45-1.06x, 0.82x

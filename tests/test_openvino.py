@@ -341,7 +341,11 @@ def test_integers_through_where_survive_flushed_denormals(tmp_path):
              "print(c({'ids': np.array([3, 6, -1, 0, 135, 5], np.int64)})[c.outputs[0]].tolist())")
     proc = subprocess.run([sys.executable, "-c", fault, str(tmp_path / "model.onnx")], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=120)
-    assert proc.stdout.split() == ["[0.0,", "0.0,", "0.0,", "0.0,", "0.0,", "0.0]"], proc.stdout + proc.stderr
+    # all 0 where OpenVINO's kernels show the fault (AVX2: our AMD Zen 2 and 3); on amd-zen4 (AVX-512) they
+    # keep the integers, and the workaround above costs nothing there
+    faulty = ["[0.0,", "0.0,", "0.0,", "0.0,", "0.0,", "0.0]"]
+    right = ["[3.0,", "6.0,", "0.0,", "0.0,", "135.0,", "5.0]"]
+    assert proc.stdout.split() == (right if "avx512f" in cpu_flags() else faulty), proc.stdout + proc.stderr
 
 
 # OpenVINO 2026.4.1's CPU plugin refuses to compile ("Accessing out-of-range dimension") a program that holds

@@ -227,11 +227,39 @@ struct Operand {
   Operand t() const { return {data, sb, sc, sr, type}; }
 };
 
+float operand_at(const Operand& o, int64_t i) {
+  if (o.type != dnnl_bf16) return static_cast<const float*>(o.data)[i];
+  const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(o.data)[i]) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// K = 1: an outer product, computed here. oneDNN 3.6's avx512_core matmul wrote NaN for some such
+// shapes on amd-zen4 (a linear layer to 1 output: its input gradient at 1200 x 1 x 256), which broke
+// AttentionLSTM's attention (tests/test_fast_ops.py test_linear_to_one_output).
+void outer(int64_t batch, int64_t M, int64_t N, const Operand& a, const Operand& b, float* c) {
+#pragma omp parallel for collapse(2) num_threads(threads()) schedule(static) if (batch * M * N > (1 << 14))
+  for (int64_t bi = 0; bi < batch; ++bi)
+    for (int64_t m = 0; m < M; ++m) {
+      const float x = operand_at(a, bi * a.sb + m * a.sr);
+      float* row = c + (bi * M + m) * N;
+      for (int64_t n = 0; n < N; ++n) row[n] = x * operand_at(b, bi * b.sb + n * b.sc);
+    }
+}
+
 void gemm(int64_t batch, int64_t M, int64_t K, int64_t N, const Operand& a, const Operand& b, float* c,
           bool fpmath = false) {
   if (batch == 0 || M == 0 || N == 0) return;
   if (K == 0) {
     std::memset(c, 0, sizeof(float) * batch * M * N);
+    return;
+  }
+  if (K == 1) {
+    int nt;
+    auto lock = Context::get().enter(&nt);   // the denormal guard and the thread count, as oneDNN's calls
+    outer(batch, M, N, batch > 1 ? a : Operand{a.data, 0, a.sr, a.sc, a.type},
+          batch > 1 ? b : Operand{b.data, 0, b.sr, b.sc, b.type}, c);
     return;
   }
   std::string key = "matmul";
