@@ -328,7 +328,8 @@ def _one_gemm(x, w_shape, stride, padding, dilation, groups):
             or (_state["bf16"] and _state["route"] == "operands")):
         return False
     oh, ow = _output_size(tuple(x.shape), tuple(w_shape), stride, padding, dilation)
-    return oh * ow <= _gemm_map() and x.shape[0] * oh * ow * w_shape[1] * w_shape[2] * w_shape[3] * 4 <= WORK_SPACE_FLOOR
+    columns = x.shape[0] * oh * ow * w_shape[1] * w_shape[2] * w_shape[3] * 4
+    return oh * ow <= _gemm_map() and columns <= WORK_SPACE_FLOOR
 
 
 def _output_size(x_shape, w_shape, strides, pads, dilations):

@@ -209,22 +209,23 @@ def set_flush_denormals(on):
         _cdll().zoo_set_fp_mode(int(bool(on)))
 
 
-def bf16_supported():
-    """oneDNN's answer for this CPU (csrc/dnnl.cc, zoo_bf16_supported); False without the library."""
+def _isa(key, entry):
+    """oneDNN's answer (a C entry of csrc/dnnl.cc), asked once; False without the library."""
     if not (load() and state["dnnl"]):
         return False
-    if "bf16" not in state:
-        state["bf16"] = bool(_cdll().zoo_bf16_supported())
-    return state["bf16"]
+    if key not in state:
+        state[key] = bool(getattr(_cdll(), entry)())
+    return state[key]
+
+
+def bf16_supported():
+    """oneDNN's answer for this CPU (csrc/dnnl.cc, zoo_bf16_supported); False without the library."""
+    return _isa("bf16", "zoo_bf16_supported")
 
 
 def avx512():
     """Whether oneDNN's kernels here are AVX-512 ones (csrc/dnnl.cc, zoo_avx512); False without the library."""
-    if not (load() and state["dnnl"]):
-        return False
-    if "avx512" not in state:
-        state["avx512"] = bool(_cdll().zoo_avx512())
-    return state["avx512"]
+    return _isa("avx512", "zoo_avx512")
 
 
 def conv_work_space(x_shape, w_shape, strides, pads, dilations, math, groups=1):

@@ -220,8 +220,8 @@ class Predictor:
     def _openvino(self, fmt, threads, hint, cache_dir):
         """OpenVINO's program maker: an INT8 IR's float layers in bf16 where OpenVINO has bf16 here, unless
         `int8_float` says fp32."""
-        rest = "bf16" if self.precision == "int8" and fmt == "openvino" and openvino.has_bf16() else "fp32"
-        rest = self.int8_float or rest
+        rest = self.int8_float or (
+            "bf16" if self.precision == "int8" and fmt == "openvino" and openvino.has_bf16() else "fp32")
         precision = "int8" if fmt == "openvino" else self.precision
         if cache_dir is None and os.access(self.export_dir, os.W_OK):   # a second start skips compilation
             cache_dir = os.path.join(self.export_dir, "openvino_cache")

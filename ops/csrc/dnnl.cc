@@ -180,11 +180,13 @@ dnnl_memory_desc_t strided_desc(int ndims, const int64_t* dims, const int64_t* s
 // ------------------------------------------------------------------------------------- bf16
 // Whether oneDNN runs bf16 natively here (avx512_core_bf16 or AMX, within ONEDNN_MAX_CPU_ISA); below
 // that it would emulate or refuse, and ops.autocast stays in fp32.
-bool bf16_native() {
+// Whether oneDNN's effective ISA here (within ONEDNN_MAX_CPU_ISA) includes `want`.
+bool isa_has(dnnl_cpu_isa_t want) {
   const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-  const unsigned want = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
-  return (isa & want) == want;
+  return (isa & static_cast<unsigned>(want)) == static_cast<unsigned>(want);
 }
+
+bool bf16_native() { return isa_has(dnnl_cpu_isa_avx512_core_bf16); }
 
 // dst[i] = bf16(src[i]): the hardware conversion (vcvtneps2bf16) where the CPU has it, else bf16.h's,
 // which rounds alike (nearest even, a subnormal to zero).
@@ -932,7 +934,7 @@ std::vector<paddle::Tensor> lstm_forward(const paddle::Tensor& x, const paddle::
   memory wl = as(wrap(p.w_ih, w_ih), p.fwd.weights_layer_desc());
   memory wi = as(wrap(p.w_hh, w_hh), p.fwd.weights_iter_desc());
   const auto zero = paddle::full({xs[1], h}, 0.0f, x.dtype(), x.place());
-  const auto zero_h = paddle::full({xs[1], h}, 0.0f, ct, x.place());
+  const auto zero_h = bf16 ? paddle::full({xs[1], h}, 0.0f, ct, x.place()) : zero;   // h0 as the primitive reads it
   const paddle::Tensor xc = lstm_operand(x, bf16, nt);
   std::unordered_map<int, memory> args = {
       {DNNL_ARG_SRC_LAYER, wrap(p.xc, xc)},       {DNNL_ARG_SRC_ITER, wrap(p.h_state, zero_h)},
@@ -990,7 +992,7 @@ std::vector<paddle::Tensor> lstm_backward(const paddle::Tensor& x, const paddle:
   memory dwl = zeroed(out_for(dwl_u, p.bwd.diff_weights_layer_desc()));
   memory dwi = zeroed(out_for(dwi_u, p.bwd.diff_weights_iter_desc()));
   const auto zero = paddle::full({xs[1], h}, 0.0f, x.dtype(), x.place());
-  const auto zero_h = paddle::full({xs[1], h}, 0.0f, bf16 ? paddle::DataType::BFLOAT16 : x.dtype(), x.place());
+  const auto zero_h = bf16 ? paddle::full({xs[1], h}, 0.0f, paddle::DataType::BFLOAT16, x.place()) : zero;
   const paddle::Tensor xc = lstm_operand(x, bf16, nt), yc = lstm_operand(y, bf16, nt);
   // the initial states' gradients (unused)
   const auto dh0 = paddle::empty({xs[1], h}, x.dtype(), x.place()), dc0 = paddle::empty_like(dh0);
@@ -1034,11 +1036,7 @@ int zoo_bf16_supported() { return zoo_dnnl::bf16_native() ? 1 : 0; }
 
 // Called through ctypes by ops/library.py: 1 when oneDNN's kernels here are AVX-512 ones (avx512_core,
 // within ONEDNN_MAX_CPU_ISA).
-int zoo_avx512() {
-  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-  const unsigned want = static_cast<unsigned>(dnnl_cpu_isa_avx512_core);
-  return (isa & want) == want ? 1 : 0;
-}
+int zoo_avx512() { return zoo_dnnl::isa_has(dnnl_cpu_isa_avx512_core) ? 1 : 0; }
 
 // Called through ctypes by ops/library.py: the bytes of the work space our primitives share.
 long long zoo_scratchpad_bytes() {
