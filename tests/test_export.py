@@ -171,11 +171,6 @@ def test_exported_program_matches_the_dynamic_model(path, overrides, backend, tm
 FLOAT_CHOICES = {"mask_rcnn"}
 
 
-# Where OpenVINO's bf16 departs further than BF16_RTOL, measured: Mask R-CNN's mask probabilities, 0.027-0.028
-# on amd-zen4 (Paddle Inference's bf16 of the same program stays within BF16_RTOL); issue 41 keeps it open
-OPENVINO_BF16_RTOL = {("mask", "mask_probs"): 0.035}
-
-
 def _openvino_matches(ov, ort, batch, ref, folder, bf16=None):
     """OpenVINO's programs on the feeds ONNX Runtime's programs were given (recorded) give their
     outputs within the golden tolerance, and its predictions the dynamic model's. `bf16`: OpenVINO's
@@ -195,7 +190,7 @@ def _openvino_matches(ov, ort, batch, ref, folder, bf16=None):
                         assert np.array_equal(half[key], value), (name, key)
                     else:
                         rel = np.linalg.norm(half[key] - value) / max(np.linalg.norm(value), 1e-12)
-                        assert rel <= OPENVINO_BF16_RTOL.get((name, key), BF16_RTOL), (name, key, rel)
+                        assert rel <= BF16_RTOL, (name, key, rel)
                         worst = max(worst, rel)
         rec.feeds.clear()
     if bf16 is not None:
