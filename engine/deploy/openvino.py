@@ -305,7 +305,10 @@ def _summary(error):
 
 def compile_cpu(model, options):
     """`model` compiled for the CPU plugin with `options` (compile_options()), as every program of ours
-    is: with IEEE denormals, so the threads OpenVINO starts here run as inference does (Program.__call__)."""
+    is: with IEEE denormals, so the threads OpenVINO starts here run as inference does (Program.__call__),
+    and under a bf16 hint with its RoI coordinates in f32 (_coordinates_in_f32)."""
+    if options.get("INFERENCE_PRECISION_HINT") == "bf16":
+        model = _coordinates_in_f32(model)
     with cpu.ieee_denormals():
         return core().compile_model(model, "CPU", options)
 
@@ -325,8 +328,6 @@ class Program:
         if any(op.get_type_name() in _RECURRENT for op in model.get_ops()):
             cache_dir = None      # OpenVINO's cached blob of an LSTM computes something else (_RECURRENT)
         self.options = compile_options(float_precision if precision == "int8" else precision, threads, hint, cache_dir)
-        if self.options["INFERENCE_PRECISION_HINT"] == "bf16":
-            model = _coordinates_in_f32(model)
         try:
             self.compiled = compile_cpu(model, self.options)
         except Exception as e:

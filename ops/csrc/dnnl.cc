@@ -178,14 +178,14 @@ dnnl_memory_desc_t strided_desc(int ndims, const int64_t* dims, const int64_t* s
 }
 
 // ------------------------------------------------------------------------------------- bf16
-// Whether oneDNN runs bf16 natively here (avx512_core_bf16 or AMX, within ONEDNN_MAX_CPU_ISA); below
-// that it would emulate or refuse, and ops.autocast stays in fp32.
 // Whether oneDNN's effective ISA here (within ONEDNN_MAX_CPU_ISA) includes `want`.
 bool isa_has(dnnl_cpu_isa_t want) {
   const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
   return (isa & static_cast<unsigned>(want)) == static_cast<unsigned>(want);
 }
 
+// Whether oneDNN runs bf16 natively here (avx512_core_bf16 or AMX, within ONEDNN_MAX_CPU_ISA); below
+// that it would emulate or refuse, and ops.autocast stays in fp32.
 bool bf16_native() { return isa_has(dnnl_cpu_isa_avx512_core_bf16); }
 
 // dst[i] = bf16(src[i]): the hardware conversion (vcvtneps2bf16) where the CPU has it, else bf16.h's,
