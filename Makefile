@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 DEMO ?= configs/video/attention_lstm/attention_lstm_demo.yaml
 export GLOG_minloglevel := 2
 
-.PHONY: demo test docs docs-images ops bench bench-peers bench-peers-bf16 bench-memory venv clean
+.PHONY: demo test test-isa docs docs-images ops bench bench-peers bench-peers-bf16 bench-memory venv clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -34,6 +34,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(VPY) -m pytest -q --durations=15 tests
+
+# The tests marked `isa` under each ONEDNN_MAX_CPU_ISA cap this CPU has (tests/isa.py); not part of `make test`.
+test-isa: $(VENV)/.installed-test
+	$(VPY) -m tests.isa $(ISA_ARGS)
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or anchor fails it.
 docs: $(VENV)/.installed-test

@@ -5,8 +5,10 @@ python benchmarks/peers.py [--only BERT-base ...] [--rounds 2] [--steps 3] [--re
 python benchmarks/peers.py --show [--docs] [--kind KIND]   # the table from the JSON (into docs/performance.md)
 python benchmarks/peers.py --mixed [--only ...] [--rounds 2]   # bf16: ours vs torch.autocast, ours fp32 beside
 python benchmarks/peers.py --show --mixed [--docs]             # that table (peers_bf16.json)
+python benchmarks/peers.py --plain [--only TSN-R50 ...]   # the models as a library, in a plain loop each side
+python benchmarks/peers.py --show --plain [--docs]            # that table (peers_plain.json)
 python benchmarks/peers.py --run NAME --side ours|theirs [--precision fp32|bf16|bf16act|bf16-fp32act] [--steps N]
-                           [--profile]
+                           [--profile] [--plain]
 
 Each (model, side) runs in its own process with the same environment (engine/cpu.py's settings for
 this CPU) and the same number of math threads; the sides alternate (ours, theirs, then theirs,
@@ -22,6 +24,10 @@ bfloat16), and our fp32 step, alternating in the same way; each side's peak memo
 process) beside. JSON: peers_bf16.json. `--run ... --precision bf16-fp32act`: our bf16 step with fp32
 activations between the operators (train.amp.activations float32; `bf16act` names the default);
 PyTorch's side runs the same autocast for every bf16 precision.
+`--plain` times what a user who takes a model into a loop of their own gets (issue 62): ours built by
+`api.models.create_model` (our kernels and CPU settings come with it) and trained by paddle's own
+Momentum (backward, step, clear_grad), theirs the same network with torch.optim.SGD and no clipping;
+both children start from this process's environment as it is, without our pre-import settings.
 Results are per CPU kind (benchmarks/report.py): the JSON defaults to
 benchmarks/results/<kind>/peers.json of the machine at hand, and `--docs` (alias `--readme`) replaces
 only that kind's table in docs/performance.md (`--kind` shows or writes another kind's JSON).
@@ -53,6 +59,10 @@ AMP = {"fp32": [], "bf16": ["train.amp.enable=true", "train.amp.dtype=bfloat16"]
 
 # the models of the mixed-precision table (issue 22's four)
 MIXED = ("BERT-base", "Transformer-base", "TSN-R50", "DeepLabV3-R50")
+
+# --plain: the models a plain loop is timed for, with their recipes' Momentum (learning rate, weight decay)
+PLAIN = {"TSN-R50": dict(lr=0.01, weight_decay=1e-4, input="4 videos x 3 segments x 224, Momentum + L2 1e-4, no clip"),
+         "DeepLabV3-R50": dict(lr=0.01, weight_decay=4e-5, input="R50-vd OS8, 2 x 512x512, 21 classes, Momentum + L2 4e-5")}
 
 # name -> our recipe (+ overrides), batch size, the shapes in words
 PEERS = {
@@ -140,14 +150,36 @@ def our_step(spec, threads, fast_ops=True, precision="fp32"):
     return step, batch, {"paddle": paddle.__version__}
 
 
-def their_step(spec, threads, precision="fp32"):
+def our_plain_step(name, spec, threads):
+    """(step() -> loss, versions): the recipe's model from api.models.create_model in a plain paddle loop
+    with paddle's Momentum, as a user writes it (no before_paddle(), no trainer)."""
+    import paddle
+    from api.models import create_model
+    model = create_model(os.path.join(ROOT, spec["config"]), overrides=[f"runtime.num_threads={threads}"])
+    paddle.seed(0)
+    model.train()
+    optimizer = paddle.optimizer.Momentum(learning_rate=PLAIN[name]["lr"], momentum=0.9,
+                                          parameters=model.parameters(), weight_decay=PLAIN[name]["weight_decay"])
+    batch = {k: paddle.to_tensor(v) for k, v in make_batch(spec["key"], spec["batch"]).items()}
+
+    def step():
+        loss = model(batch)["loss"]
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        return loss.item()
+    return step, {"paddle": paddle.__version__}
+
+
+def their_step(spec, threads, precision="fp32", plain=False):
     """(model, optimizer, step_fn(batch) -> loss, the numpy batch, versions) of benchmarks/torch_peers.py."""
     # an optional dependency (benchmarks/requirements.txt), in the --run child only
     import torch
     from benchmarks import torch_peers
     torch.manual_seed(0)
     torch.set_num_threads(threads)
-    model, optimizer, step = torch_peers.BUILDERS[spec["key"]](spec, autocast=precision != "fp32")
+    extra = {"plain": True} if plain else {}
+    model, optimizer, step = torch_peers.BUILDERS[spec["key"]](spec, autocast=precision != "fp32", **extra)
     return model, optimizer, step, make_batch(spec["key"], spec["batch"]), {"torch": torch.__version__}
 
 
@@ -156,8 +188,8 @@ def _ours(spec, threads, fast_ops, precision="fp32"):
     return lambda: step(batch)["loss"].item(), versions
 
 
-def _theirs(spec, threads, precision="fp32"):
-    _, _, step, batch, versions = their_step(spec, threads, precision)
+def _theirs(spec, threads, precision="fp32", plain=False):
+    _, _, step, batch, versions = their_step(spec, threads, precision, plain)
     return lambda: step(batch).item(), versions
 
 
@@ -177,9 +209,14 @@ def _profile(side, run):
         prof.summary(op_detail=True, thread_sep=False, time_unit="ms", views=pp.SummaryView.OperatorView)
 
 
-def run_one(name, side, steps, threads, fast_ops=True, profile=False, precision="fp32"):
+def run_one(name, side, steps, threads, fast_ops=True, profile=False, precision="fp32", plain=False):
     spec = PEERS[name]
-    run, versions = _ours(spec, threads, fast_ops, precision) if side == "ours" else _theirs(spec, threads, precision)
+    if plain and name not in PLAIN:
+        raise SystemExit(f"error: --plain times {', '.join(PLAIN)}, not {name}")
+    if side == "theirs":
+        run, versions = _theirs(spec, threads, precision, plain)
+    else:
+        run, versions = our_plain_step(name, spec, threads) if plain else _ours(spec, threads, fast_ops, precision)
     loss = run()                                   # warm-up: allocations, kernel choice, op compilation
     if profile:
         _profile(side, run)
@@ -189,7 +226,7 @@ def run_one(name, side, steps, threads, fast_ops=True, profile=False, precision=
         loss = run()
         times.append(time.perf_counter() - tic)
     return {"name": name, "side": side, "fast_ops": fast_ops if side == "ours" else None, "threads": threads,
-            "precision": precision, "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "precision": precision, "plain": plain, "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "times": times, "s_per_step": statistics.median(times), "loss": loss,
             "samples_per_s": spec["batch"] / statistics.median(times), **versions}
 
@@ -204,6 +241,7 @@ def _spawn(name, side, args, env, fast_ops=True, root=ROOT, precision="fp32"):
     cmd = [sys.executable, os.path.join(root, "benchmarks", "peers.py"), "--run", name, "--side", side,
            "--steps", str(args.steps), "--threads", str(args.threads)] + ([] if fast_ops else ["--no-fast-ops"])
     cmd += ["--precision", precision] if precision != "fp32" else []
+    cmd += ["--plain"] if getattr(args, "plain", False) else []
     load = _load()
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     if proc.returncode:
@@ -219,8 +257,9 @@ def _spawn(name, side, args, env, fast_ops=True, root=ROOT, precision="fp32"):
 
 
 def table(args):
-    env = process_environment(dict(os.environ))
-    names = args.only or list(PEERS)
+    # --plain: the environment as a user's script has it (create_model applies our settings itself)
+    env = dict(os.environ) if args.plain else process_environment(dict(os.environ))
+    names = args.only or list(PLAIN if args.plain else PEERS)
     args.git_commit = report.git_commit()                    # the code the run started with
     rows = []
     for name in names:
@@ -237,8 +276,8 @@ def table(args):
             if args.reference:
                 runs["ours-ref"].append(_spawn(name, "ours", args, env, fast_ops=False))
         med = {k: statistics.median([t for r in v for t in r["times"]]) for k, v in runs.items() if v}
-        row = {"name": name, "batch": PEERS[name]["batch"], "input": PEERS[name]["input"],
-               "ours_s_per_step": med["ours"], "theirs_s_per_step": med["theirs"],
+        row = {"name": name, "batch": PEERS[name]["batch"],
+               "input": PLAIN[name]["input"] if args.plain else PEERS[name]["input"], "ours_s_per_step": med["ours"], "theirs_s_per_step": med["theirs"],
                "ratio": med["theirs"] / med["ours"], "runs": runs}
         if "ours-ref" in med:
             row.update(ours_reference_s_per_step=med["ours-ref"], reference_ratio=med["theirs"] / med["ours-ref"])
@@ -282,6 +321,7 @@ def _save(args, env, rows, sides=("ours", "theirs")):
     flags = open("/proc/cpuinfo").read().split("flags", 1)[-1].split("\n", 1)[0].split() if os.path.exists(
         "/proc/cpuinfo") else []
     result = {"command": " ".join(["benchmarks/peers.py"] + sys.argv[1:]), "mixed": bool(args.mixed),
+              "plain": bool(args.plain),
               **report.cpu_record(),
               "cpu_count": os.cpu_count(),
               "cpu_flags": [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags],
@@ -342,8 +382,11 @@ def table_lines(result):
         return mixed_lines(result)
     ref = any("reference_ratio" in r for r in result["rows"])
     base = any("over_baseline" in r for r in result["rows"])
-    lines = [f"{result['cpu']} ({kind_of(result)}, {result['cpu_vendor']}), {result['threads']} threads, paddle {result.get('paddle')} "
-             f"vs torch {result.get('torch')}, {result['steps']} timed steps x {result['rounds']} rounds per side, "
+    plain = ("plain loops (api.models.create_model + paddle.optimizer.Momentum against torch.optim.SGD), "
+             if result.get("plain") else "")
+    lines = [f"{result['cpu']} ({kind_of(result)}, {result['cpu_vendor']}), {result['threads']} threads, {plain}paddle "
+             f"{result.get('paddle')} vs torch {result.get('torch')}, {result['steps']} timed steps x {result['rounds']} "
+             f"rounds per side, "
              f"commit {str(result.get('git_commit'))[:10]}; load average at the end: {result.get('uptime_end')}",
              "",
              "| model | batch | input | ours s/step | PyTorch s/step | ours / PyTorch samples/s |"
@@ -372,6 +415,9 @@ def write_page(result, path=None):
     if result.get("mixed"):
         report.write_page("bench-peers-bf16", kind_of(result), table_lines(result),
                           "benchmarks/peers.py --mixed --docs", path)
+    elif result.get("plain"):
+        report.write_page("bench-peers-plain", kind_of(result), table_lines(result),
+                          "benchmarks/peers.py --plain --docs", path)
     else:
         report.write_page("bench-peers", kind_of(result), table_lines(result), "benchmarks/peers.py --docs", path)
 
@@ -395,6 +441,8 @@ def main():
     p.add_argument("--docs", "--readme", dest="docs", action="store_true",
                    help="write the table from the JSON into docs/performance.md (--readme: the same)")
     p.add_argument("--mixed", action="store_true", help="bf16: ours and PyTorch's autocast, our fp32 beside")
+    p.add_argument("--plain", action="store_true", help="the models as a library in a plain loop on each side "
+                   f"({', '.join(PLAIN)})")
     p.add_argument("--run", choices=list(PEERS), help="one side in this process; prints a JSON line")
     p.add_argument("--side", choices=["ours", "theirs"], default="ours")
     p.add_argument("--no-fast-ops", action="store_true")
@@ -404,11 +452,13 @@ def main():
     if args.kind and not (args.show or args.docs):
         p.error("--kind is for --show/--docs: a run measures this machine's kind")
     if not args.json:
-        args.json = os.path.relpath(os.path.join(report.results_dir(args.kind),
-                                                 "peers_bf16.json" if args.mixed else "peers.json"), ROOT)
+        name = "peers_bf16.json" if args.mixed else "peers_plain.json" if args.plain else "peers.json"
+        args.json = os.path.relpath(os.path.join(report.results_dir(args.kind), name), ROOT)
+    if args.plain and (args.mixed or args.reference or args.baseline):
+        p.error("--plain times fp32 plain loops: not with --mixed, --reference or --baseline")
     if args.run:
         print(json.dumps(run_one(args.run, args.side, args.steps, args.threads, not args.no_fast_ops, args.profile,
-                                 args.precision)))
+                                 args.precision, args.plain)))
     elif args.show or args.docs:
         path = os.path.join(ROOT, args.json)
         if not os.path.isfile(path):

@@ -180,10 +180,11 @@ class TSN(nn.Module):
         return F.cross_entropy(logits, b["label"])
 
 
-def tsn(spec, autocast=False):
+def tsn(spec, autocast=False, plain=False):
+    """`plain`: a plain loop (peers.py --plain), without the recipe's clipping."""
     model = TSN().train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    return model, opt, _step(model, opt, lambda m, b: m(b), clip=40.0, autocast=autocast)
+    return model, opt, _step(model, opt, lambda m, b: m(b), clip=None if plain else 40.0, autocast=autocast)
 
 
 class DeepLabV3(nn.Module):
@@ -212,7 +213,8 @@ class DeepLabV3(nn.Module):
         return F.cross_entropy(logits, b["label"], ignore_index=255)
 
 
-def deeplabv3(spec, autocast=False):
+def deeplabv3(spec, autocast=False, plain=False):
+    """`plain`: a plain loop (peers.py --plain): the same step, the recipe clips nothing."""
     model = DeepLabV3().train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
     return model, opt, _step(model, opt, lambda m, b: m(b), autocast=autocast)

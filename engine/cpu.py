@@ -50,16 +50,66 @@ def cpu_flags():
     return set()
 
 
-def has_bf16():
-    """Native bf16 arithmetic (AVX512_BF16 or AMX-BF16), what oneDNN's bf16 kernels need to be fast."""
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+# oneDNN's ISA levels (dnnl_types.h, dnnl_cpu_isa_t): a level allows every level whose bits it holds.
+# ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) names the highest level oneDNN may use: paddle's oneDNN, ours
+# (ops/) and OpenVINO's CPU plugin all read it, so a cap makes an Intel AMX machine compute as a
+# Zen 3 (AVX2) or a Zen 4 (AVX512_CORE_BF16) does. ONNX Runtime's kernels read the CPU itself.
+ONEDNN_ISA = {"SSE41": 0x1, "AVX": 0x3, "AVX2": 0x7, "AVX2_VNNI": 0xf, "AVX2_VNNI_2": 0x1f, "AVX512_CORE": 0x27,
+              "AVX512_CORE_VNNI": 0x67, "AVX512_CORE_BF16": 0xe7, "AVX512_CORE_FP16": 0x1ef, "AVX10_1_512": 0x1ef,
+              "AVX512_CORE_AMX": 0xfef, "AVX10_1_512_AMX": 0xfef, "AVX512_CORE_AMX_FP16": 0x1fef,
+              "AVX10_1_512_AMX_FP16": 0x1fef}
+# the CPU flag (/proc/cpuinfo) each level needs besides the one below it
+ISA_FLAGS = {"AVX2": ("avx2",), "AVX512_CORE": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
+             "AVX512_CORE_VNNI": ("avx512_vnni",), "AVX512_CORE_BF16": ("avx512_bf16",),
+             "AVX512_CORE_AMX": ("amx_bf16", "amx_int8", "amx_tile")}
 
 
-def has_vnni():
+def isa_cap(env=None):
+    """The ONEDNN_MAX_CPU_ISA (else DNNL_MAX_CPU_ISA) level in `env` (default os.environ), upper-case,
+    or None where none is set or oneDNN would not know the name (it then ignores it, as we do)."""
+    env = os.environ if env is None else env
+    name = (env.get("ONEDNN_MAX_CPU_ISA") or env.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    return name if name in ONEDNN_ISA else None
+
+
+def isa_allows(level, env=None):
+    """Whether oneDNN may use ISA `level` (a key of ONEDNN_ISA) under the cap in `env`."""
+    cap = isa_cap(env)
+    return cap is None or ONEDNN_ISA[level] & ONEDNN_ISA[cap] == ONEDNN_ISA[level]
+
+
+def isa_levels():
+    """The caps this CPU can stand in for, lowest first: each level from AVX2 whose flags it has (a Zen 4:
+    AVX2, AVX512_CORE, AVX512_CORE_BF16; an AMX Xeon: those and AVX512_CORE_AMX). `make test-isa` runs
+    the ISA-sensitive tests under each (tests/isa.py)."""
+    flags, levels = cpu_flags(), []
+    for level in ("AVX2", "AVX512_CORE", "AVX512_CORE_BF16", "AVX512_CORE_AMX"):
+        need = ISA_FLAGS[level] + (ISA_FLAGS["AVX512_CORE_VNNI"] if level == "AVX512_CORE_BF16" else ())
+        if not set(need) <= flags:
+            break
+        levels.append(level)
+    return levels
+
+
+def has_bf16(env=None):
+    """Native bf16 arithmetic (AVX512_BF16 or AMX-BF16) within the ONEDNN_MAX_CPU_ISA of `env` (default
+    os.environ; {}: the CPU itself): what oneDNN's bf16 kernels (paddle's, ours, OpenVINO's) need."""
+    flags = cpu_flags()
+    return bool(("avx512_bf16" in flags and isa_allows("AVX512_CORE_BF16", env))
+                or ("amx_bf16" in flags and isa_allows("AVX512_CORE_AMX", env)))
+
+
+def has_vnni(capped=False):
     """Integer dot products without saturation (AVX512_VNNI, AVX_VNNI or AMX-INT8). Without them, x86's
-    u8 x s8 multiply-add (vpmaddubsw) saturates its 16-bit pair sums, which ONNX Runtime's INT8 kernels
-    meet unless the weights use 7 bits (its `reduce_range`)."""
-    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    u8 x s8 multiply-add (vpmaddubsw) saturates its 16-bit pair sums, which INT8 kernels meet unless the
+    weights use 7 bits (ONNX Runtime's `reduce_range`, NNCF's overflow fix). `capped`: as oneDNN's
+    kernels see the CPU, within ONEDNN_MAX_CPU_ISA (OpenVINO's); ONNX Runtime's read the CPU itself."""
+    flags = cpu_flags()
+    if not capped:
+        return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    return bool(("avx512_vnni" in flags and isa_allows("AVX512_CORE_VNNI"))
+                or ("avx_vnni" in flags and isa_allows("AVX2_VNNI"))
+                or ("amx_int8" in flags and isa_allows("AVX512_CORE_AMX")))
 
 
 def mkl_environment(env=None):
@@ -71,11 +121,17 @@ def mkl_environment(env=None):
     2x). A GPU build (paddlepaddle-gpu) keeps paddle's default, which its GPU kernels are made for;
     runtime.setup turns the flag off there when the run's device is the CPU.
     """
+    env = mkl_cpu_type(env)
+    if not paddle_gpu_build():
+        env.setdefault("FLAGS_use_stride_kernel", "0")
+    return env
+
+
+def mkl_cpu_type(env=None):
+    """MKL_DEBUG_CPU_TYPE=5 in `env` (default os.environ) on AMD (the module docstring), unless set."""
     env = os.environ if env is None else env
     if cpu_info()["vendor"] == "AuthenticAMD":
         env.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-    if not paddle_gpu_build():
-        env.setdefault("FLAGS_use_stride_kernel", "0")
     return env
 
 

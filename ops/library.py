@@ -34,6 +34,7 @@ HEADERS = [os.path.join(HERE, "csrc", "bf16.h")]   # included by the sources: pa
 DNNL = "libdnnl.so.3"
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-w", "-DNDEBUG",
             "-DPADDLE_WITH_CUSTOM_KERNEL", "-DPADDLE_EXTENSION_NAME=zoo_fast_ops", "-D_GLIBCXX_USE_CXX11_ABI=1"]
+_AVX512_CORE, _AVX512_CORE_BF16 = 0x27, 0xe7   # dnnl_cpu_isa_t (dnnl_types.h)
 # loaded: None (not tried), True or False; dnnl: the oneDNN operators are in it; flush: the FTZ/DAZ
 # mode asked for (None: leave the threads alone), applied again to a library loaded later
 state = {"loaded": None, "error": None, "dnnl": False, "path": None, "flush": None, "warned": False}
@@ -48,6 +49,29 @@ def cache_dir():
         return os.environ["ZOO_FAST_OPS_DIR"]
     home = os.environ.get("PADDLE_ZOO_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "paddle_zoo")
     return os.path.join(home, "fast_ops")
+
+
+def onednn_isa():
+    """oneDNN's effective ISA here (dnnl_cpu_isa_t bits, within ONEDNN_MAX_CPU_ISA), asked of the libdnnl
+    paddle bundles through its C API; None where paddle bundles none."""
+    path = os.path.join(_paddle_root(), "libs", DNNL)
+    if not os.path.isfile(path):
+        return None
+    return int(ctypes.CDLL(path).dnnl_get_effective_cpu_isa())
+
+
+def cxxflags():
+    """CXXFLAGS, and where ONEDNN_MAX_CPU_ISA keeps oneDNN below the CPU's ISA, without the instructions
+    the cap excludes: our own loops then compute as on a CPU of that level, as oneDNN's kernels do
+    (`make test-isa`); each cap has its own build (library_path's key)."""
+    isa = onednn_isa()
+    if isa is None:
+        return CXXFLAGS
+    if isa & _AVX512_CORE != _AVX512_CORE:
+        return CXXFLAGS + ["-mno-avx512f"]
+    if isa & _AVX512_CORE_BF16 != _AVX512_CORE_BF16:
+        return CXXFLAGS + ["-mno-avx512bf16"]
+    return CXXFLAGS
 
 
 def _cpu_key():
@@ -95,7 +119,7 @@ def compile_commands(out):
     srcs = sources()
     objs = [f"{out[:-3]}.{i}.o" for i in range(len(srcs))]
     dnnl_inc = [f"-I{onednn_headers()}"] if len(srcs) > 1 else []
-    commands = [["g++", *CXXFLAGS, f"-I{inc}", f"-I{os.path.join(inc, 'third_party')}", *dnnl_inc,
+    commands = [["g++", *cxxflags(), f"-I{inc}", f"-I{os.path.join(inc, 'third_party')}", *dnnl_inc,
                  f"-I{sysconfig.get_paths()['include']}", "-c", src, "-o", obj] for src, obj in zip(srcs, objs)]
     dnnl = [f"-l:{DNNL}"] if len(srcs) > 1 else []
     commands.append(["g++", "-shared", *objs, "-o", out, f"-L{libs}", f"-L{base}", f"-Wl,-rpath,{libs}",
@@ -110,7 +134,7 @@ def library_path():
     for src in sources() + HEADERS:
         with open(src, "rb") as f:
             digest.update(f.read())
-    digest.update((" ".join(CXXFLAGS) + " link: libiomp5 libdnnl").encode())
+    digest.update((" ".join(cxxflags()) + " link: libiomp5 libdnnl").encode())
     digest.update(f"{paddle.__version__} {_paddle_root()} {sys.version} {_cpu_key()}".encode())
     return os.path.join(cache_dir(), digest.hexdigest()[:16], "zoo_fast_ops.so")
 
@@ -194,7 +218,7 @@ def _cdll():
         if state["dnnl"]:
             state["cdll"].zoo_conv_work_space.restype = ctypes.c_longlong
             state["cdll"].zoo_conv_work_space.argtypes = ([ctypes.POINTER(ctypes.c_int64)] * 5
-                                                          + [ctypes.c_int64, ctypes.c_int])
+                                                          + [ctypes.c_int64, ctypes.c_int, ctypes.c_int])
             state["cdll"].zoo_scratchpad_bytes.restype = ctypes.c_longlong
     return state["cdll"]
 
@@ -228,14 +252,15 @@ def avx512():
     return _isa("avx512", "zoo_avx512")
 
 
-def conv_work_space(x_shape, w_shape, strides, pads, dilations, math, groups=1):
+def conv_work_space(x_shape, w_shape, strides, pads, dilations, math, groups=1, prepare=False):
     """Bytes of work space oneDNN's convolution of these shapes needs (the largest of its forward and
     two backward passes, with the configured threads; csrc/dnnl.cc, zoo_conv_work_space); -1 when
-    oneDNN has no convolution for them, None without the library."""
+    oneDNN has no convolution for them, None without the library. `prepare`: also make and cache the
+    primitives a first call would make (tests/test_fast_ops.py tells their code from the work space)."""
     if not (load() and state["dnnl"]):
         return None
     arrays = [(ctypes.c_int64 * len(v))(*[int(d) for d in v]) for v in (x_shape, w_shape, strides, pads, dilations)]
-    return int(_cdll().zoo_conv_work_space(*arrays, int(groups), int(math)))
+    return int(_cdll().zoo_conv_work_space(*arrays, int(groups), int(math), int(bool(prepare))))
 
 
 def scratchpad_bytes():

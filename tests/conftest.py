@@ -32,6 +32,17 @@ needs_native_bf16 = pytest.mark.skipif(
     not NATIVE_BF16, reason=f"this CPU ({cpu_info()['model']}, family {cpu_info()['family']} model "
                             f"{cpu_info()['model_id']}) has no native bf16 (AVX512_BF16 or AMX-BF16) for oneDNN")
 
+# The operator paths that compute with oneDNN's kernels: a test taking one is ISA-sensitive (`isa`).
+KERNEL_FIXTURES = {"op_path", "op_path_conv", "op_path_fp32"}
+
+
+def pytest_collection_modifyitems(items):
+    """Marks `isa` every test that runs the operator paths (KERNEL_FIXTURES); the other ISA-sensitive
+    tests carry the mark in their files (docs/contributing.md lists both)."""
+    for item in items:
+        if KERNEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.isa)
+
 
 @pytest.fixture(scope="session")
 def yt8m_demo():

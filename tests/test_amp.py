@@ -14,6 +14,10 @@ from engine.session import Session
 from engine.training import trainer
 from tests.conftest import ATTENTION_LSTM_DEMO
 
+# what these tests expect depends on which kernels oneDNN runs: `make test-isa` runs them under each
+# ONEDNN_MAX_CPU_ISA cap (tests/isa.py)
+pytestmark = pytest.mark.isa
+
 SMALL = ["train.epochs=1", "train.clip_grad_norm=1.0", "train.amp.enable=true", "train.amp.dtype=bfloat16",
          "reader.train.files=[data/youtube8m_demo/tfrecord/validate0000.tfrecord]",
          "reader.val.files=[data/youtube8m_demo/tfrecord/validate0001.tfrecord]"]

@@ -12,6 +12,10 @@ from ops import functional, library
 from ops.paddle_attrs import pool2d_settings
 from tests.helpers import counting_fused_ops, fused_ops_on
 
+# what these tests expect depends on which kernels oneDNN runs: `make test-isa` runs them under each
+# ONEDNN_MAX_CPU_ISA cap (tests/isa.py)
+pytestmark = pytest.mark.isa
+
 RNG = np.random.default_rng(43)
 ULP = 2.0 ** -8   # bf16 keeps 8 significant bits: a correctly rounded value is within half of this, relative
 

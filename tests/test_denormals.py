@@ -23,6 +23,10 @@ from engine.components import load_all
 from ops import functional, library
 from tests.conftest import needs_native_bf16
 
+# what these tests expect depends on which kernels oneDNN runs: `make test-isa` runs them under each
+# ONEDNN_MAX_CPU_ISA cap (tests/isa.py)
+pytestmark = pytest.mark.isa
+
 TINY = np.finfo(np.float32).tiny   # 2^-126, the smallest normal float32
 RNG = np.random.default_rng(0)
 

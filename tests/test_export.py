@@ -23,6 +23,10 @@ from tests.conftest import (ATTENTION_LSTM_DEMO, BERT_GLUE_DEMO, BERT_PRETRAIN_D
                             TRANSFORMER_DEMO, TSN_DEMO)
 from tests.helpers import ROOT, one_error_line, peaked_transformer, tool, tools_in_one_process
 
+# what these tests expect depends on which kernels oneDNN runs: `make test-isa` runs them under each
+# ONEDNN_MAX_CPU_ISA cap (tests/isa.py)
+pytestmark = pytest.mark.isa
+
 load_all()
 DEMOS = sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*_demo.yaml"), recursive=True))
 DEMO_DATA = {"bert": ["bert_demo"], "transformer": ["translation_demo"], "deeplabv3": ["voc_demo"],

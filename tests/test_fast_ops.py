@@ -26,8 +26,12 @@ from models.vision.resnet import Bottleneck, ResNet
 from ops import functional, library, reference
 from ops.paddle_attrs import (batch_norm_settings, conv2d_settings, conv_transpose_settings, layer_norm_epsilon,
                               lstm_settings)
-from tests.conftest import BERT_PRETRAIN_DEMO, needs_native_bf16
+from tests.conftest import BERT_PRETRAIN_DEMO
 from tests.helpers import ROOT, counting_fused_ops as _counting, fused_ops_on, nsp_majority, read_metrics, tool
+
+# what these tests expect depends on which kernels oneDNN runs: `make test-isa` runs them under each
+# ONEDNN_MAX_CPU_ISA cap (tests/isa.py)
+pytestmark = pytest.mark.isa
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -626,34 +630,43 @@ import json
 import numpy as np
 import paddle
 from ops import functional, library
-def rss_mb():
+def rss():
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) * 1024
 channels = [1024 + 16 * i for i in range(6)]
-asked = [library.conv_work_space((2, c, 64, 64), (256, c, 1, 1), (1, 1), (0, 0), (1, 1), 3) for c in channels]
 layers = [paddle.nn.Conv2D(c, 256, 1, bias_attr=False) for c in channels]
 inputs = [paddle.to_tensor(np.ones((2, c, 64, 64), np.float32)).astype("bfloat16") for c in channels]
 with functional.enabled_as(True), functional.autocast(), functional.bf16_activations():
     functional.conv2d(paddle.ones([1, 4, 8, 8]), paddle.nn.Conv2D(4, 4, 1))   # the library's own pages
-    before = rss_mb()
+    before = rss()
+    asked = [library.conv_work_space((2, c, 64, 64), (256, c, 1, 1), (1, 1), (0, 0), (1, 1), 3, prepare=True)
+             for c in channels]
+    prepared = rss()
     for conv, x in zip(layers, inputs):
         x.stop_gradient = False
         functional.conv2d(x, conv).astype("float32").sum().backward()
         x.clear_gradient(False)
-print("RESULT " + json.dumps({"asked": asked, "grown_mb": rss_mb() - before, "buffer": library.scratchpad_bytes()}))
+    grads = sum(conv.weight.grad.numel().item() * 4 for conv in layers)
+print("RESULT " + json.dumps({"asked": asked, "code": prepared - before, "grown": rss() - prepared, "grads": grads,
+                              "buffer": library.scratchpad_bytes(), "bf16": functional.bf16_supported()}))
 """
 
 
-@needs_native_bf16
 def test_onednn_primitives_share_one_work_space():
     """Our oneDNN primitives run in user scratchpad mode on one buffer, grown to the largest work space
     asked (csrc/dnnl.cc, Context::scratchpad). In oneDNN's own mode each cached primitive of the bf16
     1x1 kernels kept its own transposition buffer: DeepLabV3-R50's bf16 step held 3.5 GB instead of 2.75
     (amd-zen4). Six DeepLabV3-sized bf16 1x1 convolutions of distinct shapes, forward and backward, in
     a child whose glibc unmaps every freed block above 64 KB, so that its resident memory is what is
-    alive: the buffer is the largest work space oneDNN reports for them (its own query), and the
-    resident memory grows by less than half their sum (amd-zen4, 2 threads: 32-35 MB asked each; 266
-    MB grown before the change, each primitive holding its own; 30 after)."""
+    alive. Their primitives are made first (their JIT code resident before the runs are measured); the
+    runs then leave alive the shared buffer and the weights' gradients: every bound comes from what
+    oneDNN reports for these shapes on this CPU (its work-space query) and the shapes, not from one
+    kind's figures, which differ by kernel: amd-zen4 with 2 threads asks 34-36 MB for each (44 MB grown:
+    the 36 MB buffer, 6.5 MB of gradients; 275 MB with a buffer per call, 266 before the sharing); an
+    Intel AMX Xeon's brgemm kernels 1.2-18 MB, where a bound of half their sum failed (31.6 MB grown
+    against 27.9) because it counted the primitives' code and the gradients as work space.
+    Without native bf16 they run on oneDNN's fp32 primitives (csrc/dnnl.cc, ConvActForward), whose work
+    spaces the same query reports."""
     import subprocess
     import sys
     env = dict(os.environ, PYTHONPATH=ROOT, GLOG_minloglevel="2", MALLOC_MMAP_THRESHOLD_="65536",
@@ -662,11 +675,16 @@ def test_onednn_primitives_share_one_work_space():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
-    assert max(r["asked"]) <= r["buffer"] < max(r["asked"]) + 4096, r
-    # the resident memory shows it where these kernels ask a real work space (amd-zen4: 32-35 MB each;
-    # oneDNN's bf16 kernels differ by CPU, e.g. AMX's brgemm ones)
-    if sum(r["asked"]) >= 24 << 20:
-        assert r["grown_mb"] < sum(r["asked"]) / 2 / 2**20, r
+    asked = r["asked"]
+    assert min(asked) >= 0 and max(asked) <= r["buffer"] < max(asked) + 4096, r
+    # Alive after the runs: the buffer and the gradients (and ~2 MB of the heap's small blocks, seen on
+    # amd-zen4 with and without work spaces). Had each primitive kept its own work space, the other five
+    # would add theirs: the bound lies halfway, so it fails where the sharing breaks, wherever their work
+    # spaces stand out of those 2 MB (8 MB: amd-zen4 asks 173 MB for the five, AMX 40; oneDNN's fp32 1x1
+    # kernels under the AVX2 and AVX512_CORE caps none, and then there is nothing to share)
+    others = sum(asked) - max(asked)
+    if others >= 8 << 20:
+        assert r["grown"] < r["buffer"] + r["grads"] + others / 2, r
 
 
 # (direction, lengths): AttentionLSTM's case (both directions over each sample's real steps; a sample

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from engine.cpu import cpu_info, has_bf16
 from tests.conftest import ATTENTION_LSTM_DEMO
 from tests.helpers import ENV, ROOT
@@ -34,6 +36,7 @@ def _table(stdout):
     return rows, "\n".join(table)
 
 
+@pytest.mark.isa
 def test_gpu_check_runs_what_a_cpu_can_and_marks_the_rest(yt8m_demo, tmp_path):
     out = tmp_path / "gpu_check"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check.py"), "--configs",

@@ -145,6 +145,7 @@ def test_the_profile_command_accounts_for_one_training_step():
     assert p["saved_by_kind_mb"]["AttentionLstmHead"] > p["saved_by_kind_mb"]["Dropout"], p
 
 
+@pytest.mark.isa
 def test_bf16_activations_halve_what_a_resnet_keeps_for_its_backward():
     """--bf16-activations (issue 43's measurement): TSN-R50's step inside ops.bf16_activations keeps its
     convolutions' and BNs' activations in bf16, 2 bytes a value against fp32's 4, so the tensors saved

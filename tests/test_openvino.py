@@ -22,6 +22,10 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from engine.deploy import openvino as zov  # noqa: E402
 
+# what these tests expect depends on which kernels oneDNN runs: `make test-isa` runs them under each
+# ONEDNN_MAX_CPU_ISA cap (tests/isa.py)
+pytestmark = pytest.mark.isa
+
 OPSET = 16      # our exports' (engine/deploy/record.py OPSET)
 
 

@@ -18,6 +18,7 @@ from tests.conftest import ATTENTION_LSTM_DEMO, TSN_DEMO, USER_MKL_DEBUG_CPU_TYP
 from tests.helpers import tool
 
 
+@pytest.mark.isa
 @needs_native_bf16
 def test_amp_check_cpu_mode(kinetics_demo, tmp_path):
     """On a CPU: fp32 and bf16 (the TSN demo: its convolutions run in bf16), losses compared, speed-up

@@ -57,8 +57,10 @@ def core():
 
 def has_bf16():
     """Whether OpenVINO's CPU plugin computes bf16 on this CPU (its OPTIMIZATION_CAPABILITIES): it
-    silently runs f32 under a bf16 hint where it does not."""
-    return "BF16" in core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    silently runs f32 under a bf16 hint where it does not. Its capabilities come from the CPU itself,
+    its kernels from oneDNN within ONEDNN_MAX_CPU_ISA: under a cap below bf16 it still says BF16, then
+    fails to compile a bf16 model under the AVX2 cap ("object is not initialized"), so the cap counts."""
+    return cpu.has_bf16() and "BF16" in core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
 def versions():

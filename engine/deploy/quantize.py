@@ -204,7 +204,8 @@ def quantize(src_dir, dst_dir, feeds, observer="minmax", per_channel=True, threa
     programs, gaps = {}, {}
     top = {s["name"] for s in record["inputs"]}
     # without VNNI the INT8 kernels' u8 x s8 pair sums saturate (measured on an AMD Zen 3: BERT's logits
-    # 0.086 away from the simulation); 7-bit weights keep them in range, as ONNX Runtime advises
+    # 0.086 away from the simulation); 7-bit weights keep them in range, as ONNX Runtime advises (its
+    # kernels read the CPU itself, not ONEDNN_MAX_CPU_ISA)
     reduce_range = not cpu.has_vnni()
     for name, spec in programs_of(record).items():
         src, dst = os.path.join(src_dir, name + ".onnx"), os.path.join(dst_dir, name + ".onnx")
@@ -326,7 +327,8 @@ def quantize_openvino(src_dir, dst_dir, feeds, threads=None, check_feeds=2):
         raise ConfigError(f"{src_dir}: INT8 quantization takes an fp32 export of --format onnx")
     os.makedirs(dst_dir, exist_ok=True)
     top = {s["name"] for s in record["inputs"]}
-    overflow_fix = not cpu.has_vnni()   # as reduce_range on the ONNX Runtime route
+    # as reduce_range on the ONNX Runtime route; OpenVINO's kernels are oneDNN's, within ONEDNN_MAX_CPU_ISA
+    overflow_fix = not cpu.has_vnni(capped=True)
     programs = {}
     for name, spec in programs_of(record).items():
         keep_first = any(s["name"] in top for s in spec["inputs"])

@@ -1048,17 +1048,25 @@ long long zoo_scratchpad_bytes() {
 // Called through ctypes by ops/library.py: the work space in bytes oneDNN's convolution of these shapes
 // (x NCHW, w [O, C / groups, kh, kw]; strides, pads, dilations of 2) needs in its forward or backward
 // with the configured threads, the largest of the three; -1 when oneDNN has no convolution for them.
+// `prepare`: also make and cache its three primitives, as its first call would (their JIT code is then
+// resident: a measurement can tell it from the work space).
 long long zoo_conv_work_space(const int64_t* xs, const int64_t* ws, const int64_t* strides, const int64_t* pads,
-                              const int64_t* dilations, int64_t groups, int math) {
+                              const int64_t* dilations, int64_t groups, int math, int prepare) {
   try {
     int nt;
     auto lock = zoo_dnnl::Context::get().enter(&nt);
-    // bf16 activations without native bf16 run the fp32 primitives (ConvActForward)
-    if (math == 3 && !zoo_dnnl::bf16_native()) math = 0;
-    const auto d = zoo_dnnl::conv_descs({xs, xs + 4}, {ws, ws + 4}, {strides, strides + 2}, {pads, pads + 2},
-                                        {dilations, dilations + 2}, groups, math, math == 3);
-    return static_cast<long long>(std::max({d.fwd.scratchpad_desc().get_size(), d.bwd_data.scratchpad_desc().get_size(),
-                                            d.bwd_weights.scratchpad_desc().get_size()}));
+    // bf16 activations without native bf16 run the fp32 primitives on fp32 tensors (ConvActForward)
+    const bool x_bf16 = math == 3 && zoo_dnnl::bf16_native();
+    if (math == 3 && !x_bf16) math = 0;
+    const std::vector<int64_t> x(xs, xs + 4), w(ws, ws + 4), st(strides, strides + 2), pd(pads, pads + 2),
+        dl(dilations, dilations + 2);
+    const auto size = [](const zoo_dnnl::ConvDescs& d) {
+      return static_cast<long long>(std::max({d.fwd.scratchpad_desc().get_size(),
+                                              d.bwd_data.scratchpad_desc().get_size(),
+                                              d.bwd_weights.scratchpad_desc().get_size()}));
+    };
+    if (prepare) return size(zoo_dnnl::conv_plan(x, w, st, pd, dl, groups, math, nt, x_bf16));
+    return size(zoo_dnnl::conv_descs(x, w, st, pd, dl, groups, math, x_bf16));
   } catch (...) {
     return -1;
   }
