@@ -13,8 +13,10 @@ $(VENV)/.installed: requirements.txt
 	$(VPY) -m pip install -q -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-docs.txt requirements-onnx.txt requirements-openvino.txt
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-docs.txt requirements-onnx.txt requirements-openvino.txt requirements-loggers.txt
 	$(VPY) -m pip install -q -r requirements-test.txt
+	# train.loggers tensorboard and wandb (optional for users, tested here)
+	$(VPY) -m pip install -q -r requirements-loggers.txt
 	# tools/export.py --format onnx and tools/infer.py --backend onnxruntime (optional for users, tested here)
 	$(VPY) -m pip install -q -r requirements-onnx.txt
 	# tools/infer.py and tools/eval.py --backend openvino, tools/quantize.py --backend openvino (optional for users, tested here)

@@ -38,6 +38,14 @@ class IntOrAuto:
 IntOrAuto.__name__ = "int or auto"   # how messages and the config reference name it
 
 
+LOGGERS = ("visualdl", "tensorboard", "wandb")
+
+
+def loggers(v):
+    bad = [x for x in v if x not in LOGGERS]
+    return f"unknown logger {bad[0]!r}{did_you_mean(bad[0], LOGGERS)}; known: {', '.join(LOGGERS)}" if bad else None
+
+
 def op_names(v):
     return None if all(isinstance(x, str) for x in v) else "must be paddle op names (strings)"
 
@@ -61,6 +69,28 @@ TRAIN_KEYS = {
     "pretrained": (str, None),                # loaded before training: entry name (tools/download.py --list), URL, path
     "weights_format": (str, None),            # layout of `pretrained` (default: detected)
     "amp": (dict, None),                      # mixed precision of training (the AMP_KEYS below)
+    "ema": (dict, None),                      # exponential moving average of the weights (the EMA_KEYS below)
+    "early_stop": (dict, None),               # stop when best_metric stops improving (the EARLY_STOP_KEYS below)
+    "loggers": (list, ["visualdl"], loggers), # where the scalars go: visualdl, tensorboard, wandb (scalars.jsonl always)
+    "wandb": (dict, None),                    # the W&B logger's run (the WANDB_KEYS below)
+}
+# PaddleDetection's ModelEMA (ema_decay, ema_decay_type, cycle_epoch, ema_black_list), ppdet's use_ema: when
+# enabled, evaluation, best/, final/ and so export use the averaged weights (engine/training/ema.py)
+EMA_KEYS = {
+    "enable": (bool, False),                  # keep the average, and evaluate and save it
+    "decay": (float, 0.9998, lambda v: None if 0 < v < 1 else "must be in (0, 1)"),   # ppdet's ema_decay
+    # threshold: min(decay, (1 + t) / (10 + t)) at step t; exponential: decay (1 - exp(-(t + 1) / 2000)); normal: decay
+    "decay_type": (str, "threshold", one_of("threshold", "exponential", "normal")),
+    "cycle_epoch": (int, -1, lambda v: None if v == -1 or v >= 1 else "must be -1 (never) or >= 1"),  # epochs between resets of the average
+    "black_list": (list, None),               # state_dict name fragments kept as trained, not averaged
+}
+EARLY_STOP_KEYS = {
+    "patience": (int, 0, at_least(0)),        # evaluations without improvement before training stops (0: off)
+    "min_delta": (float, 0.0, at_least(0)),   # the least change of best_metric that counts as improvement
+}
+WANDB_KEYS = {
+    "project": (str, "paddle-zoo"),           # the W&B project of the run
+    "mode": (str, "offline", one_of("offline", "online")),   # offline: the run folder only (wandb sync uploads it)
 }
 AMP_KEYS = {
     "enable": (bool, False),                  # compute in the low-precision dtype
@@ -293,8 +323,13 @@ def _finish(cfg, origins, path, overrides, validate_config):
 def _section_class(name, keys, doc, **nested):
     """A frozen dataclass with one field per key of a table (type and default from the table);
     `nested` gives the section classes of keys holding a sub-section (train.amp)."""
-    fields = [(key, nested.get(key, spec[0]), dataclasses.field(default=nested[key]() if key in nested else spec[1]))
-              for key, spec in keys.items()]
+    def field(key, spec):
+        if key in nested:
+            return dataclasses.field(default=nested[key]())
+        if isinstance(spec[1], list):   # a list default (train.loggers): each section its own copy
+            return dataclasses.field(default_factory=lambda: list(spec[1]))
+        return dataclasses.field(default=spec[1])
+    fields = [(key, nested.get(key, spec[0]), field(key, spec)) for key, spec in keys.items()]
 
     def of(cls, data):
         """The section of a validated mapping (unknown keys, possible only without validation, are left out)."""
@@ -309,7 +344,11 @@ def _section_class(name, keys, doc, **nested):
 
 
 AmpSection = _section_class("AmpSection", AMP_KEYS, "train.amp; the AMP defaults live in AMP_KEYS alone.")
-TrainSection = _section_class("TrainSection", TRAIN_KEYS, "The train section.", amp=AmpSection)
+EmaSection = _section_class("EmaSection", EMA_KEYS, "train.ema.")
+EarlyStopSection = _section_class("EarlyStopSection", EARLY_STOP_KEYS, "train.early_stop.")
+WandbSection = _section_class("WandbSection", WANDB_KEYS, "train.wandb.")
+TrainSection = _section_class("TrainSection", TRAIN_KEYS, "The train section.", amp=AmpSection, ema=EmaSection,
+                              early_stop=EarlyStopSection, wandb=WandbSection)
 RuntimeSection = _section_class("RuntimeSection", RUNTIME_KEYS, "The runtime section.")
 LoaderSection = _section_class("LoaderSection", LOADER_KEYS, "A reader split's DataLoader keys.")
 
@@ -474,6 +513,8 @@ def validate(cfg, origins=None, root_file="<config>"):
             check.component(cfg[key], reg, key)
     check.section(cfg.get("train"), TRAIN_KEYS, "train")
     check.section((cfg.get("train") or {}).get("amp"), AMP_KEYS, "train.amp")
+    for key, schema in (("ema", EMA_KEYS), ("early_stop", EARLY_STOP_KEYS), ("wandb", WANDB_KEYS)):
+        check.section((cfg.get("train") or {}).get(key), schema, f"train.{key}")
     check.section(cfg.get("eval"), EVAL_KEYS, "eval")
     check.section((cfg.get("eval") or {}).get("amp"), AMP_KEYS, "eval.amp")
     if "trust_weights" in (cfg.get("runtime") or {}):

@@ -60,9 +60,11 @@ def attention_lstm_run(yt8m_demo, tmp_path_factory):
 
 # The data-parallel recipe the distributed tests share (test_distributed.py, test_multinode.py): the
 # AttentionLSTM demo without dropout, 2 epochs of 25 optimizer steps at the global batch 32, the loss
-# logged at every step, a checkpoint every 10 steps, written on every node.
+# logged at every step, a checkpoint every 10 steps, written on every node; with the moving average of
+# the weights (train.ema), which every rank keeps alike.
 DP_RECIPE = ["-c", ATTENTION_LSTM_DEMO, "-o", "model.drop_rate=0", "-o", "train.epochs=2", "-o", "train.log_interval=1",
-             "-o", "runtime.num_threads=1", "-o", "train.save_steps=10", "-o", "train.save_on_each_node=true"]
+             "-o", "runtime.num_threads=1", "-o", "train.save_steps=10", "-o", "train.save_on_each_node=true",
+             "-o", "train.ema.enable=true", "-o", "train.ema.decay=0.99"]
 HALF_BATCH = ["-o", "reader.train.batch_size=16"]   # per card: 2 ranks x 16 = the demo's batch of 32
 
 

@@ -1,4 +1,5 @@
 """Data parallel on CPU (gloo): 2 processes train like 1 with the same global batch, and evaluate exactly alike."""
+import json
 import os
 
 import numpy as np
@@ -28,6 +29,18 @@ def test_two_processes_train_like_one_with_the_same_global_batch(two_process_run
     load_all()
     assert config.load(str(two_process_run / "config.yaml"))["runtime"]["world_size"] == 2
     assert not os.path.exists(two_process_run / "checkpoints" / ".epoch_2.tmp")
+
+
+def test_two_processes_keep_the_moving_average_of_one(two_process_run, one_process_run):
+    """train.ema under data parallel: rank 0's average (the one saved) is the one-process average, in the
+    last checkpoint's ema.pdparams and in final/ (the average's weights), to the losses' agreement."""
+    for name in ("checkpoints/epoch_2/ema.pdparams", "final/model.pdparams"):
+        two, one = (paddle.load(str(run / name), return_numpy=True) for run in (two_process_run, one_process_run))
+        assert two.keys() == one.keys() and len(two) > 10, name
+        diff = max(float(np.abs(two[k] - one[k]).max()) for k in two)
+        assert diff <= 1e-5, (name, diff)
+    with open(two_process_run / "checkpoints" / "epoch_2" / "state.json") as f:
+        assert json.load(f)["hooks"]["ema"]["step"] == 50
 
 
 def test_two_process_eval_equals_one_process_on_an_odd_dataset(odd_eval, tmp_path):

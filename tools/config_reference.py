@@ -26,6 +26,9 @@ PAGE = "docs/config-reference.md"   # relative to the repository
 ENGINE_SECTIONS = (
     ("train", "train", config, "TRAIN_KEYS"),
     ("amp", "train.amp, eval.amp", config, "AMP_KEYS"),
+    ("ema", "train.ema", config, "EMA_KEYS"),
+    ("early_stop", "train.early_stop", config, "EARLY_STOP_KEYS"),
+    ("wandb", "train.wandb", config, "WANDB_KEYS"),
     ("eval", "eval", config, "EVAL_KEYS"),
     ("runtime", "runtime", config, "RUNTIME_KEYS"),
     ("reader", "reader.train, reader.val, reader.test", config, "LOADER_KEYS"),

@@ -2,7 +2,8 @@
 
 Layout: `checkpoints/epoch_<N>/` (end of epoch N) or `checkpoints/step_<K>/` (after optimizer step K,
 possibly inside an epoch) with `model.pdparams`, `model.pdopt` (optimizer incl. its LR schedule),
-`scaler.json`, `rng.json` and `state.json` (epoch, batch position, step, best, config). Files are
+`scaler.json`, `rng.json` and `state.json` (epoch, batch position, step, best, config, the training
+hooks' counters), and `ema.pdparams` (the moving average, train.ema). Files are
 written into a hidden temporary directory which is then renamed into place.
 
 `rng.json` holds every rank's random state (dropout differs between ranks) and the device it was
@@ -52,11 +53,14 @@ def _atomic_dir(final, writer):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def save(path, model, optimizer=None, scaler=None, state=None, rng=None):
+def save(path, model, optimizer=None, scaler=None, state=None, rng=None, extra=None):
     """Write one checkpoint directory atomically; `rng`: every rank's `rng_state()` in rank order
-    (default: this process's)."""
+    (default: this process's); `extra`: {file name: state dict} of what a training hook keeps (the
+    moving average's `ema.pdparams`)."""
     def writer(tmp):
         paddle.save(model.state_dict(), os.path.join(tmp, "model.pdparams"))
+        for name, tensors in (extra or {}).items():
+            paddle.save(tensors, os.path.join(tmp, name))
         if optimizer is not None:
             paddle.save(optimizer.state_dict(), os.path.join(tmp, "model.pdopt"))
         if scaler is not None:
@@ -75,6 +79,13 @@ def save_weights(path, model):
     tmp = path + ".tmp"
     paddle.save(model.state_dict(), tmp)
     os.replace(tmp, path)
+
+
+def copy_weights(src, path):
+    """`src` (a `.pdparams` file) to `path`, through a temporary name and a rename."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    shutil.copyfile(src, path + ".tmp")
+    os.replace(path + ".tmp", path)
 
 
 def list_checkpoints(ckpt_root):

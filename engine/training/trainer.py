@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import paddle
-from visualdl import LogWriter
 
 from engine import config as C, distributed, runtime
 from engine.builder import check_agreement, count_params
@@ -18,7 +17,9 @@ from engine.data import empty
 from engine.model import unwrap
 from engine.errors import ConfigError, did_you_mean
 from engine.training import checkpoint
+from engine.training.ema import ModelEMA
 from engine.training.evaluator import evaluate
+from engine.training.loggers import Loggers, check as check_loggers
 from engine.training.optim import build_lr, build_optimizer, clip_grad_norm_
 from engine.training.precision import decorate_o2, make_scaler
 
@@ -150,6 +151,10 @@ def fit(session, output_dir, resume=None):
     at = run.resume(resume)
     cfg = session.cfg
     plan, loader, train_step, seed = run.plan, run.loader, run.train_step, cfg.runtime.seed
+    if run.stop:
+        log.info("%s stopped early (train.early_stop) at step %d; nothing to train. Its best weights are in %s",
+                 output_dir, at.step, os.path.join(output_dir, "final"))
+        return run.model, run.evaluation.metrics
     if plan.done(at):
         log.info("%s is finished: its checkpoint %s is at the end (epoch %d, step %d of %d); nothing to train. "
                  "Its weights are in %s; to train longer raise train.epochs or train.max_steps with --resume",
@@ -189,12 +194,13 @@ def fit(session, output_dir, resume=None):
             if update and inside:
                 for hook in run.hooks:
                     hook.after_step(at, meter)
-            if at.step == plan.max_steps:
+            if at.step == plan.max_steps or run.stop:
                 break
             tic = time.perf_counter()
+        finished = plan.finished(at) or run.stop
         for hook in run.hooks:
-            hook.after_epoch(at, meter, plan.finished(at))
-        if plan.finished(at):
+            hook.after_epoch(at, meter, finished)
+        if finished:
             break
         at = Progress(epoch + 1, 0, at.step)
     for hook in run.hooks:
@@ -259,9 +265,17 @@ class _Training:
         self.faults = self.dataset.data_faults()
         if self.faults["records_lost"]:
             log.warning("reader.train: %s", self.faults["summary"])
+        check_loggers(t.loggers)
+        _check_early_stop(t, metric)
         self.writer = None   # begin(): a finished run resumed writes nothing
+        self.stop = False    # set by a hook (EarlyStopHook): the loop ends after this step's hooks
         self.evaluation = EvaluateHook(self, val, metric)
-        self.hooks = [ReportHook(self), self.evaluation, CheckpointHook(self)]
+        self.ema = EmaHook(self, t.ema) if t.ema.enable else None
+        stopper = [EarlyStopHook(self, t)] if t.early_stop.patience else []
+        # in this order at each point: the average moves before it is evaluated, the stop follows the
+        # evaluation, and the checkpoint records all of them
+        self.hooks = [ReportHook(self), *([self.ema] if self.ema else []), self.evaluation, *stopper,
+                      CheckpointHook(self)]
         self.rng, self.resumed_from = None, None
         # on a GPU the clock is read after a device sync (fit); on a CPU the work is done when the step returns
         self.device_sync = runtime.clock_sync()
@@ -285,11 +299,17 @@ class _Training:
         if self.saves:
             os.makedirs(self.output_dir, exist_ok=True)
             C.dump(self.resolved, os.path.join(self.output_dir, "config.yaml"))
-        self.writer = _Scalars(self.output_dir) if self.rank == 0 else None
+        t = self.session.cfg.train
+        self.writer = Loggers(self.output_dir, t.loggers, self.resolved, t.wandb) if self.rank == 0 else None
 
     def close(self):
         if self.writer:
             self.writer.close()
+
+    def evaluated_weights(self):
+        """The weights evaluation, best/ and final/ use: the moving average's inside the block when
+        train.ema is on (as ppdet's use_ema), else the model's own."""
+        return self.ema.ema.applied(self.model) if self.ema else contextlib.nullcontext(self.model)
 
     def skip(self, batch, at):
         """Whether this batch is skipped: it is empty (every sample unreadable), or under data parallel
@@ -313,6 +333,17 @@ class _Training:
         at = Progress(state["epoch"], state.get("batch", 0), state["step"])
         self.evaluation.best, self.rng = state.get("best"), state["rng"]
         self.evaluation.metrics, self.resumed_from = state.get("metrics") or {}, path
+        self.evaluation.best_metrics = state.get("best_metrics") or {}
+        saved = state.get("hooks") or {}
+        for hook in self.hooks:
+            if hook.name:
+                if hook.name not in saved:   # train.<name> was off when it was written: it starts here
+                    log.info("resume: %s holds no %s state (train.%s was off): it starts at step %d",
+                             path, hook.name, hook.name, at.step)
+                    continue
+                tensors = checkpoint.read_weights(os.path.join(path, f"{hook.name}.pdparams"), self.session.trust_weights) \
+                    if os.path.isfile(os.path.join(path, f"{hook.name}.pdparams")) else None
+                hook.restore(saved[hook.name], tensors)
         if not self.plan.done(at):   # fit says a finished run is finished instead
             log.info("resumed from %s (epoch %d, batch %d, step %d)", path, at.epoch + 1, at.batch, at.step)
         return at
@@ -321,7 +352,9 @@ class _Training:
 class Hook:
     """What runs between steps. `after_step` follows an optimizer step inside an epoch (not the
     epoch's last), `after_epoch` the epoch's last batch (`finished`: training ends there),
-    `after_train` the loop."""
+    `after_train` the loop. A hook with a `name` has a state that checkpoints keep: `state()` ->
+    (JSON-able data, tensors or None; the tensors go to `<name>.pdparams`), `restore(data, tensors)`."""
+    name = None
 
     def __init__(self, run):
         self.run = run
@@ -355,7 +388,7 @@ class EvaluateHook(Hook):
     def __init__(self, run, val, metric):
         super().__init__(run)
         self.val, self.metric, self.t = val, metric, run.session.cfg.train
-        self.best, self.metrics, self.evaluated_at = None, {}, None
+        self.best, self.metrics, self.evaluated_at, self.best_metrics = None, {}, None, {}
 
     def after_step(self, at, meter):
         if self.t.eval_steps and at.step % self.t.eval_steps == 0:
@@ -369,20 +402,94 @@ class EvaluateHook(Hook):
         if self.val is None or self.evaluated_at == at.step:
             return
         run = self.run
-        self.metrics, self.evaluated_at = evaluate(run.model, self.val, self.metric, run.eval_amp), at.step
-        log.info("eval at epoch %d, step %d: %s", at.epoch + 1, at.step, _fmt(self.metrics))
-        if run.writer:
-            run.writer.eval(at, self.metrics)
-        key = self.t.best_metric
-        if key and (self.best is None or _better(self.metrics[key], self.best, self.t.best_mode)):
-            self.best = self.metrics[key]
-            if run.saves:
-                checkpoint.save(os.path.join(run.output_dir, "best"), run.model, state={
-                    "epoch": at.epoch + 1, "step": at.step, "metrics": self.metrics, "config": run.resolved})
+        with run.evaluated_weights() as model:
+            self.metrics, self.evaluated_at = evaluate(model, self.val, self.metric, run.eval_amp), at.step
+            log.info("eval at epoch %d, step %d%s: %s", at.epoch + 1, at.step, " (EMA weights)" if run.ema else "",
+                     _fmt(self.metrics))
+            if run.writer:
+                run.writer.eval(at, self.metrics)
+            key = self.t.best_metric
+            if key and (self.best is None or _better(self.metrics[key], self.best, self.t.best_mode)):
+                self.best, self.best_metrics = self.metrics[key], self.metrics
+                if run.saves:
+                    checkpoint.save(os.path.join(run.output_dir, "best"), model, state={
+                        "epoch": at.epoch + 1, "step": at.step, "metrics": self.metrics, "config": run.resolved})
 
     def after_train(self):
-        if self.run.saves and self.metrics:
-            write_metrics(self.metrics, self.run.output_dir)
+        # stopped early: final/ holds the best weights (CheckpointHook), and these are their metrics
+        metrics = self.best_metrics if self.run.stop and self.best_metrics else self.metrics
+        if self.run.saves and metrics:
+            write_metrics(metrics, self.run.output_dir)
+
+
+class EmaHook(Hook):
+    """train.ema: the moving average (engine/training/ema.py) moved after every optimizer step."""
+    name = "ema"
+
+    def __init__(self, run, ema_cfg):
+        super().__init__(run)
+        self.ema = ModelEMA(run.model, ema_cfg.decay, ema_cfg.decay_type, ema_cfg.cycle_epoch, ema_cfg.black_list)
+        self.at_step = None   # the optimizer step the average last took
+
+    def after_step(self, at, meter):
+        self._update(at)
+
+    def after_epoch(self, at, meter, finished):
+        self._update(at)      # the epoch's last step (unless its last batches were skipped: no step then)
+
+    def _update(self, at):
+        if at.step != self.at_step and at.step > 0:
+            self.ema.update(self.run.model, at.epoch)
+            self.at_step = at.step
+
+    def state(self):
+        counters, tensors = self.ema.state()
+        return dict(counters, at_step=self.at_step), tensors
+
+    def restore(self, data, tensors):
+        self.ema.restore(data, tensors)
+        self.at_step = data["at_step"]
+
+
+class EarlyStopHook(Hook):
+    """train.early_stop: training ends once train.best_metric has not improved by min_delta for
+    `patience` evaluations in a row; final/ then holds best/'s weights."""
+    name = "early_stop"
+
+    def __init__(self, run, t):
+        super().__init__(run)
+        self.key, self.mode, self.patience, self.min_delta = t.best_metric, t.best_mode, t.early_stop.patience, \
+            t.early_stop.min_delta
+        self.best, self.waited, self.seen = None, 0, None
+
+    def after_step(self, at, meter):
+        self._check(at)
+
+    def after_epoch(self, at, meter, finished):
+        self._check(at)
+
+    def _check(self, at):
+        ev = self.run.evaluation
+        if ev.evaluated_at != at.step or self.seen == at.step:
+            return
+        self.seen, value = at.step, ev.metrics[self.key]
+        delta = value - self.best if self.best is not None else None
+        if delta is None or (delta > self.min_delta if self.mode == "max" else -delta > self.min_delta):
+            self.best, self.waited = value, 0
+            return
+        self.waited += 1
+        if self.waited >= self.patience:
+            self.run.stop = True
+            log.info("early stop at epoch %d, step %d: %s has not improved by more than %g for %d evaluations "
+                     "(best %.4f); final/ holds the best weights", at.epoch + 1, at.step, self.key, self.min_delta,
+                     self.waited, self.best)
+
+    def state(self):
+        return {"best": self.best, "waited": self.waited, "seen": self.seen, "stopped": self.run.stop}, None
+
+    def restore(self, data, tensors):
+        self.best, self.waited, self.seen = data["best"], data["waited"], data["seen"]
+        self.run.stop = bool(data["stopped"])
 
 
 class CheckpointHook(Hook):
@@ -409,14 +516,26 @@ class CheckpointHook(Hook):
         if run.saves:
             root = os.path.join(run.output_dir, "checkpoints")
             state = dataclasses.asdict(at)
-            state.update(best=run.evaluation.best, metrics=run.evaluation.metrics, config=run.resolved)
+            state.update(best=run.evaluation.best, metrics=run.evaluation.metrics, config=run.resolved,
+                         best_metrics=run.evaluation.best_metrics)
+            kept = {h.name: h.state() for h in run.hooks if h.name}
+            state["hooks"] = {name: data for name, (data, _) in kept.items()}
+            extra = {f"{name}.pdparams": tensors for name, (_, tensors) in kept.items() if tensors is not None}
             checkpoint.save(os.path.join(root, name), run.model, run.train_step.optimizer, run.train_step.scaler,
-                            state, rng=rng)
+                            state, rng=rng, extra=extra)
             checkpoint.prune(root, run.session.cfg.train.keep_last)
 
     def after_train(self):
-        if self.run.saves:
-            checkpoint.save_weights(os.path.join(self.run.output_dir, "final", "model.pdparams"), self.run.model)
+        run = self.run
+        if not run.saves:
+            return
+        final = os.path.join(run.output_dir, "final", "model.pdparams")
+        best = os.path.join(run.output_dir, "best", "model.pdparams")
+        if run.stop and os.path.isfile(best):   # stopped early: the best weights, not the last
+            checkpoint.copy_weights(best, final)
+            return
+        with run.evaluated_weights() as model:
+            checkpoint.save_weights(final, model)
 
 
 def _every(interval, n):
@@ -435,6 +554,15 @@ def _check_best_metric(train_cfg, metric):
                           f"{did_you_mean(key, names)}; known: {', '.join(names)}")
 
 
+def _check_early_stop(train_cfg, metric):
+    if not train_cfg.early_stop.patience:
+        return
+    if metric is None or train_cfg.best_metric is None:
+        raise ConfigError("train.early_stop.patience is set, but the recipe has no metric to stop on: it needs "
+                          "reader.val and train.best_metric" + ("" if metric is None else
+                                                                f" (one of: {', '.join(list(metric.names()) + ['loss'])})"))
+
+
 def write_metrics(metrics, output_dir):
     path = os.path.join(output_dir, "metrics.json")
     with open(path + ".tmp", "w") as f:
@@ -448,42 +576,6 @@ def _better(a, b, mode):
 
 def _fmt(d):
     return " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in d.items())
-
-
-def _visualdl(output_dir):
-    return LogWriter(logdir=os.path.join(output_dir, "vdl"))
-
-
-class _Scalars:
-    """Rank 0's logged scalars, twice: VisualDL (train/<key>, eval/<key>) and `scalars.jsonl` in the run
-    folder, one JSON line per log line ({"kind": "train", "step", "epoch", "batch", losses, "lr",
-    "samples_per_s"}) and per evaluation ({"kind": "eval", "step", "epoch", metrics}), appended (a resumed
-    run adds to it: its steps after the checkpoint come again, and the later line counts, tools/plot.py)
-    and flushed line by line, so a killed run keeps every line it logged."""
-
-    def __init__(self, output_dir):
-        self.vdl = _visualdl(output_dir)
-        self.jsonl = open(os.path.join(output_dir, "scalars.jsonl"), "a")
-
-    def train(self, at, values):
-        for k, v in values.items():
-            self.vdl.add_scalar(f"train/{k}", v, at.step)
-        self._line("train", at, values, batch=at.batch)
-
-    def eval(self, at, metrics):
-        for k, v in metrics.items():
-            self.vdl.add_scalar(f"eval/{k}", v, at.step)
-        self._line("eval", at, metrics)
-
-    def _line(self, kind, at, values, **where):
-        row = {"kind": kind, "step": at.step, "epoch": at.epoch + 1, **where}
-        row.update((k, float(v)) for k, v in values.items())
-        self.jsonl.write(json.dumps(row) + "\n")
-        self.jsonl.flush()
-
-    def close(self):
-        self.vdl.close()
-        self.jsonl.close()
 
 
 class _Meter:
@@ -574,7 +666,8 @@ class _Meter:
                      rate, 100 * share, self.eta(remaining), runtime.peak_memory_mb(),
                      f" | skipped {self.skipped} bad samples" if self.skipped else "")
             if writer:
-                writer.train(at, dict(avg, lr=lr, samples_per_s=rate))
+                writer.train(at, dict(avg, lr=lr, samples_per_s=rate, reader_share=share,
+                                      peak_memory_mb=runtime.peak_memory_mb()))
         self._reset()
         return share
 
