@@ -36,8 +36,10 @@ a tied output projection under the head that calls it.
 
 **The input shape** is each model's dummy batch with named sizes read from the recipe (`INPUTS`): the
 evaluation reader's segments and crop for the clip models, the training crop for segmentation (the
-evaluation images have no fixed size), the longest input the reader admits for the text and feature
-models (max_seq_length, max_len, max_frames), the evaluation resize of the detector at its longest side.
+evaluation images have no fixed size), the reader's padded length for BERT (max_seq_length,
+max_predictions_per_seq) and its longest video for the YouTube-8M models (max_frames; Attention Cluster's
+sampled frames), a pair of 32-subword sentences for the Transformer (its reader's max_len is a filter,
+not a length), the evaluation resize of the detector with the long side at its limit. Batch 1.
 `--input-shape name=value` changes any of them. The Transformer's eval forward decodes by beam search,
 whose length depends on the weights: it is counted teacher-forced (the training forward, no gradients).
 Mask R-CNN's heads run on what the RPN and the detector keep: the count lowers score_thresh to 0 so that
@@ -484,13 +486,18 @@ def _bert(pretraining):
     return spec
 
 
+SENTENCE = 32
+
+
 def _transformer(cfg):
     dims, sources = _one()
-    length, where = _reader_value(cfg, "max_len", ("train", "val"))
-    if length is None:
-        length, where = 64, "default"
-    dims.update(src_len=int(length), tgt_len=int(length))
-    sources.update(src_len=f"{where} (the longest pair the reader admits)", tgt_len=where)
+    # max_len is a filter (256, 1024 for big), not a sentence: a pair of 32 subwords each, the padded length
+    # benchmarks/peers.py times, at most the reader's max_len
+    limit, where = _reader_value(cfg, "max_len", ("train", "val"))
+    length = min(SENTENCE, int(limit)) if limit else SENTENCE
+    source = f"default: a sentence of {SENTENCE} subwords" + (f", at most {where}" if limit else "")
+    dims.update(src_len=length, tgt_len=length)
+    sources.update(src_len=source, tgt_len=source)
 
     def make(model, d):
         rng, b = _rng(), d["batch"]

@@ -24,8 +24,8 @@ bfloat16), and our fp32 step, alternating in the same way; each side's peak memo
 process) beside. JSON: peers_bf16.json. `--run ... --precision bf16-fp32act`: our bf16 step with fp32
 activations between the operators (train.amp.activations float32; `bf16act` names the default);
 PyTorch's side runs the same autocast for every bf16 precision.
-`--plain` times what a user who takes a model into a loop of their own gets (issue 62): ours built by
-`api.models.create_model` (our kernels and CPU settings come with it) and trained by paddle's own
+`--plain` times what a user who takes a model into a loop of their own gets (issue 62): ours built as
+`api.models.create_model` builds it (our kernels and CPU settings come with it) and trained by paddle's own
 Momentum (backward, step, clear_grad), theirs the same network with torch.optim.SGD and no clipping;
 both children start from this process's environment as it is, without our pre-import settings.
 Results are per CPU kind (benchmarks/report.py): the JSON defaults to
@@ -151,11 +151,16 @@ def our_step(spec, threads, fast_ops=True, precision="fp32"):
 
 
 def our_plain_step(name, spec, threads):
-    """(step() -> loss, versions): the recipe's model from api.models.create_model in a plain paddle loop
-    with paddle's Momentum, as a user writes it (no before_paddle(), no trainer)."""
-    import paddle
-    from api.models import create_model
-    model = create_model(os.path.join(ROOT, spec["config"]), overrides=[f"runtime.num_threads={threads}"])
+    """(step() -> loss, versions): the recipe's model in a plain paddle loop with paddle's Momentum, as a
+    user writes it (no before_paddle(), no trainer): built as api.models.create_model builds it, the
+    trainer's CPU settings (runtime.setup_cpu) then the registry's model (benchmarks sit below api/)."""
+    import paddle   # in the --run child only, as a user's script loads it
+    from engine import builder, config, runtime
+    from engine.components import load_all
+    load_all()
+    cfg = config.load(os.path.join(ROOT, spec["config"]), [f"runtime.num_threads={threads}"])
+    runtime.setup_cpu(cfg.runtime)
+    model = builder.build_model(cfg["model"])
     paddle.seed(0)
     model.train()
     optimizer = paddle.optimizer.Momentum(learning_rate=PLAIN[name]["lr"], momentum=0.9,
@@ -382,7 +387,8 @@ def table_lines(result):
         return mixed_lines(result)
     ref = any("reference_ratio" in r for r in result["rows"])
     base = any("over_baseline" in r for r in result["rows"])
-    plain = ("plain loops (api.models.create_model + paddle.optimizer.Momentum against torch.optim.SGD), "
+    plain = ("plain loops (the model as api.models.create_model builds it + paddle.optimizer.Momentum against "
+             "torch.optim.SGD), "
              if result.get("plain") else "")
     lines = [f"{result['cpu']} ({kind_of(result)}, {result['cpu_vendor']}), {result['threads']} threads, {plain}paddle "
              f"{result.get('paddle')} vs torch {result.get('torch')}, {result['steps']} timed steps x {result['rounds']} "

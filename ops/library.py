@@ -34,7 +34,7 @@ HEADERS = [os.path.join(HERE, "csrc", "bf16.h")]   # included by the sources: pa
 DNNL = "libdnnl.so.3"
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-w", "-DNDEBUG",
             "-DPADDLE_WITH_CUSTOM_KERNEL", "-DPADDLE_EXTENSION_NAME=zoo_fast_ops", "-D_GLIBCXX_USE_CXX11_ABI=1"]
-_AVX512_CORE, _AVX512_CORE_BF16 = 0x27, 0xe7   # dnnl_cpu_isa_t (dnnl_types.h)
+_AVX512_CORE, _AVX512_CORE_BF16 = 0x27, 0xe7   # oneDNN's dnnl_cpu_isa_t values
 # loaded: None (not tried), True or False; dnnl: the oneDNN operators are in it; flush: the FTZ/DAZ
 # mode asked for (None: leave the threads alone), applied again to a library loaded later
 state = {"loaded": None, "error": None, "dnnl": False, "path": None, "flush": None, "warned": False}

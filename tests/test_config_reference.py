@@ -70,8 +70,10 @@ def validator_schemas(monkeypatch):
 def test_every_key_the_validator_accepts_is_on_the_page(page, monkeypatch):
     found = tables(page)
     sections, comps = validator_schemas(monkeypatch)
-    assert set(sections) == {"train", "train.amp", "eval", "eval.amp", "runtime"}
-    anchor = {"train": "train", "train.amp": "amp", "eval.amp": "amp", "eval": "eval", "runtime": "runtime"}
+    assert set(sections) == {"train", "train.amp", "train.ema", "train.early_stop", "train.wandb", "eval", "eval.amp",
+                             "runtime"}
+    anchor = {"train": "train", "train.amp": "amp", "eval.amp": "amp", "eval": "eval", "runtime": "runtime",
+              "train.ema": "ema", "train.early_stop": "early_stop", "train.wandb": "wandb"}
     for prefix, schema in sections.items():
         rows = found[anchor[prefix]]
         assert set(rows) == set(schema), prefix

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bootstrap  # noqa: E402,F401  (environment before paddle)
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 
 from engine import components  # noqa: E402
 from engine.errors import ConfigError  # noqa: E402
@@ -47,6 +48,30 @@ def _params(entry):
     return f"{entry.num_params / 1e6:.2f} M" if entry.num_params else "-"
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# what `python tools/analyze.py --all --json benchmarks/results/flops.json` counted for each recipe
+FLOPS_JSON = os.path.join(ROOT, "benchmarks", "results", "flops.json")
+
+
+def _macs_records(path=FLOPS_JSON):
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("recipes", {})
+
+
+def _macs(entry, records):
+    """The recipe's multiply-adds at its input shape (benchmarks/flops.py), e.g. "12.26 G (3 seg x 224x224)"."""
+    record = records.get(entry.config) if entry.config else None
+    if not record:
+        return "-"
+    n = record["macs"]
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.2f} {prefix} ({record['input']})"
+    return f"{n} ({record['input']})"
+
+
 def _entries():
     return [WEIGHTS.get(n) for n in WEIGHTS.names()]
 
@@ -69,14 +94,16 @@ def _cell(text):
 
 def markdown_table(link_prefix=""):
     """The model-zoo table; `link_prefix` goes before each config link (`../` from docs/)."""
-    lines = ["| Model | Weights | Config | Parameters | Reference metric | Source | Reproduced here |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| Model | Weights | Config | Parameters | MACs (input) | Reference metric | Source | Reproduced here |",
+             "|---|---|---|---|---|---|---|---|"]
+    records = _macs_records()
     for e in sorted(_entries(), key=lambda e: (e.model, e.name)):
         weights = f"`{e.name}`" + ("" if e.urls else " (no release)")
         config = f"[{os.path.basename(e.config)}]({link_prefix}{e.config})" if e.config else "-"
         reproduced = e.reproduced
         lines.append("| " + " | ".join(_cell(c) for c in (
-            e.model, weights, config, _params(e), _metrics(e), e.metrics_source or "-", reproduced)) + " |")
+            e.model, weights, config, _params(e), _macs(e, records), _metrics(e), e.metrics_source or "-",
+            reproduced)) + " |")
     return "\n".join(lines)
 
 
@@ -90,7 +117,11 @@ Every pretrained entry of the zoo, generated from the entries themselves (`pytho
 URLs, `python tools/download.py NAME` downloads one into the cache). "Reference metric" is the
 publisher's number on the full dataset, with its source; "Reproduced here" says what was checked on
 our 2-core CPU machines (no GPU, none of the full datasets). An entry marked "no release" has no
-official file: it names the recipe and the publisher's number only.
+official file: it names the recipe and the publisher's number only. "MACs (input)" is the recipe's
+multiply-adds in one forward of one sample of the input named beside it (FLOPs = 2 x MACs; convolutions,
+linear layers, matrix products and LSTM cells are counted, element-wise operations, norms and softmax are
+not), as `python tools/analyze.py --all --json benchmarks/results/flops.json` counted them
+([analyze](tools.md#analyze)).
 
 """
 

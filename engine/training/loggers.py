@@ -34,7 +34,7 @@ def check(names):
 
 class _VisualDL:
     def __init__(self, output_dir, config, wandb_cfg):
-        from visualdl import LogWriter
+        from visualdl import LogWriter  # import cost (~1 s): a run that logs to VisualDL only
         self.w = LogWriter(logdir=os.path.join(output_dir, "vdl"))
         self.w.add_text("config", yaml.safe_dump(config, sort_keys=False), 0)
 
