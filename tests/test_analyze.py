@@ -6,7 +6,6 @@ the full-size figures are the published ones (ResNet-50) or the parameter counts
 holds (BERT-base, from PaddleNLP's tables).
 """
 import glob
-import importlib.util
 import json
 import os
 
@@ -21,6 +20,7 @@ from engine.components import load_all
 from engine.errors import ConfigError
 from ops import library
 from tests.helpers import ROOT, one_error_line, tools_in_one_process
+from tests.test_model_zoo_page import _tool as download_tool
 
 DEMOS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "configs", "**", "*_demo.yaml"),
                                                             recursive=True))
@@ -178,15 +178,8 @@ def test_fused_and_reference_operators_count_the_same():
         assert (fused["macs"], fused["modules"]) == (reference["macs"], reference["modules"]), path
 
 
-def _download_tool():
-    spec = importlib.util.spec_from_file_location("zoo_tool_download_analyze", os.path.join(ROOT, "tools", "download.py"))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
-
-
 def test_the_model_zoo_table_shows_the_committed_macs():
-    tool = _download_tool()
+    tool = download_tool()
     assert os.path.samefile(tool.FLOPS_JSON, flops.JSON)
     load_all()
     table = tool.markdown_table("../").splitlines()
