@@ -425,7 +425,7 @@ def test_tool_download_list_and_markdown(entry, tmp_path, monkeypatch, capsys):
     assert "top1 71.70%, bleu 27.30 (K400 val)" in out and "no release" in out
     assert tool.main(["--markdown"]) == 0
     table = capsys.readouterr().out
-    assert "| Linear | `test_fc_tmp` | - | 0.00 M | top1 71.70%" in table and "| demo only |" in table
+    assert "| Linear | `test_fc_tmp` | - | 0.00 M | - | top1 71.70%" in table and "| demo only |" in table   # no recipe: no MACs
     assert "`test_none_tmp` (no release) | [x_demo.yaml](configs/x/x_demo.yaml)" in table
     assert "| not run |" in table
     assert tool.main(["test_none_tmp"]) == 2
