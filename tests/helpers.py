@@ -270,3 +270,12 @@ def doc_blocks(path, lang):
     """The fenced ```lang code blocks of a markdown file, in order."""
     with open(path, encoding="utf-8") as f:
         return re.findall(rf"^```{lang}\n(.*?)^```$", f.read(), re.S | re.M)
+
+
+def openvino_bf16_without_kernels():
+    """Under an ONEDNN_MAX_CPU_ISA cap below AVX-512 on a CPU with bf16 (`make test-isa`), OpenVINO still
+    lists BF16 (its list reads the CPU) but its kernels have none: a bf16 compile or inference fails. No
+    real CPU is in that state (one without bf16 lists none); under AVX512_CORE its oneDNN emulates bf16
+    (jit_avx512_bf16 convolutions, seen). The tests that mock OpenVINO's bf16 ask this."""
+    from engine.cpu import has_bf16, isa_allows
+    return has_bf16({}) and not isa_allows("AVX512_CORE")

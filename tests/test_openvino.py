@@ -10,10 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from engine.cpu import cpu_flags, has_bf16, isa_allows
+from engine.cpu import cpu_flags, isa_allows
 from engine.errors import ConfigError
 from tests.conftest import ATTENTION_LSTM_DEMO, needs_native_bf16
-from tests.helpers import ENV, ROOT, assert_one_line_error, one_error_line, tool, tools_in_one_process
+from tests.helpers import (ENV, ROOT, assert_one_line_error, one_error_line, openvino_bf16_without_kernels, tool,
+                           tools_in_one_process)
 
 import onnx  # noqa: E402  (requirements-onnx.txt and -openvino.txt: make test installs both)
 import onnxruntime as ort  # noqa: E402
@@ -24,10 +25,6 @@ from engine.deploy import openvino as zov  # noqa: E402
 
 # OpenVINO picks its kernels by ISA within ONEDNN_MAX_CPU_ISA (`make test-isa`): AVX-512 ones on Zen 4 and Xeons
 AVX512_KERNELS = "avx512f" in cpu_flags() and isa_allows("AVX512_CORE")
-# a cap below AVX-512 on a CPU with bf16: OpenVINO still lists BF16 (its list reads the CPU) but its kernels have
-# none, and a bf16 compile fails ("could not create a primitive descriptor"); no real CPU is in that state (one
-# without bf16 lists none). Under AVX512_CORE its oneDNN emulates bf16 (jit_avx512_bf16 convolutions, seen).
-NO_BF16_KERNELS = has_bf16({}) and not isa_allows("AVX512_CORE")
 
 # what these tests expect depends on which kernels oneDNN runs: `make test-isa` runs them under each
 # ONEDNN_MAX_CPU_ISA cap (tests/isa.py)
@@ -234,7 +231,7 @@ def test_fp32_compiles_f32_also_where_openvino_reports_bf16(exports, monkeypatch
     assert {p.inference_precision for p in fp32.programs.values()} == {"f32"}
     assert all(o["CPU_RUNTIME_CACHE_CAPACITY"] == 0 for o in seen)
     seen.clear()
-    if NO_BF16_KERNELS:   # the mock's bf16 meets kernels without it (tests/isa.py): one line naming the program
+    if openvino_bf16_without_kernels():   # the mock's bf16 without kernels: one line naming the program
         with pytest.raises(ConfigError, match=r"model\.onnx: OpenVINO cannot compile it \(") as e:
             Predictor(str(root / "onnx"), backend="openvino", precision="bf16")
         assert "\n" not in str(e.value) and seen and {o["INFERENCE_PRECISION_HINT"] for o in seen} == {"bf16"}

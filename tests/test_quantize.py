@@ -21,7 +21,7 @@ from engine.deploy.predictor import Predictor
 from engine.errors import ConfigError
 from tests.conftest import (ATTENTION_CLUSTER_DEMO, ATTENTION_LSTM_DEMO, BERT_GLUE_DEMO, DEEPLAB_DEMO,
                             MASK_RCNN_DEMO, NATIVE_BF16, NEXTVLAD_DEMO, STNET_DEMO, TRANSFORMER_DEMO, TSN_DEMO)
-from tests.helpers import ENV, ROOT, one_error_line, tool, tools_in_one_process
+from tests.helpers import ENV, ROOT, one_error_line, openvino_bf16_without_kernels, tool, tools_in_one_process
 
 # what these tests expect depends on which kernels oneDNN runs: `make test-isa` runs them under each
 # ONEDNN_MAX_CPU_ISA cap (tests/isa.py)
@@ -373,10 +373,8 @@ def test_openvino_int8_runs_its_float_layers_in_bf16_only_where_openvino_has_bf1
         assert fp32.programs["model"].inference_precision == "f32"     # what OpenVINO compiled
         if not has:        # this CPU: what OpenVINO compiled (with the mock, OpenVINO still finds no bf16 here)
             assert int8.programs["model"].inference_precision == "f32"
-        if has and cpu.has_bf16({}) and not cpu.isa_allows("AVX512_CORE"):
-            # under a cap below AVX-512 (tests/isa.py) the mock's bf16 meets OpenVINO kernels without it, a
-            # state no real CPU is in (OpenVINO lists bf16 from the CPU, then fails at inference; under
-            # AVX512_CORE its oneDNN emulates bf16): the hints above are what this case checks
+        if has and openvino_bf16_without_kernels():   # the mock's bf16 meets kernels without it: the
+            # hints above are what this case checks (its inference would fail, as on no real CPU)
             continue
         got, ref = int8.programs["model"](feeds[0])["y"], fp32.programs["model"](feeds[0])["y"]
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.15    # the bound above, on this CPU's kernels

@@ -32,33 +32,34 @@ def check(names):
             require_packages(f"train.loggers: {name}", PACKAGES[name], REQUIREMENTS)
 
 
-class _VisualDL:
+class _Writer:
+    """A summary writer's scalars, one tag each (VisualDL's LogWriter, tensorboardX's SummaryWriter)."""
+    flush = False   # tensorboardX buffers its events: flushed at each log line, so a killed run keeps them
+
+    def scalars(self, prefix, values, step):
+        for k, v in values.items():
+            self.w.add_scalar(f"{prefix}/{k}", v, step)
+        if self.flush:
+            self.w.flush()
+
+    def close(self):
+        self.w.close()
+
+
+class _VisualDL(_Writer):
     def __init__(self, output_dir, config, wandb_cfg):
         from visualdl import LogWriter  # import cost (~1 s): a run that logs to VisualDL only
         self.w = LogWriter(logdir=os.path.join(output_dir, "vdl"))
         self.w.add_text("config", yaml.safe_dump(config, sort_keys=False), 0)
 
-    def scalars(self, prefix, values, step):
-        for k, v in values.items():
-            self.w.add_scalar(f"{prefix}/{k}", v, step)
 
-    def close(self):
-        self.w.close()
+class _TensorBoard(_Writer):
+    flush = True
 
-
-class _TensorBoard:
     def __init__(self, output_dir, config, wandb_cfg):
         from tensorboardX import SummaryWriter  # optional: requirements-loggers.txt
         self.w = SummaryWriter(logdir=os.path.join(output_dir, "tensorboard"))
         self.w.add_text("config", "```yaml\n" + yaml.safe_dump(config, sort_keys=False) + "```", 0)
-
-    def scalars(self, prefix, values, step):
-        for k, v in values.items():
-            self.w.add_scalar(f"{prefix}/{k}", v, step)
-        self.w.flush()
-
-    def close(self):
-        self.w.close()
 
 
 class _WandB:
