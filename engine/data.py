@@ -12,7 +12,8 @@ A batch is a dict with three kinds of values (see `finalize`):
 - metadata (strings, numbers, dicts, nested lists: image ids, sizes, reference sentences, file
   names, polygons) -> a plain Python list with one value per sample, unchanged.
 Every batch also holds `index` (int64 tensor [B], the dataset indices of its readable samples),
-`num_skipped` (int) and `skipped` (the indices of unreadable samples, a list of ints). The serial
+`num_skipped` (int), `skipped` (the indices of unreadable samples, a list of ints) and `skip_reasons`
+(why each was unreadable, in the same order: what an inferencer answers for it). The serial
 and the worker loaders deliver exactly the same structure.
 """
 import logging
@@ -73,7 +74,7 @@ class SampleDataset(paddle.io.Dataset):
                     return SampleFailure(str(e))  # a worker cannot raise it usefully: carry it to the loader
                 raise
             log.warning("skipped sample %d: %s", index, e)
-            return Skipped(index)
+            return Skipped(index, str(e))
         sample["index"] = np.int64(index)
         sample["_rng"] = np.random.default_rng([self.seed, self.epoch, index])
         for t in self.transforms:
@@ -110,8 +111,8 @@ class SampleDataset(paddle.io.Dataset):
 class Skipped:
     """An unreadable sample (skip_bad), kept as a marker so that collate can name its index."""
 
-    def __init__(self, index):
-        self.index = index
+    def __init__(self, index, reason=""):
+        self.index, self.reason = index, reason
 
 
 class SampleFailure:
@@ -138,7 +139,8 @@ def collate(samples, pads=None, ragged=()):
     pads, ragged = pads or {}, set(ragged)
     good = [s for s in samples if not isinstance(s, Skipped)]
     skipped = [int(s.index) for s in samples if isinstance(s, Skipped)]
-    batch = {"num_skipped": len(skipped), "skipped": skipped}
+    reasons = [s.reason for s in samples if isinstance(s, Skipped)]
+    batch = {"num_skipped": len(skipped), "skipped": skipped, "skip_reasons": reasons}
     if not good:
         return batch
     keys = [k for k in good[0] if not k.startswith("_")]

@@ -31,6 +31,7 @@ from engine.errors import ConfigError
 
 LAUNCHER = [sys.executable, "-m", "paddle.distributed.launch"]
 TICK = 0.5   # seconds between looks at the launcher and the store
+PEER_FAILED_GRACE = 5.0   # seconds our trainer may take to end by itself after another node's failed
 RESUME = "; continue with --resume auto on every node"
 
 
@@ -265,7 +266,7 @@ class _Supervisor:
 
     def watch(self):
         self.join()
-        answered = time.monotonic()
+        answered, failed_at = time.monotonic(), None
         while self.child.poll() is None:
             now = time.monotonic()
             records = self.store.get(self.key())
@@ -283,7 +284,11 @@ class _Supervisor:
                 self.beat()
                 ended = self.note(records, now)
                 failed = [ip for ip, how in ended.items() if how == "failed"]
-                if failed:
+                # a run refused on every rank at once (e.g. --resume auto finding no checkpoint) fails on each
+                # node within moments: our trainer's own error line is the better one, so it gets a few
+                # seconds to end by itself before the generic line stops it
+                failed_at = failed_at or (now if failed else None)
+                if failed and now - failed_at >= PEER_FAILED_GRACE:
                     self.lost(f"node {failed[0]} failed (its own output says why), so this node stopped too{RESUME}")
                 for ip, silent in self.silence().items():
                     if silent > self.s.peer_timeout and ip not in ended:

@@ -112,9 +112,11 @@ def test_unequal_shapes_need_padding_or_ragged():
 
 
 def test_underscore_keys_and_skipped_samples():
-    b = finalize(collate([Skipped(4), {"x": np.ones(2), "_rng": 1, "index": np.int64(2)}, Skipped(7)]))
+    b = finalize(collate([Skipped(4, "a.mp4: no video stream"), {"x": np.ones(2), "_rng": 1, "index": np.int64(2)},
+                          Skipped(7)]))
     assert "_rng" not in b and b["skipped"] == [4, 7] and b["num_skipped"] == 2 and b["index"].tolist() == [2]
-    assert finalize(collate([Skipped(1)])) == {"num_skipped": 1, "skipped": [1]}
+    assert b["skip_reasons"] == ["a.mp4: no video stream", ""]
+    assert finalize(collate([Skipped(1)])) == {"num_skipped": 1, "skipped": [1], "skip_reasons": [""]}
 
 
 # -------------------------------------------------------------------------------- samplers
