@@ -127,11 +127,15 @@ class Session:
             self._readers[split] = config.split_reader(self.cfg, split)
         return self._readers[split]
 
-    def loader(self, split, dataset=None, batch_size=None, sharded=True):
-        """(loader, dataset, sampler) of reader.<split>; `sharded` splits it over the ranks."""
+    def loader(self, split, dataset=None, batch_size=None, sharded=True, workers=None):
+        """(loader, dataset, sampler) of reader.<split>; `sharded` splits it over the ranks; `workers`
+        replaces the split's num_workers (a server reads each request in its own process)."""
         world_size, rank = (self.rt["world_size"], self.rt["rank"]) if sharded and self.rt else (1, 0)
+        reader = self.reader(split)
+        if workers is not None:
+            reader = (reader[0], dataclasses.replace(reader[1], num_workers=workers))
         return build_loader(self.cfg, split, self.cfg.runtime.seed, world_size, rank, dataset=dataset,
-                            batch_size=batch_size, reader=self.reader(split), rt=self.rt)
+                            batch_size=batch_size, reader=reader, rt=self.rt)
 
     def scored_loader(self, split=None):
         """(loader, dataset) of the split evaluation scores: `split`, else the eval split, or val when
@@ -170,6 +174,10 @@ class Session:
         except ConfigError as e:   # name the sections the user wrote, not ours
             raise ConfigError(str(e).replace("reader.calibration", f"calibration (reader.train's samples, "
                                                                    f"reader.{split}'s processing)")) from None
+
+    def reader_class(self, split=None):
+        """The dataset class of reader.<split> (default: the eval split)."""
+        return DATASETS.get(self.reader(split or self.cfg.eval_split())[0]["name"])
 
     def input_dataset(self, inputs, split=None):
         """The eval split's (or `split`'s) reader over raw input files or folders (tools/infer.py); an

@@ -11,14 +11,17 @@ class OutputWriter:
     It takes numpy predictions (a dict of arrays, or of lists with one array per sample for ragged
     outputs) and the batch's metadata as numpy/Python values (`index`, `id` from the dataset's
     `describe`, plus whatever the reader put in the batch: file names, sizes), so the exported-model
-    predictor can reuse it unchanged. `write` returns one printable line per sample; `close` returns
-    the files written.
+    predictor can reuse it unchanged. `write` returns one printable line per sample and appends to
+    `answers` one JSON-able dict per sample (its `id`, the task's answer, and under `files` the
+    per-sample files written, by role): what an inferencer (api/inferencer.py) and the server answer
+    for it. `close` returns the files written.
     """
 
     def open(self, output_dir, dataset, label_names=None):
         os.makedirs(output_dir, exist_ok=True)
         self.output_dir, self.dataset = output_dir, dataset
         self.label_names = getattr(dataset, "label_names", None) or label_names
+        self.answers = []
 
     def label(self, class_id):
         names = self.label_names

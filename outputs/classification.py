@@ -35,6 +35,7 @@ class TopK(OutputWriter):
         for vid, row, ids, vals in zip(meta["id"], probs, cols, scores):
             top = [{"class_id": int(c), "label": self.label(int(c)), "score": float(v)} for c, v in zip(ids, vals)]
             self.results.append({"id": vid, "top_k": top})
+            self.answers.append(self.results[-1])
             self.ids.append(vid)
             self.probs.append(row)
             lines.append(f"{vid}: " + ", ".join(f"{t['label']} {t['score']:.3f}" for t in top))

@@ -69,6 +69,7 @@ class Detections(OutputWriter):
                 raise ConfigError(f"infer Detections: predictions lack '{key}' (keys: {sorted(preds)})")
         lines = []
         for i in range(len(meta["id"])):
+            first = len(self.results)
             boxes = np.asarray(preds["boxes"][i], np.float32).reshape(-1, 4)
             scores = np.asarray(preds["scores"][i], np.float32).reshape(-1)
             labels = np.asarray(preds["labels"][i]).astype(np.int64).reshape(-1)
@@ -92,6 +93,8 @@ class Detections(OutputWriter):
             keep = scores >= self.draw_threshold
             drawn = self._draw(meta, i, boxes[keep], scores[keep], labels[keep],
                                None if masks is None else masks[keep])
+            self.answers.append({"id": str(meta["id"][i]), "detections": self.results[first:],
+                                 "files": {"drawn": drawn} if drawn else {}})
             lines.append(f"{meta['id'][i]}: {int(keep.sum())} detections >= {self.draw_threshold} "
                          f"({len(boxes)} in all)" + (f", drawn in {drawn}" if drawn else ""))
         return lines

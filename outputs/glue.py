@@ -34,6 +34,7 @@ class GLUESubmission(OutputWriter):
                 value = self.task.labels[int(logits[j].argmax())]
             subset = int(subsets[j]) if subsets is not None else 0
             self.rows[int(index)] = (subset, guid, value)
+            self.answers.append({"id": str(guid), "prediction": value})
             lines.append(f"{guid}\t{value}")
         return lines
 
@@ -70,6 +71,7 @@ class PretrainingScores(OutputWriter):
             row = {"id": name, "mlm_correct": int(preds["mlm_correct"][j]), "mlm_total": int(preds["mlm_total"][j]),
                    "p_is_next": round(float(p_next[j]), 4)}
             self.rows[int(index)] = row
+            self.answers.append(row)
             lines.append(f"{name}: {row['mlm_correct']}/{row['mlm_total']} masked tokens, P(is next) {row['p_is_next']}")
         return lines
 

@@ -77,6 +77,7 @@ class LabelMap(OutputWriter):
             path = os.path.join(self.output_dir, stem + ".png")
             png.save(path)
             self.paths.append(path)
+            files = {"label": path}
             if image is not None:
                 colour = self.palette[label]
                 blend = (image.astype(np.float32) * (1 - self.alpha) + colour * self.alpha).astype(np.uint8)
@@ -85,7 +86,10 @@ class LabelMap(OutputWriter):
                 over = os.path.join(self.output_dir, stem + "_overlay.png")
                 cv2.imwrite(over, blend[:, :, ::-1])
                 self.paths.append(over)
-            present = ", ".join(self.label(int(c)) for c in np.unique(label))
+                files["overlay"] = over
+            classes = [self.label(int(c)) for c in np.unique(label)]
+            self.answers.append({"id": str(meta["id"][i]), "classes": classes, "files": files})
+            present = ", ".join(classes)
             lines.append(f"{meta['id'][i]}: {path} ({present})")
         return lines
 

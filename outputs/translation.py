@@ -34,9 +34,10 @@ class Text(OutputWriter):
             raise ConfigError(f"infer Text: predictions have no 'text' nor 'ids' (keys: {sorted(preds)})")
         empty = getattr(self.dataset, "source_is_empty", lambda i: False)
         out = []
-        for index, text in zip(meta["index"], texts):
+        for j, (index, text) in enumerate(zip(meta["index"], texts)):
             text = "" if empty(int(index)) else str(text).replace("\n", " ")   # an empty line stays empty
             self.lines[int(index)] = text
+            self.answers.append({"id": str(meta["id"][j]) if "id" in meta else str(int(index)), "translation": text})
             out.append(text)
         return out
 

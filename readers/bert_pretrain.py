@@ -206,6 +206,18 @@ class BertPretrainText(SampleDataset):
         return len(self.index)
 
     @classmethod
+    def write_texts(cls, texts, path, **_):
+        """Documents (each a text with one sentence per line) as `path`, a corpus file in the reader's
+        format (a blank line between documents), so they take the path a file given to tools/infer.py takes."""
+        with open(path, "w", encoding="utf-8") as f:
+            for n, text in enumerate(texts):
+                if not isinstance(text, str):
+                    raise ConfigError(f"BertPretrainText: input {n} must be a text, got a {type(text).__name__}")
+                lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+                f.write("\n".join(lines) + "\n\n")
+        return path
+
+    @classmethod
     def for_inputs(cls, inputs, **kwargs):
         """Instances from the given corpus files (tools/infer.py)."""
         return cls(**dict(kwargs, files=list(inputs)))

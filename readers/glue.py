@@ -165,6 +165,32 @@ class GLUE(SampleDataset):
         return sample
 
     @classmethod
+    def write_texts(cls, texts, path, task, **_):
+        """`texts` (a sentence, or a pair (a, b) for the pair tasks) as `path`, a TSV in the task's test
+        layout that for_inputs reads: what an inferencer turns sentences into, so they take the path a
+        file given to tools/infer.py takes. The ids are 0, 1, ... in order."""
+        spec = get_task(task)
+        id_col, a_col, b_col = spec.test_columns
+        width = max(c for c in spec.test_columns if c is not None) + 1
+        rows = []
+        for n, text in enumerate(texts):
+            pair = isinstance(text, (tuple, list))
+            if pair != (b_col is not None) or (pair and len(text) != 2):
+                want = "a pair of sentences [a, b]" if b_col is not None else "one sentence"
+                raise ConfigError(f"GLUE {spec.name}: input {n} must be {want}, got {text!r:.80}")
+            cells = [""] * width
+            cells[id_col] = str(n)
+            for col, value in zip((a_col, b_col), text if pair else (text,)):
+                if not isinstance(value, str):
+                    raise ConfigError(f"GLUE {spec.name}: input {n} holds a {type(value).__name__}, not text")
+                cells[col] = " ".join(value.split())   # a tab or newline would split the row
+            rows.append("\t".join(cells))
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\t".join(f"col{i}" for i in range(width)) + "\n")
+            f.writelines(row + "\n" for row in rows)
+        return path
+
+    @classmethod
     def for_inputs(cls, inputs, **kwargs):
         """The given TSV files read in the task's test layout (tools/infer.py)."""
         kwargs = dict(kwargs, split="test", files=list(inputs))

@@ -306,6 +306,17 @@ class Translation(SampleDataset):
         return self._moses.tokenize(text, return_str=True, escape=True)
 
     @classmethod
+    def write_texts(cls, texts, path, **_):
+        """Source sentences as `path`, one per line (a newline inside one becomes a space): what an
+        inferencer turns sentences into, so they take the path a file given to tools/infer.py takes."""
+        with open(path, "w", encoding="utf-8") as f:
+            for n, text in enumerate(texts):
+                if not isinstance(text, str):
+                    raise ConfigError(f"Translation: input {n} must be a sentence, got a {type(text).__name__}")
+                f.write(" ".join(text.split()) + "\n")
+        return path
+
+    @classmethod
     def for_inputs(cls, inputs, **kwargs):
         """Source sentences from text files or stdin ('-'), one per line, every line translated (an empty
         line gives an empty translation), with the tokenisation of the recipe's reader `kwargs`."""

@@ -3,12 +3,13 @@
 What is written is the recipe's `infer:` writer's business (classification: top-k labels in
 predictions.json, and for YouTube-8M the Kaggle CSV; segmentation: label PNGs and overlays;
 detection: detections.json and drawn images; translation: a text file); change its settings with
--o, e.g. `-o infer.top_k=3`.
+-o, e.g. `-o infer.top_k=3`. The work is api/inferencer.py's, which the server and your scripts call too.
 """
 import _bootstrap  # noqa: F401  (environment before paddle)
 
+import pathlib
+
 from engine import cli
-from engine.errors import ConfigError
 
 
 def _parser():
@@ -29,58 +30,20 @@ def _parser():
 def main():
     args = _parser().parse_args()
 
-    from engine import runtime  # after parsing: --help needs no paddle
-    from engine.session import Session
-    s = Session.from_args(args)   # without -c: the recipe an export directory records
-    writer = s.infer_writer()
-    s.setup()
-    runtime.setup_logging(None)
-    split = args.split or s.cfg.eval_split()
-    dataset = s.input_dataset(args.input, split)
-    model = s.runnable(args.weights, args.weights_format, args=args)
-    model.eval()
-    loader, _, _ = s.loader(split, dataset=dataset, batch_size=args.batch_size, sharded=False)
-    writer.open(args.output or cli.default_output(args.config or args.weights, args.weights, "infer"), dataset,
-                s.label_names(required=True))
-    skipped = predict(model, loader, dataset, writer, s.eval_amp)
-    if skipped == len(dataset):
-        what = "the one input" if len(dataset) == 1 else f"none of the {len(dataset)} inputs"
-        raise ConfigError(f"{what} could not be read ({'it is' if len(dataset) == 1 else 'each is'} named above); "
-                          f"nothing written")
-    print("wrote " + ", ".join(writer.close()))
-    if skipped:
-        print(f"{skipped} of {len(dataset)} inputs skipped (unreadable; each is named above)")
-
-
-def predict(model, loader, dataset, writer, amp):
-    """Write what `model` predicts for every batch (printing the writer's lines); returns how many
-    inputs were unreadable (each named by the reader as it skipped it)."""
-    import paddle  # after the flags are parsed (main's imports): --help needs no paddle
+    from api.inferencer import Inferencer  # after parsing: --help needs no paddle
     from engine import runtime
-    from engine.data import empty
-    skipped = 0
-    with paddle.no_grad(), runtime.autocast(amp):   # eval.amp; an exported program is fp32 (no effect)
-        for batch in loader:
-            skipped += batch["num_skipped"]
-            if empty(batch):
-                continue
-            preds, meta = to_numpy(model(batch)), to_numpy(batch)
-            meta["id"] = [dataset.describe(i) for i in meta["index"].tolist()]
-            for line in writer.write(preds, meta):
-                print(line)
-    return skipped
-
-
-def to_numpy(tree):
-    """Tensors (and lists of tensors) as numpy; bfloat16 as float32; everything else unchanged."""
-    import paddle  # after the flags are parsed (main's imports): --help needs no paddle
-    if isinstance(tree, dict):
-        return {k: to_numpy(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [to_numpy(v) for v in tree]
-    if isinstance(tree, paddle.Tensor):
-        return (tree.astype("float32") if tree.dtype == paddle.bfloat16 else tree).numpy()
-    return tree
+    inferencer = Inferencer(args.config or args.weights, weights=args.weights, backend=args.backend,
+                            precision=args.precision, ov_hint=args.ov_hint, mkldnn=not args.no_mkldnn,
+                            tensorrt=args.trt, weights_format=args.weights_format, overrides=args.override,
+                            split=args.split, trust_weights=args.trust_weights)
+    runtime.setup_logging(None)
+    output = args.output or cli.default_output(args.config or args.weights, args.weights, "infer")
+    # paths, never texts: a text model reads the named files
+    result = inferencer.run([pathlib.Path(p) for p in args.input], output, args.batch_size, log=print)
+    print("wrote " + ", ".join(result.files))
+    if result.skipped:
+        print(f"{result.skipped} of {result.skipped + len(result.lines)} inputs skipped (unreadable; each is "
+              f"named above)")
 
 
 if __name__ == "__main__":
