@@ -13,10 +13,12 @@ $(VENV)/.installed: requirements.txt
 	$(VPY) -m pip install -q -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-docs.txt requirements-onnx.txt requirements-openvino.txt requirements-loggers.txt
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-docs.txt requirements-onnx.txt requirements-openvino.txt requirements-loggers.txt requirements-serve.txt
 	$(VPY) -m pip install -q -r requirements-test.txt
 	# train.loggers tensorboard and wandb (optional for users, tested here)
 	$(VPY) -m pip install -q -r requirements-loggers.txt
+	# tools/serve.py: starlette, uvicorn, python-multipart (optional for users, tested here)
+	$(VPY) -m pip install -q -r requirements-serve.txt
 	# tools/export.py --format onnx and tools/infer.py --backend onnxruntime (optional for users, tested here)
 	$(VPY) -m pip install -q -r requirements-onnx.txt
 	# tools/infer.py and tools/eval.py --backend openvino, tools/quantize.py --backend openvino (optional for users, tested here)

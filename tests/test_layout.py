@@ -14,7 +14,7 @@ from tests.helpers import ROOT
 
 # every folder of ours with Python in it; tools/ and tests/ are folders of scripts, their modules
 # are imported by bare name (tools put themselves on sys.path, the tests import tools/*.py so too)
-PACKAGES = ("api", "benchmarks", "data", "engine", "metrics", "models", "ops", "outputs", "readers")
+PACKAGES = ("api", "benchmarks", "data", "engine", "metrics", "models", "ops", "outputs", "readers", "serving")
 SCRIPTS = ("tools",)
 FOLDERS = PACKAGES + SCRIPTS + ("tests",)
 
@@ -129,7 +129,8 @@ def test_the_circle_walk_finds_a_circle_closed_inside_a_function(tmp_path):
 # docs/contributing.md, "The layout: folders as floors": what each folder may import of ours
 FLOORS = {"ops": set(), "engine": {"ops"}, "readers": {"engine"}, "models": {"engine", "ops"},
           "metrics": {"engine", "readers"}, "outputs": {"engine", "metrics", "readers"},
-          "benchmarks": {"engine", "ops", "readers", "data"}, "data": {"engine", "readers", "outputs"}}
+          "benchmarks": {"engine", "ops", "readers", "data"}, "data": {"engine", "readers", "outputs"},
+          "serving": {"engine"}}
 
 
 def test_each_folder_imports_only_the_floors_the_contributing_guide_gives_it():
@@ -146,13 +147,14 @@ def test_each_folder_imports_only_the_floors_the_contributing_guide_gives_it():
 
 
 # who may import the folders on top (tools' modules by bare name, `_bootstrap` among them)
-ENTRY_IMPORTERS = {"tests": set(), "tools": {"tools"}, "_bootstrap": {"tools"}, "api": {"api"},
-                   "benchmarks": {"benchmarks", "tools"}}
+ENTRY_IMPORTERS = {"tests": set(), "tools": {"tools"}, "_bootstrap": {"tools"}, "api": {"api", "tools"},
+                   "benchmarks": {"benchmarks", "tools"}, "serving": {"serving", "tools"}}
 
 
 def test_nothing_below_the_entry_points_imports_them():
-    """tools/ and api/ sit on top: nothing of ours imports the tests or the tools, only api/ itself
-    imports api/ (the tools neither), and only tools/ import benchmarks/ besides benchmarks/ itself."""
+    """tools/, serving/ and api/ sit on top: nothing of ours imports the tests or the tools; api/ (the
+    inferencer) is imported by api/ itself and the tools only (tools/serve.py hands the server its
+    Inferencer); serving/ by itself and tools/serve.py; only tools/ import benchmarks/ besides itself."""
     for folder in PACKAGES + SCRIPTS:
         for module, path in _sources(ROOT, (folder,)):
             for line, name, _ in _imports(path, module, path.endswith("__init__.py")):
