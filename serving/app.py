@@ -5,8 +5,9 @@ Why it is shaped so:
 - Any client of Triton, OpenVINO Model Server, MLServer or KServe speaks the v2 protocol, so the
   tensors are exchanged as it defines them; the task endpoint is for what a user holds (a file, a
   sentence) and answers what tools/infer.py writes, because both go through one Inferencer.
-- The model runs on the batcher's one thread (serving/batching.py); a handler only checks, queues
-  and awaits, so a slow model never stalls health checks, metrics or the refusals of bad input.
+- A handler only checks, queues and awaits: the batcher's one thread (serving/batching.py) hands
+  each batch to the model's own process (serving/worker.py: Paddle Inference holds the GIL while it
+  runs), so a slow model never stalls health checks, metrics or the refusals of bad input.
 - Every refusal is one JSON line `{"error": "<field>: <why>"}` (the protocol's error shape) with a
   4xx status, and the server goes on serving: bad input is the client's, never the server's end.
 
@@ -34,29 +35,16 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from engine.errors import ConfigError, SampleError
 from serving.batching import Batcher, Closed, QueueFull
+from serving.worker import DATATYPES, Refused, one_line
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page")
-# numpy dtype names (infer_cfg.yml's) <-> the protocol's datatypes
-DATATYPES = {"bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64",
-             "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64", "float16": "FP16",
-             "float32": "FP32", "float64": "FP64", "bfloat16": "BF16"}
 NUMPY_OF = {v: k for k, v in DATATYPES.items() if k != "bfloat16"}
 # uploads that hold one sample each (so several requests' files share one model call), by suffix
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v", ".flv", ".mpg", ".mpeg")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-_TOKEN = re.compile("\x1f(\\d+)\x1f")   # marks which request an uploaded file came from (in answer ids)
-
-
-class Refused(Exception):
-    """A request answered with `status` and the one line `message` (naming the field and value)."""
-
-    def __init__(self, status, message):
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 class Limits:
@@ -128,160 +116,41 @@ class Metrics:
         return "\n".join(out) + "\n"
 
 
-# ---- the model, as the batcher's thread runs it
+# ---- the model as the server's process sees it
 
 class Served:
-    """An Inferencer and its export's record, and what the batcher's thread does with a batch of jobs.
+    """What the HTTP side knows of the model (the export's record) and how a batch reaches it: the
+    batcher's thread calls `execute`, which waits on the model's process (serving/worker.py)."""
 
-    `inferencer.model` is the export's Predictor (one instance, used from that thread only): the v2
-    endpoint feeds it tensors, the task endpoint goes through `inferencer.run`."""
-
-    def __init__(self, inferencer, name, metrics):
-        self.inferencer, self.name, self.metrics = inferencer, name, metrics
-        self.predictor = inferencer.model
-        self.record = self.predictor.record
+    def __init__(self, model, name, metrics):
+        self.model, self.name, self.metrics = model, name, metrics
+        self.record = model.record
         self.inputs = {spec["name"]: spec for spec in self.record["inputs"]}
         self.output_names = list(self.record["outputs"])
-        self.output_types = {}   # datatypes seen in answers (a runner's outputs are known once run)
-        self.texts = hasattr(inferencer.reader_class, "write_texts")
-        self.platform = f"{self.predictor.backend} ({self.record.get('format', 'paddle')} export)"
+        self.output_types = dict(model.output_types)
+        self.texts = model.texts
+        self.platform = f"{model.backend} ({self.record.get('format', 'paddle')} export)"
 
     def execute(self, key, payloads):
         kind = key[0]
-        if kind == "v2":
-            return self._v2(payloads, batched=key[1] is not None)
-        return self._task(kind, payloads)
-
-    # v2: feeds concatenated along dim 0, outputs split back by each request's batch size
-
-    def _v2(self, feeds_list, batched):
-        if batched and len(feeds_list) > 1:
-            sizes = [len(next(iter(f.values()))) for f in feeds_list]
-            merged = {n: np.concatenate([f[n] for f in feeds_list]) for n in feeds_list[0]}
-            try:
-                outputs = self._predict(merged)
-                split = _split(outputs, sizes)
-                if split is not None:
-                    return split
-            except (ConfigError, SampleError):
-                pass    # each alone below: one request's refusal must not fail the others
-        results = []
-        for feeds in feeds_list:
-            try:
-                results.append(self._predict(feeds))
-            except (ConfigError, SampleError) as e:
-                results.append(Refused(400, f"inputs: {_one_line(e)}"))
+        results, sizes = self.model.execute(kind, kind == "v2" and key[1] is not None, payloads)
+        for size in sizes:
+            self.metrics.batch(size)
+        for result in results:
+            if kind == "v2" and isinstance(result, dict):
+                for name, value in result.items():
+                    first = value[0] if isinstance(value, list) and value else value
+                    if isinstance(first, np.ndarray):
+                        self.output_types.setdefault(name, DATATYPES.get(first.dtype.name, "BYTES"))
         return results
-
-    def _predict(self, feeds):
-        outputs = self.predictor(feeds)
-        sizes = [len(v) for v in feeds.values() if getattr(v, "ndim", 0)]
-        self.metrics.batch(sizes[0] if sizes else 1)
-        for name, value in outputs.items():
-            if isinstance(value, np.ndarray):
-                self.output_types[name] = DATATYPES.get(value.dtype.name, "BYTES")
-            elif isinstance(value, list) and value and isinstance(value[0], np.ndarray):
-                self.output_types[name] = DATATYPES.get(value[0].dtype.name, "BYTES")
-        return outputs
-
-    # task: the items of the gathered requests in one Inferencer.run, answers split back by request
-
-    def _task(self, kind, jobs):
-        if kind == "texts" and len(jobs) > 1:
-            items = [item for job in jobs for item in job]
-            answers = self._run(items)
-            if not isinstance(answers, Exception) and len(answers) == len(items):
-                out, start = [], 0
-                for job in jobs:
-                    out.append(_renumbered(answers[start:start + len(job)]))
-                    start += len(job)
-                return out
-            return [self._task(kind, [job])[0] for job in jobs]
-        if kind == "texts":
-            answers = self._run(jobs[0])
-            return [answers if isinstance(answers, Exception) else _renumbered(answers)]
-        # files: each upload's name carries its request's number, read back from the answer ids
-        items = [(f"\x1f{j}\x1f{name}", data) for j, job in enumerate(jobs) for name, data in job]
-        answers = self._run(items)
-        if isinstance(answers, Exception):
-            if len(jobs) > 1:   # which request's input it was: each alone
-                return [self._task(kind, [job])[0] for job in jobs]
-            return [answers]
-        out = [[] for _ in jobs]
-        for answer in answers:
-            found = _TOKEN.search(str(answer.get("id", "")))
-            j = int(found.group(1)) if found else (0 if len(jobs) == 1 else None)
-            if j is None:
-                return [self._task(kind, [job])[0] for job in jobs]
-            out[j].append(_untokened(answer))
-        return out
-
-    def _run(self, items):
-        try:
-            result = self.inferencer.run(items)
-        except (ConfigError, SampleError) as e:
-            return Refused(400, f"{'text' if self.texts and not _uploads(items) else 'file'}: {_one_line(e)}")
-        self.metrics.batch(len(result.answers) or len(items))
-        return result.answers
-
-    # what the v2 metadata says
 
     def metadata(self):
         inputs = [{"name": s["name"], "datatype": DATATYPES.get(s["dtype"], s["dtype"].upper()),
                    "shape": list(s["shape"])} for s in self.record["inputs"]]
-        outputs = [{"name": n, "datatype": self.output_types.get(n, _program_output_type(self.predictor, n)),
-                    "shape": [-1]} for n in self.output_names]
+        # a datatype a program does not state before a run is "BYTES" (unknown) until an answer shows it
+        outputs = [{"name": n, "datatype": self.output_types.get(n, "BYTES"), "shape": [-1]} for n in self.output_names]
         return {"name": self.name, "versions": ["1"], "platform": self.platform, "inputs": inputs,
                 "outputs": outputs}
-
-
-def _program_output_type(predictor, name):
-    """An output's datatype from the program's own handle where one program computes it (Paddle
-    Inference knows it before a run); "BYTES" (unknown) for a model's Python between programs until
-    an answer shows it."""
-    programs = getattr(predictor, "programs", {})
-    if len(programs) != 1:
-        return "BYTES"
-    program = next(iter(programs.values()))
-    handle_of = getattr(getattr(program, "predictor", None), "get_output_handle", None)
-    if handle_of is None or name not in getattr(program, "outputs", []):
-        return "BYTES"
-    try:
-        names = program.predictor.get_output_names()
-        dtype = str(handle_of(names[program.outputs.index(name)]).type()).split(".")[-1].lower()
-    except Exception:   # a backend without dtypes before a run: said after the first answer
-        return "BYTES"
-    return DATATYPES.get({"float": "float32", "int": "int32", "long": "int64"}.get(dtype, dtype), "BYTES")
-
-
-def _split(outputs, sizes):
-    """Each request's share of a concatenated run's outputs, or None where an output is not per sample."""
-    total, per = sum(sizes), [dict() for _ in sizes]
-    for name, value in outputs.items():
-        if len(value) != total:
-            return None
-        start = 0
-        for i, n in enumerate(sizes):
-            per[i][name] = value[start:start + n]
-            start += n
-    return per
-
-
-def _renumbered(answers):
-    return [dict(a, id=str(i)) for i, a in enumerate(answers)]
-
-
-def _untokened(answer):
-    return {k: _TOKEN.sub("", v) if isinstance(v, str) else v for k, v in answer.items()}
-
-
-def _uploads(items):
-    return any(isinstance(i, tuple) and len(i) == 2 and isinstance(i[1], (bytes, bytearray)) for i in items)
-
-
-def _one_line(error):
-    text = " ".join(str(error).split())
-    return text[:2000] or type(error).__name__
 
 
 # ---- request parsing and limits
@@ -347,7 +216,7 @@ def _tensor(i, tensor, spec):
     try:
         values = values.astype(NUMPY_OF[datatype]).reshape(shape)
     except (OverflowError, ValueError) as e:
-        raise Refused(400, f"{where}.data: {_one_line(e)}") from None
+        raise Refused(400, f"{where}.data: {one_line(e)}") from None
     want = spec["shape"]
     if len(shape) != len(want) or any(w != -1 and w != g for w, g in zip(want, shape)):
         raise Refused(400, f"{where}.shape: {shape}, input '{spec['name']}' takes {want} (-1: any size)")
@@ -480,7 +349,7 @@ async def _task_items(request, served, limits):
         try:
             form = await parser.parse()
         except MultiPartException as e:
-            raise Refused(400, f"body: not a readable multipart form ({_one_line(e)})") from None
+            raise Refused(400, f"body: not a readable multipart form ({one_line(e)})") from None
         try:
             files = [f for f in form.getlist("file") if hasattr(f, "read")]
             if not files:
@@ -568,12 +437,13 @@ def _answer_json(answer):
 
 # ---- the application
 
-def create_app(inferencer, name, max_batch=8, max_delay_ms=5.0, queue_size=64, limits=None, version="0"):
-    """The ASGI app serving `inferencer` (an api.inferencer.Inferencer over an export) as model `name`.
-    The batcher's thread starts with the app's lifespan and, at shutdown, answers every job accepted."""
+def create_app(model, name, max_batch=8, max_delay_ms=5.0, queue_size=64, limits=None, version="0"):
+    """The ASGI app serving `model` (a serving.worker.ModelProcess) as model `name`. The batcher's
+    thread starts with the app's lifespan and, at shutdown, answers every job accepted before the
+    model's process is closed."""
     limits = limits or Limits()
     metrics = Metrics()
-    served = Served(inferencer, name, metrics)
+    served = Served(model, name, metrics)
     batcher = Batcher(served.execute, max_batch, max_delay_ms / 1000.0, queue_size)
 
     def model_of(request):
@@ -631,7 +501,7 @@ def create_app(inferencer, name, max_batch=8, max_delay_ms=5.0, queue_size=64, l
         for answer in answers:
             if "error" in answer:
                 field = "text" if kind == "texts" else "file"
-                raise Refused(400, f"{field}: {_one_line(answer['error'])}")
+                raise Refused(400, f"{field}: {one_line(answer['error'])}")
         return JSONResponse({"model_name": name, "answers": [_answer_json(a) for a in answers]})
 
     async def metrics_text(request):
@@ -652,14 +522,14 @@ def create_app(inferencer, name, max_batch=8, max_delay_ms=5.0, queue_size=64, l
         elif exc.status_code == 405:
             message = f"method: {request.method} {request.url.path} takes {exc.headers.get('Allow', '') if exc.headers else ''}"
         else:
-            message = f"request: {_one_line(exc.detail)}"
+            message = f"request: {one_line(exc.detail)}"
         return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
     async def internal(request, exc):
-        return JSONResponse({"error": f"server: {type(exc).__name__}: {_one_line(exc)}"}, status_code=500)
+        return JSONResponse({"error": f"server: {type(exc).__name__}: {one_line(exc)}"}, status_code=500)
 
     def lifespan(app):
-        return _Lifespan(batcher)
+        return _Lifespan(batcher, model)
 
     routes = [
         Route("/", page, methods=["GET"]),
@@ -683,14 +553,15 @@ class _Lifespan:
     """Starts the batcher's thread with the server; at shutdown (after uvicorn has answered every
     request in flight) lets it finish what it accepted before the process ends."""
 
-    def __init__(self, batcher):
-        self.batcher = batcher
+    def __init__(self, batcher, model):
+        self.batcher, self.model = batcher, model
 
     async def __aenter__(self):
         self.batcher.start()
 
     async def __aexit__(self, *exc):
         await asyncio.to_thread(self.batcher.close)
+        await asyncio.to_thread(self.model.close)
 
 
 class _Measured:

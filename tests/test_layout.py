@@ -130,7 +130,7 @@ def test_the_circle_walk_finds_a_circle_closed_inside_a_function(tmp_path):
 FLOORS = {"ops": set(), "engine": {"ops"}, "readers": {"engine"}, "models": {"engine", "ops"},
           "metrics": {"engine", "readers"}, "outputs": {"engine", "metrics", "readers"},
           "benchmarks": {"engine", "ops", "readers", "data"}, "data": {"engine", "readers", "outputs"},
-          "serving": {"engine"}}
+          "serving": {"api", "engine"}}
 
 
 def test_each_folder_imports_only_the_floors_the_contributing_guide_gives_it():
@@ -147,14 +147,14 @@ def test_each_folder_imports_only_the_floors_the_contributing_guide_gives_it():
 
 
 # who may import the folders on top (tools' modules by bare name, `_bootstrap` among them)
-ENTRY_IMPORTERS = {"tests": set(), "tools": {"tools"}, "_bootstrap": {"tools"}, "api": {"api", "tools"},
+ENTRY_IMPORTERS = {"tests": set(), "tools": {"tools"}, "_bootstrap": {"tools"}, "api": {"api", "tools", "serving"},
                    "benchmarks": {"benchmarks", "tools"}, "serving": {"serving", "tools"}}
 
 
 def test_nothing_below_the_entry_points_imports_them():
     """tools/, serving/ and api/ sit on top: nothing of ours imports the tests or the tools; api/ (the
-    inferencer) is imported by api/ itself and the tools only (tools/serve.py hands the server its
-    Inferencer); serving/ by itself and tools/serve.py; only tools/ import benchmarks/ besides itself."""
+    inferencer) by api/ itself, the tools and the server's model process (serving/worker.py); serving/ by
+    itself and tools/serve.py; only tools/ import benchmarks/ besides benchmarks/ itself."""
     for folder in PACKAGES + SCRIPTS:
         for module, path in _sources(ROOT, (folder,)):
             for line, name, _ in _imports(path, module, path.endswith("__init__.py")):

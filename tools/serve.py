@@ -63,19 +63,16 @@ def main():
     except ImportError as e:
         raise ConfigError(f"tools/serve.py needs {e.name}: pip install -r requirements-serve.txt") from None
 
-    from api.inferencer import Inferencer  # after parsing: --help needs no paddle
-    from engine import runtime
-    from engine.session import is_export
+    from engine.deploy.record import read_infer_cfg   # after parsing: --help stays fast
     from serving.app import Limits, create_app
-    if not is_export(args.model):
-        raise ConfigError(f"--model {args.model}: not an export directory (tools/export.py writes one, with "
-                          f"infer_cfg.yml)")
-    inferencer = Inferencer(args.model, backend=args.backend, precision=args.precision, ov_hint=args.ov_hint,
-                            mkldnn=not args.no_mkldnn, tensorrt=args.trt, overrides=args.override,
-                            batch_size=args.max_batch, workers=0, trust_weights=args.trust_weights)
-    runtime.setup_logging(None)
-    name = args.name or str(inferencer.model.record["model"]).lower()
-    app = create_app(inferencer, name, args.max_batch, args.max_delay_ms, args.queue,
+    from serving.worker import ModelProcess
+    read_infer_cfg(args.model)   # not an export: one line before a model process starts
+    # the model (paddle) runs in its own process (serving/worker.py says why); this one serves HTTP
+    model = ModelProcess(args.model, backend=args.backend, precision=args.precision, ov_hint=args.ov_hint,
+                         mkldnn=not args.no_mkldnn, tensorrt=args.trt, overrides=args.override,
+                         batch_size=args.max_batch, trust_weights=args.trust_weights)
+    name = args.name or str(model.record["model"]).lower()
+    app = create_app(model, name, args.max_batch, args.max_delay_ms, args.queue,
                      Limits(args.max_request_mb, args.max_video_s, args.decode_timeout_s), _version())
 
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
@@ -83,6 +80,7 @@ def main():
     try:
         sock.bind((args.host, args.port))
     except OSError as e:
+        model.close()
         raise ConfigError(f"--host {args.host} --port {args.port}: cannot bind ({e.strerror})") from None
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
