@@ -167,11 +167,14 @@ async def _body(request, limits):
     return b"".join(chunks)
 
 
-async def _limited(request, limits):
+async def _limited(request, limits, tail=None):
+    """The body's chunks, refused past the limit; `tail` (a list) keeps its last bytes."""
     size = 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
+            if tail is not None and chunk:
+                tail[:] = [(b"".join(tail) + chunk)[-256:]]
             if size > limits.max_bytes:
                 raise Refused(413, f"body: more than {limits.max_bytes} bytes, this server takes at most "
                                    f"{limits.max_bytes} (--max-request-mb)")
@@ -344,12 +347,17 @@ async def _task_items(request, served, limits):
         if declared and declared.isdigit() and int(declared) > limits.max_bytes:
             raise Refused(413, f"body: {int(declared)} bytes, this server takes at most {limits.max_bytes} "
                                f"(--max-request-mb)")
-        parser = MultiPartParser(request.headers, _limited(request, limits), max_files=16, max_fields=16,
+        tail = []
+        parser = MultiPartParser(request.headers, _limited(request, limits, tail), max_files=16, max_fields=16,
                                  max_part_size=limits.max_bytes)
         try:
             form = await parser.parse()
         except MultiPartException as e:
             raise Refused(400, f"body: not a readable multipart form ({one_line(e)})") from None
+        boundary = re.search(r'boundary="?([^";]+)', ctype)
+        if boundary and not b"".join(tail).rstrip().endswith(b"--" + boundary.group(1).encode() + b"--"):
+            await form.close()
+            raise Refused(400, "body: the multipart form ends before its closing boundary (a cut upload)")
         try:
             files = [f for f in form.getlist("file") if hasattr(f, "read")]
             if not files:

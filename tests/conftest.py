@@ -276,3 +276,34 @@ def op_path_fp32(request):
     """op_path without bf16, for a test whose outputs are all token ids or top-k choices (which bf16's
     rounding may change: issue 22 holds floats to its tolerance, not those)."""
     yield from _op_path(request.param)
+
+
+def _exported(tmp_path_factory, name, config, run):
+    """tools/export.py (Paddle Inference) of a trained demo's final weights."""
+    out = tmp_path_factory.mktemp(name) / "export"
+    tool("export", "-c", config, "--weights", run / "final" / "model.pdparams", "--output", out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tsn_demo_export(tsn_demo_run, tmp_path_factory):
+    """The trained TSN demo exported once (the server's and the page's tests serve it)."""
+    return _exported(tmp_path_factory, "tsn_demo_export", TSN_DEMO, tsn_demo_run)
+
+
+@pytest.fixture(scope="session")
+def deeplab_demo_export(deeplab_demo_run, tmp_path_factory):
+    """The trained DeepLabV3 demo exported once."""
+    return _exported(tmp_path_factory, "deeplab_demo_export", DEEPLAB_DEMO, deeplab_demo_run)
+
+
+@pytest.fixture(scope="session")
+def bert_glue_export(bert_glue_run, tmp_path_factory):
+    """The fine-tuned GLUE demo exported once."""
+    return _exported(tmp_path_factory, "bert_glue_export", BERT_GLUE_DEMO, bert_glue_run)
+
+
+@pytest.fixture(scope="session")
+def transformer_demo_export(transformer_demo_run, tmp_path_factory):
+    """The trained Transformer demo exported once (its encoder and decoder step)."""
+    return _exported(tmp_path_factory, "transformer_demo_export", TRANSFORMER_DEMO, transformer_demo_run)

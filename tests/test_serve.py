@@ -109,10 +109,12 @@ def _feeds(export, seed=0, batch=1):
     feeds = {}
     for spec in read_infer_cfg(str(export))["inputs"]:
         shape = sizes.get(spec["name"]) or [batch] + [8 if d == -1 else d for d in spec["shape"][1:]]
-        if spec["dtype"].startswith("float"):
-            feeds[spec["name"]] = rng.standard_normal(shape).astype(spec["dtype"])
-        elif "mask" in spec["name"]:
+        if "mask" in spec["name"]:
             feeds[spec["name"]] = np.ones(shape, spec["dtype"])
+        elif "type" in spec["name"]:
+            feeds[spec["name"]] = np.zeros(shape, spec["dtype"])
+        elif spec["dtype"].startswith("float"):
+            feeds[spec["name"]] = rng.standard_normal(shape).astype(spec["dtype"])
         elif spec["name"].endswith("_len"):
             feeds[spec["name"]] = np.full(shape, 8, spec["dtype"])
         else:
@@ -238,7 +240,7 @@ def test_the_task_endpoint_answers_what_tools_infer_writes(servers, exports, kin
     assert got["id"] == "clip.mp4"
     _top_k_same(got["top_k"], want["top_k"], "tsn")
 
-    r = servers["seg"].post("/v2/models/deeplabv3/task",
+    r = servers["seg"].post(f"/v2/models/{servers['seg'].name}/task",
                             files=[("file", (os.path.basename(p), open(p, "rb").read())) for p in images])
     assert r.status_code == 200, r.text
     answers = r.json()["answers"]
@@ -249,14 +251,14 @@ def test_the_task_endpoint_answers_what_tools_infer_writes(servers, exports, kin
         assert base64.b64decode(answer["files"]["label"]) == (tmp_path / "seg" / f"{stem}.png").read_bytes()
         assert base64.b64decode(answer["files"]["overlay"]) == (tmp_path / "seg" / f"{stem}_overlay.png").read_bytes()
 
-    r = servers["glue"].post("/v2/models/bert/task", json={"texts": pairs})
+    r = servers["glue"].post(f"/v2/models/{servers['glue'].name}/task", json={"texts": pairs})
     assert r.status_code == 200, r.text
     written = [line.split("\t") for line in (tmp_path / "glue" / "RTE.tsv").read_text().splitlines()[1:]]
     assert [a["prediction"] for a in r.json()["answers"]] == [p for _, p in written]
-    one = servers["glue"].post("/v2/models/bert/task", json={"text": pairs[0][0], "text_pair": pairs[0][1]})
+    one = servers["glue"].post(f"/v2/models/{servers['glue'].name}/task", json={"text": pairs[0][0], "text_pair": pairs[0][1]})
     assert one.status_code == 200 and one.json()["answers"][0]["prediction"] == written[0][1], one.text
 
-    r = servers["mt"].post("/v2/models/transformer/task", json={"texts": sentences})
+    r = servers["mt"].post(f"/v2/models/{servers['mt'].name}/task", json={"texts": sentences})
     assert r.status_code == 200, r.text
     assert [a["translation"] for a in r.json()["answers"]] == \
         (tmp_path / "mt" / "translations.txt").read_text(encoding="utf-8").splitlines()
@@ -340,10 +342,10 @@ def test_bad_requests_get_one_line_and_the_server_answers_the_next_good_one(serv
         ("truncated JSON", lambda: s.post(infer, data=json.dumps(good)[:200]), 400, "body: not JSON"),
         ("a JSON list", lambda: s.post(infer, json=[1, 2]), 400, "body"),
         ("no inputs", lambda: s.post(infer, json={"inputs": []}), 400, "inputs"),
-        ("unknown input", lambda: s.post(infer, json={"inputs": [dict(tensor, name="pixels")]}), 400, "'pixels'"),
+        ("unknown input", lambda: s.post(infer, json={"inputs": [dict(tensor, name="pixels")]}), 400, '"pixels" is no input'),
         ("data length != shape", lambda: s.post(infer, json={"inputs": [dict(tensor, data=tensor["data"][:-1])]}),
          400, "inputs[0].data"),
-        ("wrong rank", lambda: s.post(infer, json={"inputs": [dict(tensor, shape=[1, 6, 3, 32, 32])]}), 400,
+        ("wrong rank", lambda: s.post(infer, json={"inputs": [dict(tensor, shape=[2, 3, 32, 32])]}), 400,
          "inputs[0].shape"),
         ("wrong datatype", lambda: s.post(infer, json={"inputs": [dict(tensor, datatype="INT64")]}), 400,
          "inputs[0].datatype"),
@@ -352,9 +354,9 @@ def test_bad_requests_get_one_line_and_the_server_answers_the_next_good_one(serv
         ("ragged nested data", lambda: s.post(infer, json={"inputs": [dict(tensor, shape=[3], data=[[1, 2], [3]])]}),
          400, "inputs[0]"),
         ("unknown output", lambda: s.post(infer, json=dict(good, outputs=[{"name": "boxes"}])), 400, "outputs[0].name"),
-        ("missing input", lambda: glue.post("/v2/models/bert/infer", json={"inputs": [
+        ("missing input", lambda: glue.post(f"/v2/models/{glue.name}/infer", json={"inputs": [
             _v2_body(_feeds(exports["glue"]))["inputs"][0]]}), 400, "is missing"),
-        ("unknown model", lambda: s.post("/v2/models/resnet/infer", json=good), 404, "'resnet'"),
+        ("unknown model", lambda: s.post("/v2/models/resnet/infer", json=good), 404, "'resnet' is not served"),
         ("unknown path", lambda: s.get("/v3/models"), 404, "path"),
         ("wrong method", lambda: requests.put(s.url + infer, json=good, timeout=60), 405, "method"),
         ("an mp4 that is not a video", lambda: s.post(task, files={"file": ("clip.mp4", os.urandom(5000))}), 400,
@@ -374,7 +376,7 @@ def test_bad_requests_get_one_line_and_the_server_answers_the_next_good_one(serv
         ("text to a video model", lambda: s.post(task, json={"text": "/etc/passwd"}), 400, "text:"),
         ("an unknown content type", lambda: s.post(task, data=b"x", headers={"content-type": "text/plain"}), 415,
          "content-type"),
-        ("texts of numbers", lambda: glue.post("/v2/models/bert/task", json={"texts": [1, 2]}), 400, "texts[0]"),
+        ("texts of numbers", lambda: glue.post(f"/v2/models/{glue.name}/task", json={"texts": [1, 2]}), 400, "texts[0]"),
     ]
     assert len(cases) >= 20
     for what, send, status, fragment in cases:
@@ -393,7 +395,7 @@ def test_bad_requests_get_one_line_and_the_server_answers_the_next_good_one(serv
     assert status == 200 and json.loads(body) == {"live": True}
     assert s.post(infer, json=good).status_code == 200
     errors = _metric(s.get("/metrics").text, "zoo_request_errors_total")
-    assert errors >= len(cases)
+    assert errors >= len(cases) - 2   # all but the two sent to the GLUE server
 
 
 def _heavy(s, body):
