@@ -76,14 +76,14 @@ class ModelProcess:
 
 def _serve(conn, export_dir, options):
     """The child's life: build the Inferencer, say what it serves, then run batches until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _ignore_stop_signals()
     try:
         from api.inferencer import Inferencer  # paddle loads in this child only, never in the server's process
         from engine import runtime
         inferencer = Inferencer(export_dir, workers=0, **options)
         runtime.setup_logging(None)
         runner = Runner(inferencer)
+        _ignore_stop_signals()   # again: importing paddle installs its own handlers (a SIGTERM aborted it)
     except (ConfigError, SampleError) as e:
         conn.send(("error", str(e)))
         return
@@ -105,6 +105,11 @@ def _serve(conn, export_dir, options):
         except Exception as e:   # answered to each request of the batch; the process serves on
             results = [RuntimeError(f"{type(e).__name__}: {one_line(e)}")] * len(payloads)
         conn.send((results, runner.sizes))
+
+
+def _ignore_stop_signals():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class Runner:

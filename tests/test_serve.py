@@ -33,7 +33,7 @@ class Server:
     def __init__(self, export, *flags):
         self.proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tools", "serve.py"), "--model", str(export),
                                       "--port", "0", *map(str, flags)], cwd=ROOT, env=ENV, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.lines, self._lines, self.url = [], queue.Queue(), None
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -451,7 +451,7 @@ def test_sigterm_during_a_burst_answers_every_accepted_request_and_exits_0(serve
         while _metric(s.get("/metrics").text, "zoo_requests_in_flight") < 3:   # all three accepted
             assert time.monotonic() < end and not heavy.done(), "the burst never arrived"
             time.sleep(0.005)
-        s.proc.send_signal(signal.SIGTERM)
+        os.killpg(s.proc.pid, signal.SIGTERM)   # its group, as a service manager stops it: the model's process too
         answers = [f.result() for f in futures]
     assert heavy.result().status_code == 200
     for i, r in enumerate(answers):
