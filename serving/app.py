@@ -31,7 +31,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
-from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -45,6 +45,14 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v", ".flv", ".mpg", ".mpeg")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class JSONAnswer(JSONResponse):
+    """JSON that carries a model's NaN or infinite outputs (as Python's json writes them) instead of
+    failing the answer: a score of -inf is an answer, not a server error."""
+
+    def render(self, content):
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 class Limits:
@@ -161,10 +169,7 @@ async def _body(request, limits):
     if declared and declared.isdigit() and int(declared) > limits.max_bytes:
         raise Refused(413, f"body: {int(declared)} bytes, this server takes at most {limits.max_bytes} "
                            f"(--max-request-mb)")
-    chunks, size = [], 0
-    async for chunk in _limited(request, limits):
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return b"".join([chunk async for chunk in _limited(request, limits)])
 
 
 async def _limited(request, limits, tail=None):
@@ -472,19 +477,19 @@ def create_app(model, name, max_batch=8, max_delay_ms=5.0, queue_size=64, limits
             metrics.in_flight -= 1
 
     async def server_metadata(request):
-        return JSONResponse({"name": "paddle-zoo", "version": version, "extensions": ["task", "metrics"]})
+        return JSONAnswer({"name": "paddle-zoo", "version": version, "extensions": ["task", "metrics"]})
 
     async def live(request):
-        return JSONResponse({"live": True})
+        return JSONAnswer({"live": True})
 
     async def ready(request):
-        return JSONResponse({"ready": True})
+        return JSONAnswer({"ready": True})
 
     async def model_metadata(request):
-        return JSONResponse(model_of(request).metadata())
+        return JSONAnswer(model_of(request).metadata())
 
     async def model_ready(request):
-        return JSONResponse({"name": model_of(request).name, "ready": True})
+        return JSONAnswer({"name": model_of(request).name, "ready": True})
 
     async def infer(request):
         model = model_of(request)
@@ -496,7 +501,7 @@ def create_app(model, name, max_batch=8, max_delay_ms=5.0, queue_size=64, limits
         body = {"model_name": name, "model_version": "1", "outputs": _v2_outputs(result, names)}
         if ident is not None:
             body["id"] = ident
-        return JSONResponse(body)
+        return JSONAnswer(body)
 
     async def task(request):
         model = model_of(request)
@@ -510,7 +515,7 @@ def create_app(model, name, max_batch=8, max_delay_ms=5.0, queue_size=64, limits
             if "error" in answer:
                 field = "text" if kind == "texts" else "file"
                 raise Refused(400, f"{field}: {one_line(answer['error'])}")
-        return JSONResponse({"model_name": name, "answers": [_answer_json(a) for a in answers]})
+        return JSONAnswer({"model_name": name, "answers": [_answer_json(a) for a in answers]})
 
     async def metrics_text(request):
         return PlainTextResponse(metrics.text(batcher.depth()), media_type="text/plain; version=0.0.4")
@@ -522,7 +527,7 @@ def create_app(model, name, max_batch=8, max_delay_ms=5.0, queue_size=64, limits
         return FileResponse(path, media_type="text/html")
 
     async def refused(request, exc):
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+        return JSONAnswer({"error": exc.message}, status_code=exc.status)
 
     async def http_error(request, exc):
         if exc.status_code == 404:
@@ -531,10 +536,10 @@ def create_app(model, name, max_batch=8, max_delay_ms=5.0, queue_size=64, limits
             message = f"method: {request.method} {request.url.path} takes {exc.headers.get('Allow', '') if exc.headers else ''}"
         else:
             message = f"request: {one_line(exc.detail)}"
-        return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
+        return JSONAnswer({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
     async def internal(request, exc):
-        return JSONResponse({"error": f"server: {type(exc).__name__}: {one_line(exc)}"}, status_code=500)
+        return JSONAnswer({"error": f"server: {type(exc).__name__}: {one_line(exc)}"}, status_code=500)
 
     def lifespan(app):
         return _Lifespan(batcher, model)

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 import requests
 
-from tests.conftest import BERT_GLUE_DEMO, DEEPLAB_DEMO, TRANSFORMER_DEMO, TSN_DEMO
 from tests.helpers import ENV, ROOT, tools_in_one_process
 
 pytest.importorskip("uvicorn", reason="requirements-serve.txt (make test installs it)")
@@ -195,6 +194,8 @@ def test_v2_metadata_and_infer_equal_the_exported_programs(servers, exports):
         assert s.get("/v2/health/live").json() == {"live": True}
         assert s.get("/v2/health/ready").json() == {"ready": True}
         assert s.get("/v2").json()["name"] == "paddle-zoo"
+        page = s.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         meta = s.get(f"/v2/models/{s.name}").json()
         predictor = _predictor(export)
         assert [i["name"] for i in meta["inputs"]] == [i["name"] for i in predictor.inputs]
@@ -414,7 +415,7 @@ def _heavy(s, body):
 HEAVY = {"imgs": np.zeros((1, 1, 8, 3, 160, 160), np.float32)}
 
 
-def test_a_full_queue_answers_503_and_a_slow_probe_408(servers, exports):
+def test_a_full_queue_answers_503_and_a_slow_probe_408(servers, exports, tmp_path):
     """--queue 2 --max-batch 1: behind a slow call, two requests wait and the next ones get 503 at once
     (one line); --decode-timeout-s 0.0001: no video's metadata is read that fast (408)."""
     s = servers["tsn2"]
@@ -426,16 +427,9 @@ def test_a_full_queue_answers_503_and_a_slow_probe_408(servers, exports):
     codes = sorted(r.status_code for r in answers)
     assert set(codes) == {200, 503} and codes.count(200) >= 2, codes
     assert all(r.json()["error"].startswith("queue: full") for r in answers if r.status_code == 503)
-    r = s.post("/v2/models/tsn/task", files={"file": ("clip.mp4", _long_video_bytes())})
+    r = s.post("/v2/models/tsn/task", files={"file": ("clip.mp4", _long_video(tmp_path / "short.mp4", 3))})
     assert r.status_code == 408 and "--decode-timeout-s" in r.json()["error"], r.text
     assert s.post("/v2/models/tsn/infer", data=small).status_code == 200
-
-
-def _long_video_bytes():
-    import tempfile
-    import pathlib
-    with tempfile.TemporaryDirectory() as d:
-        return _long_video(pathlib.Path(d) / "v.mp4", 3)
 
 
 def test_sigterm_during_a_burst_answers_every_accepted_request_and_exits_0(servers, exports):
