@@ -131,7 +131,9 @@
     if (!file) return;
     const url = URL.createObjectURL(file);
     if (file.type.startsWith("image/")) box.append(el("img", { src: url, alt: `the chosen image ${file.name}` }));
-    else if (file.type.startsWith("video/")) box.append(el("video", { src: url, controls: "", muted: "", "aria-label": `the chosen video ${file.name}` }));
+    else if (file.type.startsWith("video/")) {
+      box.append(el("video", { src: url, controls: "", muted: "", "aria-label": `the chosen video ${file.name}` }));
+    }
     box.append(el("p", { class: "hint", text: `${file.name} · ${(file.size / 1024).toFixed(1)} KiB` }));
   }
 
@@ -196,7 +198,9 @@
     return JSON.parse(JSON.stringify(result, (key, value) => {
       if (key === "files" && value && typeof value === "object") {
         const sizes = {};
-        for (const [role, data] of Object.entries(value)) sizes[role] = `<${Math.floor(String(data).length * 3 / 4)} bytes of PNG>`;
+        for (const [role, data] of Object.entries(value)) {
+          sizes[role] = `<${Math.floor(String(data).length * 3 / 4)} bytes of PNG>`;
+        }
         return sizes;
       }
       return value;
@@ -208,7 +212,8 @@
     const box = $("answers");
     box.replaceChildren();
     if (!answers.length) box.append(el("p", { text: "The server answered with no answer." }));
-    answers.forEach((answer, i) => box.append(drawAnswer(answer, texts && texts.length === answers.length ? texts[i] : null)));
+    const headings = texts && texts.length === answers.length ? texts : null;
+    answers.forEach((answer, i) => box.append(drawAnswer(answer, headings ? headings[i] : null)));
     $("answer-card").hidden = false;
   }
 
@@ -234,7 +239,8 @@
     }
     const files = answer.files || {};
     const figures = el("div", { class: "figures" });
-    for (const [role, caption] of [["overlay", "Overlay"], ["label", "Label map (palette PNG)"], ["drawn", "Detections drawn"]]) {
+    const roles = [["overlay", "Overlay"], ["label", "Label map (palette PNG)"], ["drawn", "Detections drawn"]];
+    for (const [role, caption] of roles) {
       if (files[role]) figures.append(figure(role, files[role], caption, answer.id));
     }
     if (figures.children.length) { part.append(figures); drawn = true; }
@@ -261,7 +267,8 @@
 
   function figure(role, base64, caption, id) {
     return el("figure", { class: `file-${role}` },
-      el("img", { src: `data:image/png;base64,${base64}`, alt: `${caption} of ${id ?? "the input"}`, "data-role": role }),
+      el("img", { src: `data:image/png;base64,${base64}`, alt: `${caption} of ${id ?? "the input"}`,
+        "data-role": role }),
       el("figcaption", { text: caption }));
   }
 
