@@ -189,7 +189,10 @@ async def _limited(request, limits, tail=None):
 
 
 async def _json(request, limits):
-    body = await _body(request, limits)
+    return _parsed(await _body(request, limits))
+
+
+def _parsed(body):
     try:
         return json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -493,15 +496,20 @@ def create_app(model, name, max_batch=8, max_delay_ms=5.0, queue_size=64, limits
 
     async def infer(request):
         model = model_of(request)
-        feeds, names, ident = _v2_request(await _json(request, limits), model)
+        raw = await _body(request, limits)
+        # megabytes of JSON tensors take a while to parse and to write: off the event loop
+        feeds, names, ident = await asyncio.to_thread(lambda: _v2_request(_parsed(raw), model))
         key, size = _v2_key(feeds, model)
         result = await queued(key, feeds, size)
         if isinstance(result, Exception):
             raise result
-        body = {"model_name": name, "model_version": "1", "outputs": _v2_outputs(result, names)}
-        if ident is not None:
-            body["id"] = ident
-        return JSONAnswer(body)
+
+        def answer():
+            body = {"model_name": name, "model_version": "1", "outputs": _v2_outputs(result, names)}
+            if ident is not None:
+                body["id"] = ident
+            return JSONAnswer(body)
+        return await asyncio.to_thread(answer)
 
     async def task(request):
         model = model_of(request)
