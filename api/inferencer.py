@@ -29,7 +29,7 @@ import types
 
 import numpy as np
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, did_you_mean
 
 # file signatures -> the suffix a reader takes the bytes by (a name given with them wins where none matches)
 _MAGIC = ((b"\x89PNG", ".png"), (b"\xff\xd8\xff", ".jpg"), (b"BM", ".bmp"), (b"\x1a\x45\xdf\xa3", ".mkv"))
@@ -185,9 +185,9 @@ class Inferencer:
 
 def _recipe(source):
     """(recipe path, the weights it implies) of an entry name, a recipe file or a recipe name."""
+    # the registries load every component (and paddle): only when an Inferencer is made, never at import
     from api.models import ROOT, recipes
     from engine.components import load_all
-    from engine.errors import did_you_mean
     from engine.weights.pretrained import WEIGHTS
     load_all()
     if source in WEIGHTS:
@@ -216,7 +216,7 @@ def _is_upload(item):
 
 
 def _write_image(array, path, n):
-    import cv2
+    import cv2  # import cost (~0.1 s): only a caller with image arrays pays it
     if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
         raise ConfigError(f"Inferencer: input {n}: an image array must be uint8 [H, W, 3] (RGB), got "
                           f"{array.dtype} {list(array.shape)}")
