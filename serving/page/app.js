@@ -51,16 +51,31 @@
 
   function setStatus(text) { $("status").textContent = text; }
 
-  // The model's name: ?model=NAME, else the first of GET /v2's "models", else GET /v2/models.
+  // The model's name: ?model=NAME, else the first of GET /v2's "models". The v2 protocol has no call
+  // that lists models, so for a server that does not add "models" the last resort is the name its 404
+  // for an unknown model states ("... (this server serves 'NAME')").
   async function modelName() {
     const asked = new URLSearchParams(location.search).get("model");
     if (asked) return asked;
     const server = await getJSON("v2");
-    const listed = server.models || (await getJSON("v2/models").catch(() => ({}))).models;
-    const first = Array.isArray(listed) ? listed[0] : null;
+    const first = Array.isArray(server.models) ? server.models[0] : null;
     const name = first && typeof first === "object" ? first.name : first;
-    if (!name) throw new Error("the server names no model (GET /v2 has no \"models\")");
-    return name;
+    if (name) return name;
+    const probe = await fetch(api("v2/models/%00"), { headers: { Accept: "application/json" } });
+    const said = /serves '([^']+)'/.exec(await errorLine(probe));
+    if (!said) throw new Error("the server names no model (GET /v2 has no \"models\"); open this page as /?model=NAME");
+    return said[1];
+  }
+
+  // Without the metadata's "task" hint, what the inputs look like: token ids are text (a segment-id
+  // input: a model that also takes pairs, e.g. BERT; "src_ids": a translation), anything else files.
+  function guessTask(meta) {
+    const names = (meta.inputs || []).map((t) => t.name);
+    const ids = (meta.inputs || []).some((t) => /INT/.test(t.datatype) && /ids/.test(t.name));
+    if (!ids) return { input: "file", answer: null, accept: "" };
+    if (names.includes("src_ids")) return { input: "text", answer: "translation", accept: "" };
+    return { input: names.some((n) => /token_type|segment/.test(n)) ? "text_pair_optional" : "text", answer: null,
+      accept: "" };
   }
 
   function tensorTable(caption, tensors) {
@@ -80,9 +95,9 @@
   // hint); without the hint both the file and the text inputs are shown and the server decides.
   function layoutFor(task) {
     const input = task && task.input;
-    $("file-fields").hidden = input === "text" || input === "text_pair";
+    $("file-fields").hidden = ["text", "text_pair", "text_pair_optional"].includes(input);
     $("text-fields").hidden = input === "file";
-    $("pair-field").hidden = input === "text";
+    $("pair-field").hidden = input === "text" || input === "file";
     const translation = task && task.answer === "translation";
     if (input === "text_pair") {
       $("text-label").textContent = "First sentence";
@@ -90,7 +105,8 @@
       $("text-hint").hidden = true;
     } else {
       $("text-label").textContent = translation ? "Text to translate" : "Sentence";
-      $("text-hint").hidden = false;
+      $("text-pair-label").textContent = "Second sentence (for a task on pairs)";
+      $("text-hint").hidden = input === "text_pair_optional";
     }
     if (task && task.accept) {
       $("file").setAttribute("accept", task.accept);
@@ -110,7 +126,7 @@
     try {
       state.name = await modelName();
       const meta = await getJSON(`v2/models/${encodeURIComponent(state.name)}`);
-      state.task = meta.task || null;
+      state.task = meta.task || guessTask(meta);
       document.title = `${state.name}: try the model`;
       $("model-name").textContent = state.name;
       for (const slot of document.querySelectorAll(".name-slot")) slot.textContent = state.name;
