@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 DEMO ?= configs/video/attention_lstm/attention_lstm_demo.yaml
 export GLOG_minloglevel := 2
 
-.PHONY: demo test test-isa docs docs-images ops bench bench-peers bench-peers-bf16 bench-memory venv clean
+.PHONY: demo test test-isa docs docs-images ops bench bench-peers bench-peers-bf16 bench-memory bench-serve venv clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -82,6 +82,15 @@ bench-peers: $(VENV)/.installed-peers
 bench-memory: $(VENV)/.installed-peers
 	$(VPY) benchmarks/memory.py $(PEERS_ARGS)
 	$(VPY) benchmarks/memory.py --show --docs
+
+# The inference server under load (benchmarks/serve.py): 8 clients x 20 s per row, the TSN, BERT GLUE and
+# DeepLabV3 demo exports (made under output/serve_bench/ when missing), batching off and on.
+bench-serve: $(VENV)/.installed
+	$(VPY) -m pip install -q -r requirements-serve.txt
+	uptime
+	$(VPY) benchmarks/serve.py $(SERVE_ARGS)
+	$(VPY) benchmarks/serve.py --show --docs
+	uptime
 
 clean:
 	rm -rf output log

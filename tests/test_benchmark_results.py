@@ -133,7 +133,7 @@ def test_the_tables_live_in_the_performance_page_and_readme_is_an_alias():
     assert report.PERFORMANCE == os.path.join(ROOT, "docs", "performance.md")
     with open(report.PERFORMANCE, encoding="utf-8") as f:
         text = f.read()
-    for name in ("bench", "bench-inference", "bench-peers", "bench-peers-bf16", "bench-amp"):
+    for name in ("bench", "bench-inference", "bench-peers", "bench-peers-bf16", "bench-amp", "bench-serve"):
         assert f"<!-- {name} " in text, name
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         assert "<!-- bench" not in f.read()
