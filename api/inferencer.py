@@ -196,8 +196,11 @@ def _recipe(source):
             raise ConfigError(f"Inferencer: the entry {source} records no recipe (its pre-processing and classes); "
                               f"give a recipe with weights={source!r}")
         return os.path.join(ROOT, entry.config), entry.name
-    if os.path.isfile(str(source)):
+    if os.path.isfile(str(source)) and str(source).endswith((".yaml", ".yml")):
         return str(source), None
+    if os.path.exists(str(source)):   # weights (a .pdparams file, final/, a checkpoint): their recipe is not in them
+        raise ConfigError(f"-c CONFIG is needed: {source} is not an export folder (with infer_cfg.yml), which "
+                          f"records its recipe; in Python, Inferencer(recipe, weights={str(source)!r})")
     found = recipes()
     if source in found:
         return found[source], None
