@@ -17,8 +17,8 @@ from benchmarks import report
 from benchmarks.tables import BF16_EXPORT, INT8_EXPORT, ONNX_RUNTIME, OPENVINO, OPENVINO_BF16, OPENVINO_INT8, \
     OPENVINO_INT8_BF16
 from engine import builder, runtime
-from engine.deploy import export, quantize
-from engine.deploy.predictor import Predictor
+from deploy import export, quantize
+from deploy.predictor import Predictor
 from engine.errors import ConfigError
 from engine.session import Session
 from engine.training import trainer
@@ -163,7 +163,7 @@ def _rounds(runs, steps, warmup=2):
 def _backends(tmp, onnx_dir, int8_dir, int8_ov_dir, threads):
     """The predictors the latency table compares, by column name; a bf16 one only where its runtime
     computes bf16 on this CPU (elsewhere the column would time fp32 again)."""
-    from engine.deploy import openvino  # optional: requirements-openvino.txt only
+    from deploy import openvino  # optional: requirements-openvino.txt only
     ov_cache = os.path.join(tmp, "openvino_cache")
     backends = {"exported, oneDNN": Predictor(tmp, mkldnn=True, threads=threads),
                 "exported, no oneDNN": Predictor(tmp, mkldnn=False, threads=threads),
@@ -203,7 +203,7 @@ def _quantized_for_timing(onnx_dir, int8_dir, feeds, threads):
 def bench_inference(config_path, overrides, steps, batch_sizes, weights=None):
     """Latency per batch of each backend a deployment could choose, on the same batches and threads,
     timed in alternating rounds (_rounds), with the load average around the run."""
-    from engine.deploy import openvino  # optional: requirements-openvino.txt only
+    from deploy import openvino  # optional: requirements-openvino.txt only
     s = Session.from_file(config_path, overrides)
     rt, cfg = s.setup(), s.cfg
     model = s.model(weights, log=lambda *_: None)

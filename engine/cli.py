@@ -28,7 +28,7 @@ def parser(description, config_required=True):
 
 
 def trt_flag(p):
-    """--trt / --no-trt, as infer and eval take them (engine/deploy/predictor.py, `tensorrt`)."""
+    """--trt / --no-trt, as infer and eval take them (deploy/predictor.py, `tensorrt`)."""
     p.add_argument("--trt", action=argparse.BooleanOptionalAction, default=None,
                    help="TensorRT for an export of tools/export.py --trt (default: on where the export records it "
                         "and the device is a GPU; --trt on a CPU is an error)")

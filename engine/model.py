@@ -62,7 +62,7 @@ class ZooModel(paddle.nn.Layer):
 
     def export_spec(self, example=None):
         """{"inputs": {batch key: InputSpec}, "outputs": [keys], optional "max_shape", "programs",
-        "settings"} (engine/deploy/export.py). Default: the model cannot be exported."""
+        "settings"} (deploy/export.py). Default: the model cannot be exported."""
         raise ConfigError(f"model {type(self).__name__} cannot be exported (it has no export_spec)")
 
     # A model whose prediction is Python around the networks of its "programs" (windows and scales,
@@ -75,7 +75,7 @@ class ZooModel(paddle.nn.Layer):
     def exported_runner(cls, programs, settings):
         """`run(feeds) -> predictions` (numpy) over the exported `programs` of a spec with "programs";
         `programs[name](feeds)` takes numpy or paddle.Tensor feeds and gives the same kind back (tensors
-        stay on the device: engine/deploy/predictor.Program).
+        stay on the device: deploy/predictor.Program).
         Default: `run_exported` around them (`pipeline_runner`), or None where the model has none."""
         return None if cls.run_exported is None else pipeline_runner(cls.run_exported, programs, settings)
 

@@ -7,8 +7,8 @@ import os
 
 from engine import config, runtime
 from engine.builder import build_loader, build_metric, build_model
-from engine.deploy.predictor import Predictor
-from engine.deploy.record import BACKEND_OF, INFER_CFG, read_infer_cfg
+from deploy.predictor import Predictor
+from deploy.record import BACKEND_OF, INFER_CFG, read_infer_cfg
 from engine.components import load_all
 from engine.errors import ConfigError
 from engine.registry import DATASETS, OUTPUTS
@@ -91,7 +91,7 @@ class Session:
         return model
 
     def runnable(self, weights, weights_format=None, backend=None, mkldnn=True, tensorrt=None, args=None):
-        """What eval and infer run: an export directory's programs (engine.deploy.predictor.Predictor) on
+        """What eval and infer run: an export directory's programs (deploy.predictor.Predictor) on
         `backend`, by default the one its infer_cfg.yml records (said in one line); else the recipe's
         model with `weights` loaded (backend None or "dynamic"). `tensorrt`: Predictor's (None: on a GPU where
         the export records it). `args`: the flags of engine.cli.backend_args, which set all of these."""

@@ -6,7 +6,7 @@ A batch crosses the DataLoader's process boundary as uint8 (a quarter of float32
 (x - shift) * scale there, channel = 3 * frame + rgb, on axis -3 (images [B, 3, H, W], clips
 [B, T, C, H, W] or [B, V, T, C, H, W]). Where PadImages padded the batch (`<key>_size`, each
 sample's height and width), the padding comes out 0.0, as when float32 pixels were padded with 0.
-The exported-model predictor does the same on the host (engine/deploy/predictor.py, normalize_batch).
+The exported-model predictor does the same on the host (deploy/predictor.py, normalize_batch).
 """
 import numpy as np
 import paddle

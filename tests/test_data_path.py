@@ -12,7 +12,7 @@ import pytest
 from engine import config
 from engine.components import load_all
 from engine.data import collate, finalize
-from engine.deploy.predictor import normalize_batch
+from deploy.predictor import normalize_batch
 from engine.errors import ConfigError
 from engine.registry import COLLATES, TRANSFORMS
 from models.pixels import as_float
@@ -123,7 +123,7 @@ def test_uint8_batches_normalise_on_the_device_as_the_workers_did(name):
         (h, w) = size[0]
         assert (old[key][0, :, h:, :] == 0).all() and (on_device[0, :, h:, :] == 0).all()
         assert (on_device[0, :, :, w:] == 0).all() and (old[key][0, :, :, w:] == 0).all()
-    # the exported-model predictor's host path (engine/deploy/predictor.py) agrees too
+    # the exported-model predictor's host path (deploy/predictor.py) agrees too
     np.testing.assert_allclose(normalize_batch(new[key], new[key + "_normalize"], size), hand, rtol=0, atol=1e-6)
     # bytes between processes: the pixels shrink from 4 bytes to 1, everything else is the same
     pixels = int(np.prod(new[key].shape))

@@ -15,9 +15,9 @@ import pytest
 from engine import builder, config
 from engine.components import load_all
 from engine.cpu import has_bf16
-from engine.deploy import export, openvino
-from engine.deploy.predictor import Predictor
-from engine.deploy.quantize import Recorder
+from deploy import export, openvino
+from deploy.predictor import Predictor
+from deploy.quantize import Recorder
 from engine.errors import ConfigError
 from tests.conftest import (ATTENTION_LSTM_DEMO, BERT_GLUE_DEMO, BERT_PRETRAIN_DEMO, DEEPLAB_DEMO, MASK_RCNN_DEMO,
                             TRANSFORMER_DEMO, TSN_DEMO)

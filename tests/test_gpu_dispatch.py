@@ -175,7 +175,7 @@ def _fake_export(tmp_path, precision="fp32"):
 @pytest.mark.parametrize("precision, card", [("fp32", "0"), ("fp16", "3"), ("bf16", "1,5")])
 def test_gpu_inference_runs_on_this_processs_card_in_the_asked_precision(tmp_path, monkeypatch, precision, card):
     import paddle.inference as pi
-    from engine.deploy import predictor
+    from deploy import predictor
     _RecordingConfig.calls = []
     monkeypatch.setattr(predictor.pi, "Config", _RecordingConfig)
     monkeypatch.setattr(predictor.pi, "create_predictor", lambda config: _FakePredictor(["x"]))
@@ -190,7 +190,7 @@ def test_gpu_inference_runs_on_this_processs_card_in_the_asked_precision(tmp_pat
 
 
 def test_fp16_inference_on_a_cpu_is_one_line(tmp_path):
-    from engine.deploy import predictor
+    from deploy import predictor
     from engine.errors import ConfigError
     with pytest.raises(ConfigError, match="fp16 runs on a GPU"):
         predictor.Predictor(_fake_export(tmp_path), device="cpu", precision="fp16")

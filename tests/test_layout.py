@@ -14,7 +14,7 @@ from tests.helpers import ROOT
 
 # every folder of ours with Python in it; tools/ and tests/ are folders of scripts, their modules
 # are imported by bare name (tools put themselves on sys.path, the tests import tools/*.py so too)
-PACKAGES = ("api", "benchmarks", "data", "engine", "metrics", "models", "ops", "outputs", "readers", "serving")
+PACKAGES = ("api", "benchmarks", "data", "deploy", "engine", "metrics", "models", "ops", "outputs", "readers", "serving")
 SCRIPTS = ("tools",)
 FOLDERS = PACKAGES + SCRIPTS + ("tests",)
 
@@ -107,23 +107,22 @@ def cycles(graph):
 def test_no_import_circle_among_our_modules_imports_inside_functions_included():
     graph = import_graph(ROOT)
     assert len(graph) > 150 and sum(map(len, graph.values())) > 500   # the walk sees the project
-    assert graph["engine.deploy.predictor"] >= {"engine.deploy.record", "engine.deploy.onnx"}
+    assert graph["deploy.predictor"] >= {"deploy.record", "deploy.onnx"}
     assert cycles(graph) == []
 
 
 def test_the_circle_walk_finds_a_circle_closed_inside_a_function(tmp_path):
     """The walk above can fail: a circle closed by an import inside a function, as export -> onnx ->
     predictor -> export was (and a relative import)."""
-    pkg = tmp_path / "engine" / "deploy"
-    pkg.mkdir(parents=True)
-    (tmp_path / "engine" / "__init__.py").write_text("")
+    pkg = tmp_path / "deploy"
+    pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "export.py").write_text("from engine.deploy import onnx\n")
+    (pkg / "export.py").write_text("from deploy import onnx\n")
     (pkg / "onnx.py").write_text("def run():\n    from .predictor import checked_feeds\n")
-    (pkg / "predictor.py").write_text("import os\n\ndef f():\n    from engine.deploy.export import x\n")
-    (pkg / "record.py").write_text("import engine.deploy.export\n")
-    graph = import_graph(str(tmp_path), ("engine",))
-    assert cycles(graph) == [["engine.deploy.export", "engine.deploy.onnx", "engine.deploy.predictor"]]
+    (pkg / "predictor.py").write_text("import os\n\ndef f():\n    from deploy.export import x\n")
+    (pkg / "record.py").write_text("import deploy.export\n")
+    graph = import_graph(str(tmp_path), ("deploy",))
+    assert cycles(graph) == [["deploy.export", "deploy.onnx", "deploy.predictor"]]
 
 
 # docs/contributing.md, "The layout: folders as floors": what each folder may import of ours
@@ -176,12 +175,12 @@ def test_models_import_no_deploy_or_training_module():
 
 def engine_mentions(root, names, paths):
     """(file:line, token) of each identifier or string literal (docstrings aside: prose may cite a
-    model as the source of a figure) under engine/ that names one of `names` (whole word) or a
-    dotted or slashed module path of `paths`."""
+    model as the source of a figure) under engine/ and deploy/ (which runs any model's export the
+    same way) that names one of `names` (whole word) or a dotted or slashed module path of `paths`."""
     word = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")\b")
     path = re.compile(r"\b(" + "|".join(re.escape(p).replace(r"\.", r"[./]") for p in paths) + r")\b")
     hits = []
-    for module, file in _sources(root, ("engine",)):
+    for module, file in _sources(root, ("engine", "deploy")):
         text = open(file, encoding="utf-8").read()
         lines_of_docstrings = set()
         for node in ast.walk(ast.parse(text)):
@@ -197,7 +196,7 @@ def engine_mentions(root, names, paths):
 
 
 def test_the_engine_names_no_component():
-    """No code under engine/ names a registered model, reader, transform, metric or output writer, or
+    """No code under engine/ or deploy/ names a registered model, reader, transform, metric or output writer, or
     the module of one: the engine finds them through the packages' COMPONENTS declarations. The
     engine's own samplers, collates, optimizers and LR schedules are its business."""
     load_all()
@@ -209,7 +208,7 @@ def test_the_engine_names_no_component():
     assert engine_mentions(ROOT, names, paths) == []
     # the scan can fail: it sees a model name in a message and a module path in a string
     assert engine_mentions(ROOT, names | {"world_size"}, paths)
-    assert engine_mentions(ROOT, names, paths + ["engine.deploy.onnx"])   # a child process it starts
+    assert engine_mentions(ROOT, names, paths + ["deploy.onnx"])   # a child process it starts
 
 
 def _reason(lines, lineno):

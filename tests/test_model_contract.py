@@ -7,7 +7,7 @@ import pytest
 
 from engine import builder
 from engine.components import load_all
-from engine.deploy import export
+from deploy import export
 from engine.model import DataAgreement, NormLayer, Weights, ZooModel, unwrap
 from engine.errors import ConfigError
 from engine.registry import MODELS, Registry

@@ -229,7 +229,7 @@ def test_the_license_is_apache_2_and_the_changelog_lists_the_nine_models():
 
 
 def test_a_damaged_export_record_is_one_line(tmp_path):
-    from engine.deploy.record import read_infer_cfg
+    from deploy.record import read_infer_cfg
     from engine.errors import ConfigError
     (tmp_path / "infer_cfg.yml").write_text("zoo_export_version: 1\nformat: paddle\nconfig: [1, 2\n")
     with pytest.raises(ConfigError, match=r"infer_cfg.yml:4: not a readable record .*export the model again"):

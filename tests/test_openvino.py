@@ -1,4 +1,4 @@
-"""The OpenVINO backend (engine/deploy/openvino.py): its workarounds of six OpenVINO 2026.4.1 faults, each
+"""The OpenVINO backend (deploy/openvino.py): its workarounds of six OpenVINO 2026.4.1 faults, each
 against ONNX Runtime and numpy on a tiny graph; fp32 runs f32 whatever the CPU offers; and the one-line
 errors of tools/infer.py --backend openvino. Its results on the trained demos are compared with ONNX
 Runtime's in tests/test_export.py's infer tests."""
@@ -21,7 +21,7 @@ import onnxruntime as ort  # noqa: E402
 import openvino as ov  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from engine.deploy import openvino as zov  # noqa: E402
+from deploy import openvino as zov  # noqa: E402
 
 # OpenVINO picks its kernels by ISA within ONEDNN_MAX_CPU_ISA (`make test-isa`): AVX-512 ones on Zen 4 and Xeons
 AVX512_KERNELS = "avx512f" in cpu_flags() and isa_allows("AVX512_CORE")
@@ -30,7 +30,7 @@ AVX512_KERNELS = "avx512f" in cpu_flags() and isa_allows("AVX512_CORE")
 # ONEDNN_MAX_CPU_ISA cap (tests/isa.py)
 pytestmark = pytest.mark.isa
 
-OPSET = 16      # our exports' (engine/deploy/record.py OPSET)
+OPSET = 16      # our exports' (deploy/record.py OPSET)
 
 
 def _save(path, nodes, inputs, outputs, initializers=()):
@@ -201,7 +201,7 @@ def exports(tmp_path_factory, yt8m_demo):
     import paddle  # import cost: paddle (~2.5 s), only for the tests that export
     from engine import builder, config
     from engine.components import load_all
-    from engine.deploy import export
+    from deploy import export
     load_all()
     root = tmp_path_factory.mktemp("openvino_exports")
     cfg = config.load(ATTENTION_LSTM_DEMO)
@@ -222,7 +222,7 @@ def _spy(monkeypatch):
 
 
 def test_fp32_compiles_f32_also_where_openvino_reports_bf16(exports, monkeypatch):
-    from engine.deploy.predictor import Predictor
+    from deploy.predictor import Predictor
     root, _ = exports
     monkeypatch.setattr(zov, "has_bf16", lambda: True)      # as on an AMX Xeon, where OpenVINO would pick bf16
     seen = _spy(monkeypatch)
@@ -241,7 +241,7 @@ def test_fp32_compiles_f32_also_where_openvino_reports_bf16(exports, monkeypatch
 
 
 def test_bf16_without_bf16_on_this_cpu_is_one_note_and_fp32(exports, capsys, monkeypatch):
-    from engine.deploy.predictor import Predictor
+    from deploy.predictor import Predictor
     # as on an AMD Zen 2 or 3, where OpenVINO's CPU plugin reports no BF16 (both our kinds have it)
     monkeypatch.setattr(zov, "has_bf16", lambda: False)
     root, batch = exports
@@ -298,9 +298,9 @@ def test_infer_refuses_with_one_line(exports, yt8m_demo, tmp_path):
 # OpenVINO 2026.4.1 imports a compiled model from its CACHE_DIR wrongly when the model holds a recurrent
 # layer (ONNX LSTM, GRU and RNN all measured: outputs off by 0.3-1.9 on the second start; a MatMul/Softmax
 # graph is right): the AttentionLSTM demo's GAP on a second start was 0.9294 instead of 0.9312. Such
-# programs are compiled each time (engine/deploy/openvino.py _RECURRENT).
+# programs are compiled each time (deploy/openvino.py _RECURRENT).
 def test_a_second_start_from_the_model_cache_computes_what_the_first_did(exports, tmp_path):
-    from engine.deploy.predictor import Predictor
+    from deploy.predictor import Predictor
     root, batch = exports
     want = Predictor(str(root / "onnx"), backend="onnxruntime")(batch)
     for start in ("first", "second"):      # the first compiles (and would fill the cache), the second may read it
@@ -365,7 +365,7 @@ def test_integers_through_where_survive_flushed_denormals(tmp_path):
 # a FakeQuantize (an INT8 IR: NNCF's, or QuantizeLinear/DequantizeLinear) and a scalar integer cast to float
 # times a [1] constant (paddle's `scale` on a shape dim, as NeXtVLAD's reshapes of [B, M*G, K] compute M*G):
 # NeXtVLAD's INT8 IR failed whichever single layer NNCF quantized; without a FakeQuantize it compiles.
-# The constant is made a scalar and the product unsqueezed (engine/deploy/openvino.py _scalar_scales).
+# The constant is made a scalar and the product unsqueezed (deploy/openvino.py _scalar_scales).
 def test_a_scaled_shape_dim_beside_a_fake_quantize_compiles(tmp_path):
     i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)
     f32 = lambda name, v: numpy_helper.from_array(np.array(v, np.float32), name)
@@ -417,7 +417,7 @@ def test_bf16_keeps_roi_coordinates_in_f32(tmp_path):
     RoIAlign and the arithmetic on its boxes in f32, the convolution after it in bf16: the output is then
     within bf16's rounding of the convolution (2^-9 per operand; measured 0.002, relative L2) of f32's, where
     rounded coordinates give 0.12 (measured with _coordinates_in_f32 an identity, amd-zen4)."""
-    from engine.deploy.openvino import Program
+    from deploy.openvino import Program
     rng = np.random.default_rng(0)
     _roi_then_conv(tmp_path / "roi.onnx", rng)
     spec = {"inputs": [{"name": "feats", "shape": [1, 8, 64, 64], "dtype": "float32"},

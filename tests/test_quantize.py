@@ -16,8 +16,8 @@ import yaml
 
 from engine import builder, config, cpu
 from engine.components import load_all
-from engine.deploy import export, quantize
-from engine.deploy.predictor import Predictor
+from deploy import export, quantize
+from deploy.predictor import Predictor
 from engine.errors import ConfigError
 from tests.conftest import (ATTENTION_CLUSTER_DEMO, ATTENTION_LSTM_DEMO, BERT_GLUE_DEMO, DEEPLAB_DEMO,
                             MASK_RCNN_DEMO, NATIVE_BF16, NEXTVLAD_DEMO, STNET_DEMO, TRANSFORMER_DEMO, TSN_DEMO)
@@ -74,7 +74,7 @@ def quantized(request, tsn_quantized, tmp_path_factory):
 
 
 # (demo, route): the one-line refusal expected where OpenVINO cannot compile the INT8 IR. Empty: NeXtVLAD's,
-# refused by OpenVINO 2026.4.1 ("Accessing out-of-range dimension"), compiles since engine/deploy/openvino.py
+# refused by OpenVINO 2026.4.1 ("Accessing out-of-range dimension"), compiles since deploy/openvino.py
 # repairs the scaled shape dim (_scalar_scales; tests/test_openvino.py).
 OPENVINO_CANNOT_COMPILE = {}
 
@@ -338,8 +338,8 @@ def test_openvino_int8_runs_its_float_layers_in_bf16_only_where_openvino_has_bf1
     either way. Numbers: the same program against fp32 on this CPU, within the INT8 route's own gap."""
     from onnx import TensorProto, helper, numpy_helper
     import onnx
-    from engine.deploy import openvino
-    from engine.deploy.record import write_infer_cfg
+    from deploy import openvino
+    from deploy.record import write_infer_cfg
     rng = np.random.default_rng(0)
     nodes, inits, x = [], [], "x"
     for i in range(3):

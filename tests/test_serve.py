@@ -96,13 +96,13 @@ def exports(tsn_demo_export, deeplab_demo_export, bert_glue_export, transformer_
 
 
 def _predictor(export):
-    from engine.deploy.predictor import Predictor
+    from deploy.predictor import Predictor
     return Predictor(str(export))
 
 
 def _feeds(export, seed=0, batch=1):
     """Random feeds the export takes, shaped by its infer_cfg.yml (variable sizes small)."""
-    from engine.deploy.record import read_infer_cfg
+    from deploy.record import read_infer_cfg
     rng = np.random.default_rng(seed)
     sizes = {"imgs": [batch, 1, 2, 3, 32, 32], "image": [batch, 3, 48, 64]}
     feeds = {}

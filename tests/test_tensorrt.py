@@ -12,8 +12,8 @@ import paddle.inference as pi
 import pytest
 import yaml
 
-from engine.deploy import export, predictor, tensorrt
-from engine.deploy.record import read_infer_cfg
+from deploy import export, predictor, tensorrt
+from deploy.record import read_infer_cfg
 from engine.errors import ConfigError
 from tests.helpers import peaked_transformer
 from tests.test_gpu_dispatch import _FakePredictor, _RecordingConfig, _fake_export

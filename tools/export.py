@@ -17,12 +17,12 @@ dynamic shape ranges per program input (derived from the input specs and the exa
 image sides --trt-min-shape/--trt-opt-shape/--trt-max-shape as PaddleDetection names them; any input
 by --trt-shapes FILE), --trt-precision, --trt-min-subgraph-size, --trt-workspace, --trt-max-batch and
 --trt-static (serialized engines in DIR/trt_cache). tools/infer.py and eval.py then run TensorRT on a
-GPU (--no-trt: without). engine/deploy/tensorrt.py says what only a GPU can confirm.
+GPU (--no-trt: without). deploy/tensorrt.py says what only a GPU can confirm.
 """
 import _bootstrap  # noqa: F401  (environment before paddle)
 
 from engine import cli
-from engine.deploy.tensorrt import IMAGE_SIDES   # no paddle: --help stays fast
+from deploy.tensorrt import IMAGE_SIDES   # no paddle: --help stays fast
 from engine.errors import ConfigError
 
 
@@ -41,7 +41,7 @@ def main():
     _check_trt(args)
 
     from engine import runtime  # after parsing: --help needs no paddle
-    from engine.deploy import export, onnx
+    from deploy import export, onnx
     from engine.session import Session
     s = Session.from_args(args)
     if args.format == "onnx":   # before the model is built: a missing package is one line at once

@@ -5,7 +5,7 @@
 Exports the model to ONNX (as tools/export.py --format onnx does), records what each of its programs
 receives on N batches of the recipe's training samples read through the evaluation split's
 pre-processing (in file order, so the same N batches every time), quantizes each program with ONNX
-Runtime's static QDQ quantization calibrated on them (engine/deploy/quantize.py: what is kept in
+Runtime's static QDQ quantization calibrated on them (deploy/quantize.py: what is kept in
 float, the check against its own fake-quant simulation), and writes DIR: run it with
 `tools/infer.py --backend onnxruntime --weights DIR`. `--backend openvino` quantizes with NNCF instead
 (the same calibration feeds, the same layers kept in float) into OpenVINO's IR, run with `--backend
@@ -45,7 +45,7 @@ def _args():
 def main():
     args = _args()
     from engine import runtime  # after parsing: --help needs no paddle
-    from engine.deploy import onnx, openvino, quantize
+    from deploy import onnx, openvino, quantize
     from engine.session import Session
     s = Session.from_args(args)
     onnx.require("tools/quantize.py")

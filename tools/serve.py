@@ -63,7 +63,7 @@ def main():
     except ImportError as e:
         raise ConfigError(f"tools/serve.py needs {e.name}: pip install -r requirements-serve.txt") from None
 
-    from engine.deploy.record import read_infer_cfg   # after parsing: --help stays fast
+    from deploy.record import read_infer_cfg   # after parsing: --help stays fast
     from serving.app import Limits, create_app
     from serving.worker import ModelProcess
     read_infer_cfg(args.model)   # not an export: one line before a model process starts

@@ -238,7 +238,7 @@ class DeepLabV3(ZooModel):
     # ------------------------------------------------------------------------------ inference
     # The network (image -> logits at its size) is the one exported program; the windows, scales,
     # flips and the arg-max are `run_exported`, the Python the eval forward runs around this model's
-    # own network and the predictor (engine/deploy/predictor.py, `exported_runner`) around the exported one.
+    # own network and the predictor (deploy/predictor.py, `exported_runner`) around the exported one.
     PROGRAMS = {"model": "export_logits"}
 
     def run_program(self, name, inputs):

@@ -23,7 +23,7 @@ import numpy as np
 import paddle
 
 from engine import cpu
-from engine.deploy.record import checked_feeds
+from deploy.record import checked_feeds
 from engine.errors import ConfigError, require_packages
 
 REQUIREMENTS = "requirements-openvino.txt"
@@ -317,7 +317,7 @@ def compile_cpu(model, options):
 
 class Program:
     """One program compiled by OpenVINO: `program(feeds)` with numpy feeds by input name -> {output:
-    numpy}, the interface of engine.deploy.predictor.Program (paddle.Tensor feeds -> tensors, through
+    numpy}, the interface of deploy.predictor.Program (paddle.Tensor feeds -> tensors, through
     numpy: this backend runs on the CPU). `precision`: "fp32", "bf16" (the caller checked the CPU), or
     "int8" for an IR written by tools/quantize.py, whose float layers run in `float_precision`."""
 

@@ -1,7 +1,7 @@
 """ONNX: the exported programs converted by paddle2onnx, and run by ONNX Runtime.
 
 `tools/export.py --format onnx` saves each program as tools/export.py always does, then converts it
-to `name.onnx` in a child process (`python -m engine.deploy.onnx`): paddle2onnx aborts its process
+to `name.onnx` in a child process (`python -m deploy.onnx`): paddle2onnx aborts its process
 (SIGABRT) on some programs (a mean over all axes: "Can not get input 'axis(dim)' value",
 PaddlePaddle/Paddle2ONNX#1421), and the exporter must say which operator failed, not die. The child
 first checks every operator against paddle2onnx's converters (through its own PIR name table), so an
@@ -21,11 +21,11 @@ import sys
 
 import paddle
 
-from engine.deploy.record import OPSET, checked_feeds
+from deploy.record import OPSET, checked_feeds
 from engine.errors import ConfigError, require_packages
 
 REQUIREMENTS = "requirements-onnx.txt"
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TIMEOUT_S = 1800
 
 # paddle2onnx 2.1.0 looks PIR operators up under their legacy names (its convert_pir_op_name table)
@@ -62,7 +62,7 @@ def convert(prefix, onnx_path, opset=OPSET):
     paddle2onnx cannot convert is a ConfigError naming the operator."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]),
                POLYGRAPHY_AUTOINSTALL_DEPS="0", GLOG_minloglevel="2")
-    cmd = [sys.executable, "-m", "engine.deploy.onnx", prefix, onnx_path, str(opset)]
+    cmd = [sys.executable, "-m", "deploy.onnx", prefix, onnx_path, str(opset)]
     try:
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -82,7 +82,7 @@ def convert(prefix, onnx_path, opset=OPSET):
 
 class Program:
     """One program on ONNX Runtime: `program(feeds)` with numpy feeds by input name -> {output: numpy},
-    the interface of engine.deploy.predictor.Program (paddle.Tensor feeds -> tensors, through numpy:
+    the interface of deploy.predictor.Program (paddle.Tensor feeds -> tensors, through numpy:
     ONNX Runtime runs on the CPU)."""
 
     def __init__(self, export_dir, name, spec, threads=None):
@@ -313,7 +313,7 @@ def _locate_abort(prefix, opset):
     """Run the conversion again with paddle2onnx's verbose log; the operator it started and never
     finished is the one whose converter aborted."""
     env = dict(os.environ, ZOO_ONNX_VERBOSE="1")
-    cmd = [sys.executable, "-m", "engine.deploy.onnx", prefix, os.devnull, str(opset)]
+    cmd = [sys.executable, "-m", "deploy.onnx", prefix, os.devnull, str(opset)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
     log = r.stdout + r.stderr
     started = re.findall(r"Start export (\S+), op_id: (\d+)", log)

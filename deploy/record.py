@@ -1,12 +1,12 @@
 """What an export directory holds, and what its programs take: the one module that knows the format.
 
-An export (engine/deploy/export.py writes it, engine/deploy/predictor.py and onnx.py run it,
-engine/deploy/quantize.py rewrites it as INT8) is a folder of programs (`name.json` + `name.pdiparams`,
+An export (deploy/export.py writes it, deploy/predictor.py and onnx.py run it,
+deploy/quantize.py rewrites it as INT8) is a folder of programs (`name.json` + `name.pdiparams`,
 `name.onnx`, or OpenVINO's `name.xml` + `name.bin`) beside `infer_cfg.yml`, the record of everything else the predictor needs: the format
 and precision, the model's name, its inputs (shapes with -1 where a size may vary, and the largest
 it takes) and outputs, its programs and their methods, the settings of its Python between them, and
 the recipe's reader, `infer` writer and class names; with `tools/export.py --trt`, the `tensorrt`
-section (engine/deploy/tensorrt.py). A program's feeds are checked here against the
+section (deploy/tensorrt.py). A program's feeds are checked here against the
 recorded inputs, whichever backend runs it.
 """
 import os
@@ -14,7 +14,7 @@ import os
 import numpy as np
 import yaml
 
-from engine.deploy import tensorrt
+from deploy import tensorrt
 from engine.errors import ConfigError
 
 EXPORT_VERSION = 1

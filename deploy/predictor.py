@@ -6,16 +6,16 @@ and returns the predictions as numpy arrays under the model's own output names, 
 writer (tools/infer.py) and metric consume them exactly as they consume the dynamic model's.
 oneDNN is on by default on CPU; `device="gpu"` uses the GPU where one exists.
 
-An export of programs declared by the model (engine/deploy/export.py `programs`) is driven by the model
+An export of programs declared by the model (deploy/export.py `programs`) is driven by the model
 class's `exported_runner(programs, settings)`: the Python part of the prediction (a beam search,
 sliding windows, NMS) is the model's own code, the networks are the exported programs. Predictions
 are numpy arrays, or lists of them where the model gives one per image. `backend="onnxruntime"`
-runs an export of `--format onnx` (engine/deploy/onnx.py) the same way, on the CPU, and
-`backend="openvino"` that export or an INT8 IR of tools/quantize.py (engine/deploy/openvino.py).
+runs an export of `--format onnx` (deploy/onnx.py) the same way, on the CPU, and
+`backend="openvino"` that export or an INT8 IR of tools/quantize.py (deploy/openvino.py).
 
 TensorRT (`tensorrt`): None (the default) runs it on a GPU where the export records a `tensorrt`
 section (tools/export.py --trt) and not on a CPU; True requires it (one line on a CPU or without the
-section); False turns it off. engine/deploy/tensorrt.py says what only a GPU can confirm.
+section); False turns it off. deploy/tensorrt.py says what only a GPU can confirm.
 """
 import os
 
@@ -26,8 +26,8 @@ import paddle.inference as pi
 from engine import cpu
 from engine.runtime import selected_gpu
 from engine.components import import_custom, load_all
-from engine.deploy import onnx, openvino, tensorrt
-from engine.deploy.record import BACKENDS_OF, as_numpy, check_shape, checked_feeds, programs_of, read_infer_cfg, \
+from deploy import onnx, openvino, tensorrt
+from deploy.record import BACKENDS_OF, as_numpy, check_shape, checked_feeds, programs_of, read_infer_cfg, \
     uses_runner
 from engine.errors import ConfigError
 from engine.registry import MODELS

@@ -1,7 +1,7 @@
 """TensorRT for a Paddle Inference export on a GPU: what `tools/export.py --trt` records, and what the
 predictor asks of paddle.inference.Config with it.
 
-The `tensorrt` section of infer_cfg.yml (engine/deploy/record.py checks it):
+The `tensorrt` section of infer_cfg.yml (deploy/record.py checks it):
   precision          fp32 | fp16: TensorRT's precision_mode (INT8 calibration is not offered here)
   min_subgraph_size  the fewest operators a TensorRT engine takes (PaddleDetection: 3; R-CNNs 40)
   workspace_size     bytes of TensorRT's workspace

@@ -23,9 +23,9 @@ import numpy as np
 
 from engine import cpu
 from engine.data import empty
-from engine.deploy import export
-from engine.deploy.predictor import Predictor
-from engine.deploy.record import FORMATS, as_numpy, programs_of, read_infer_cfg, write_infer_cfg
+from deploy import export
+from deploy.predictor import Predictor
+from deploy.record import FORMATS, as_numpy, programs_of, read_infer_cfg, write_infer_cfg
 from engine.errors import ConfigError
 from engine.training.evaluator import evaluate
 
@@ -239,7 +239,7 @@ def quantize_program_openvino(src, dst, feeds, keep_first=True, overflow_fix=Fal
     # optional: requirements-openvino.txt only
     import nncf
     import openvino as ov
-    from engine.deploy import openvino
+    from deploy import openvino
     if not feeds:
         raise ConfigError(f"{src}: no calibration feeds recorded for this program")
     nncf.set_log_level(logging.WARNING)          # its INFO line per layer it leaves alone
@@ -280,7 +280,7 @@ def quantize_program_openvino(src, dst, feeds, keep_first=True, overflow_fix=Fal
 @contextlib.contextmanager
 def _statistics_compiled_as_predicted():
     """NNCF's calibration runs the model as the Predictor does: compiled with our options
-    (engine.deploy.openvino.compile_options: f32, the shape-keyed kernel cache off) and with IEEE
+    (deploy.openvino.compile_options: f32, the shape-keyed kernel cache off) and with IEEE
     denormals. NNCF 3.4.0 compiles it in OVNativeEngine with a Core of its own and only an f32 hint,
     so OpenVINO 2026.4.1's kernel cache fault (tests/test_openvino.py) struck its statistics: from the
     Transformer decoder step's 8th feed (cache length 7) on, its attention outputs were in the hundreds
@@ -289,7 +289,7 @@ def _statistics_compiled_as_predicted():
     # optional: requirements-openvino.txt only
     import nncf.openvino.engine as nncf_engine
     from nncf.openvino.graph.model_utils import model_has_state
-    from engine.deploy import openvino
+    from deploy import openvino
     real = nncf_engine.OVNativeEngine
 
     class Engine(real):
@@ -321,7 +321,7 @@ def output_gap(fp32, int8, feeds):
 def quantize_openvino(src_dir, dst_dir, feeds, threads=None, check_feeds=2):
     """The fp32 ONNX export in `src_dir` quantized by NNCF into `dst_dir` as OpenVINO IR (`format:
     openvino`, `precision: int8`, the same infer_cfg.yml otherwise); returns the quantization record."""
-    from engine.deploy import openvino  # the Predictor's backend module (engine.deploy.predictor imports it too)
+    from deploy import openvino  # the Predictor's backend module (deploy.predictor imports it too)
     record = read_infer_cfg(src_dir)
     if record.get("format") != "onnx" or record.get("precision", "fp32") != "fp32":
         raise ConfigError(f"{src_dir}: INT8 quantization takes an fp32 export of --format onnx")

@@ -1,5 +1,5 @@
 """Export a model's eval forward as a static program for Paddle Inference (or, `fmt="onnx"`, converted
-to ONNX for ONNX Runtime: engine/deploy/onnx.py), beside an infer_cfg.yml.
+to ONNX for ONNX Runtime: deploy/onnx.py), beside an infer_cfg.yml.
 
 A model opts in by overriding `engine.model.ZooModel.export_spec(example=None)`: {"inputs": {batch
 key: paddle.static.InputSpec}, "outputs": [prediction keys]}. Dimensions that may vary (batch,
@@ -15,7 +15,7 @@ Optional keys of the spec:
 - `max_shape`: {input: ([max per dim, None for any], why)}: the largest input the program can take
   (a position table); the predictor rejects a larger one with one line naming `why`.
 - `tensorrt`: {"min_subgraph_size": n, "shapes": {program: {input: {min?, opt?, max?}}}}: what
-  `--trt` should record unless the user says otherwise (engine/deploy/tensorrt.py).
+  `--trt` should record unless the user says otherwise (deploy/tensorrt.py).
 - `programs`: {name: {"method": a bound method of the model, "inputs": {...}, "outputs": [...]}}:
   several programs instead of one (`name.json` + `name.pdiparams` each), for a model whose
   prediction is a Python loop over networks (beam search over an encoder and one decoder step).
@@ -30,7 +30,7 @@ Optional keys of the spec:
   declares that static method (engine/model.py): the default `exported_runner` runs the same Python
   around the exported programs, so both paths share every step outside the networks.
 
-The files and infer_cfg.yml are engine/deploy/record.py's format; the recipe's `custom_imports` are
+The files and infer_cfg.yml are deploy/record.py's format; the recipe's `custom_imports` are
 recorded with it, so a model registered outside the tree runs exported as it does dynamic.
 """
 import inspect
@@ -41,8 +41,8 @@ import warnings
 
 import paddle
 
-from engine.deploy import onnx, tensorrt
-from engine.deploy.record import EXPORT_VERSION, FORMATS, INFER_CFG, OPSET, PRECISIONS, PROGRAM, write_infer_cfg
+from deploy import onnx, tensorrt
+from deploy.record import EXPORT_VERSION, FORMATS, INFER_CFG, OPSET, PRECISIONS, PROGRAM, write_infer_cfg
 from engine.errors import ConfigError
 from engine.model import unwrap
 
@@ -89,7 +89,7 @@ def _named(inputs):
 def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle", precision="fp32", trt=None):
     """Write `output_dir/model.json`, `model.pdiparams` (or one pair per program; with fmt "onnx"
     `model.onnx`, converted from them by paddle2onnx) and `infer_cfg.yml`; returns the spec.
-    `trt` (a dict, maybe empty: engine/deploy/tensorrt.section's settings, and `shapes_file`, a
+    `trt` (a dict, maybe empty: deploy/tensorrt.section's settings, and `shapes_file`, a
     --trt-shapes file) records the `tensorrt` section."""
     if fmt not in FORMATS:
         raise ConfigError(f"export format '{fmt}': one of {', '.join(FORMATS)}")
@@ -131,7 +131,7 @@ def export(model, cfg, output_dir, label_names=None, example=None, fmt="paddle",
         "zoo_export_version": EXPORT_VERSION,
         "format": fmt,
         "precision": precision,
-        # --backend openvino reads the .onnx programs (engine/deploy/openvino.py: why not the Paddle ones)
+        # --backend openvino reads the .onnx programs (deploy/openvino.py: why not the Paddle ones)
         **({"onnx": {"opset": OPSET, **onnx.versions()}, "openvino": {"route": "onnx"}} if fmt == "onnx" else {}),
         "paddle": paddle.__version__,
         "model": cfg["model"]["name"],
