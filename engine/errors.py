@@ -17,8 +17,12 @@ class SampleError(Exception):
 
 
 def did_you_mean(name, choices):
-    """The hint " (did you mean 'x'?)" for the closest of `choices` to `name`, or an empty string."""
-    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.5)
+    """The hint " (did you mean 'x'?)" for the closest of `choices` to `name`, or an empty string.
+
+    A choice that differs only in case comes first: difflib scores 'Red' as close to 'bed' as to 'red'."""
+    choices = [str(c) for c in choices]
+    same = [c for c in choices if c.casefold() == str(name).casefold()]
+    close = same or difflib.get_close_matches(str(name), choices, n=1, cutoff=0.5)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

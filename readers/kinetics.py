@@ -11,12 +11,14 @@ model. `num_clips > 1` samples several temporal clips of `num_seg` segments each
 spread offsets inside the segments at test time) and adds them as views.
 """
 import inspect
+import logging
+import multiprocessing
 import os
 
 import cv2
 import numpy as np
 
-from engine.errors import ConfigError, SampleError
+from engine.errors import ConfigError, SampleError, did_you_mean
 from engine.data import SampleDataset
 from engine.registry import DATASETS
 from readers.decoding import CaptureStderr, decoder_line, read_image, reported, warn_decoded
@@ -25,6 +27,7 @@ from readers.fields import declare
 MODES = {"train": True, "val": False, "valid": False, "test": False, "infer": False}
 BACKENDS = ("decord", "cv2", "pyav")
 BACKEND_MODULES = {"decord": "decord", "cv2": "cv2", "pyav": "av"}  # PyAV imports as `av`
+log = logging.getLogger("zoo")
 VIDEO_EXTS = (".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v", ".flv", ".mpg", ".mpeg")
 
 
@@ -233,21 +236,22 @@ def _short_error(e):
     return decoder_line(str(e), 200) or type(e).__name__
 
 
-def read_video(path, num_seg, seglen, train, rng, num_clips=1, backends=("decord", "cv2")):
+def read_video(path, num_seg, seglen, train, rng, num_clips=1, backends=("decord", "cv2"), on_short=None):
     """Decode the sampled frames of one video: (uint8 [F, H, W, 3] RGB, indices [C, T, L]).
 
     Each backend is tried in turn. A container that promises more frames than it holds is
     re-sampled once with the frames actually decodable (frame counts in headers are often a little
     off), unless fewer than half of them are: that is a truncated file. What a backend's decoder
     prints is captured (readers/decoding.py): in the SampleError, or one warning naming the file
-    when it decodes anyway.
+    when it decodes anyway. `on_short(path, num_frames)` is called for a video with fewer frames
+    than a clip samples (`num_seg * seglen`), whose frames therefore repeat.
     """
     errors, lines = [], []
     for name in backends:
         cap = CaptureStderr()   # FFmpeg's and decord's own stderr lines: in our message, not printed
         try:
             with cap:
-                frames, idx = _decode(_OPENERS[name], path, num_seg, seglen, train, rng, num_clips)
+                frames, idx, n = _decode(_OPENERS[name], path, num_seg, seglen, train, rng, num_clips)
         except Exception as e:  # decoders raise their own types; all mean "cannot read"
             errors.append(f"{name}: {_short_error(e)}")
             line = cap.line     # kept when it says more than the exceptions do
@@ -255,13 +259,15 @@ def read_video(path, num_seg, seglen, train, rng, num_clips=1, backends=("decord
                 lines.append(line)
             continue
         warn_decoded("video", path, cap.line)
+        if on_short is not None and n < num_seg * seglen:
+            on_short(path, n)
         return frames, idx
     line = "; ".join(lines)[:200]
     raise SampleError(f"cannot decode video {path} ({'; '.join(errors)}){reported(line)}")
 
 
 def _decode(opener, path, num_seg, seglen, train, rng, num_clips):
-    """One backend's attempt at read_video: (frames, indices), or its exception."""
+    """One backend's attempt at read_video: (frames, indices, frames sampled from), or its exception."""
     video = opener(path)
     n = video.num_frames
     if n <= 0:
@@ -272,13 +278,15 @@ def _decode(opener, path, num_seg, seglen, train, rng, num_clips):
     except _Truncated as e:
         if e.available < max(1, n // 2):
             raise IOError(f"truncated: {e.available} of {n} frames decodable")
-        idx = sample_indices(e.available, num_seg, seglen, train, rng, num_clips)
+        n = e.available
+        idx = sample_indices(n, num_seg, seglen, train, rng, num_clips)
         frames = video.read(idx.reshape(-1))
-    return np.ascontiguousarray(frames), idx
+    return np.ascontiguousarray(frames), idx, n
 
 
-def read_frame_folder(folder, num_frames, template, num_seg, seglen, train, rng, num_clips=1):
-    """The sampled frames of a folder of JPEGs numbered from 1 (`img_00001.jpg`)."""
+def read_frame_folder(folder, num_frames, template, num_seg, seglen, train, rng, num_clips=1, on_short=None):
+    """The sampled frames of a folder of JPEGs numbered from 1 (`img_00001.jpg`); `on_short` as in
+    read_video."""
     if num_frames is None:
         if not os.path.isdir(folder):
             raise SampleError(f"frame folder not found: {folder}")
@@ -286,6 +294,8 @@ def read_frame_folder(folder, num_frames, template, num_seg, seglen, train, rng,
         num_frames = sum(1 for f in os.listdir(folder) if f.startswith(head) and f.endswith(tail))
     if num_frames <= 0:
         raise SampleError(f"no frames '{template}' in {folder}")
+    if on_short is not None and num_frames < num_seg * seglen:
+        on_short(folder, num_frames)
     idx = sample_indices(num_frames, num_seg, seglen, train, rng, num_clips)
     uniq, inverse = np.unique(idx, return_inverse=True)
     frames = []
@@ -359,6 +369,10 @@ class KineticsDataset(SampleDataset):
         self.mode, self.train = mode, MODES[mode]
         self.backends = self._backends(backend) if format == "video" else ()
         self.label_names = read_label_names(label_names) if label_names else None
+        self.label_names_file = label_names
+        # shared with the loader's worker processes (inherited when they start, every epoch): a
+        # flag of this process alone would repeat the warning per worker and per epoch
+        self._short_said = multiprocessing.RawValue("b", 0)
         self.num_classes = len(self.label_names) if self.label_names else None
 
     @classmethod
@@ -420,19 +434,33 @@ class KineticsDataset(SampleDataset):
                 line = line.strip()
                 if not line or line.startswith("#"):
                     continue
-                path, nframes, label = self._parse_line(line, name_to_id)
+                where = f"{list_file}:{lineno}"
+                path, nframes, label = self._parse_line(line, name_to_id, root, where)
                 if self.label_names is not None and label >= len(self.label_names):
-                    raise ConfigError(f"{list_file}:{lineno}: label {label} >= {len(self.label_names)} "
+                    raise ConfigError(f"{where}: label {label} >= {len(self.label_names)} "
                                       f"classes in label_names")
                 items.append((os.path.join(root, path), nframes, label))
         if not items:
             raise ConfigError(f"Kinetics list_file {list_file} has no entries")
         return items
 
-    def _parse_line(self, line, name_to_id):
-        """(path, num_frames or None, label); splits from the right so paths may hold spaces."""
+    def _parse_line(self, line, name_to_id, root, where):
+        """(path, num_frames or None, label); splits from the right so paths may hold spaces.
+
+        A last word that is neither a class index nor a class name is still read as a label when
+        what precedes it looks like the path (an existing file or folder, a video file name, a
+        frame count) and the whole line names nothing: read as part of the path, a mistyped
+        label would only show as that video being skipped as missing, and its class would
+        quietly lose samples."""
         path, nframes, label = line, None, -1
         parts = line.rsplit(None, 1)
+        if len(parts) == 2 and not (_is_int(parts[1]) or parts[1] in name_to_id):
+            spaced = [n for n in name_to_id if " " in n and line.endswith(" " + n)]
+            if spaced:              # a class name with spaces ("air drumming")
+                name = max(spaced, key=len)
+                parts = [line[:-len(name)].rstrip(), name]
+            elif self._reads_as_label(parts[0], line, root):
+                raise ConfigError(f"{where}: {self._unknown_label(parts[1])}")
         if len(parts) == 2 and (_is_int(parts[1]) or parts[1] in name_to_id):
             path = parts[0]
             label = int(parts[1]) if _is_int(parts[1]) else name_to_id[parts[1]]
@@ -441,6 +469,31 @@ class KineticsDataset(SampleDataset):
                 if len(head) == 2 and _is_int(head[1]):
                     path, nframes = head[0], int(head[1])
         return path, nframes, label
+
+    def _reads_as_label(self, head, line, root):
+        if os.path.exists(os.path.join(root, line)):
+            return False            # a path with spaces and no label
+        if self.format == "video":
+            return head.lower().endswith(VIDEO_EXTS) or os.path.isfile(os.path.join(root, head))
+        counted = head.rsplit(None, 1)
+        return (len(counted) == 2 and _is_int(counted[1])) or os.path.isdir(os.path.join(root, head))
+
+    def _unknown_label(self, word):
+        if self.label_names is None:
+            return (f"label '{word}' is not a class index, and Kinetics.label_names is not set to "
+                    f"give the class names")
+        return (f"label '{word}' is not a class of {self.label_names_file} ({len(self.label_names)} classes)"
+                f"{did_you_mean(word, self.label_names)}")
+
+    def _say_short(self, path, num_frames):
+        """Once per reader: a list of many short clips would otherwise fill the log, and one named
+        example is enough to look for the others."""
+        if self._short_said.value:
+            return
+        self._short_said.value = 1
+        log.warning("Kinetics: %s has %d frames, fewer than the %d a clip samples (num_seg %d x seglen %d): "
+                    "its frames repeat (said once; other clips this short are not named)",
+                    path, num_frames, self.num_seg * self.seglen, self.num_seg, self.seglen)
 
     @property
     def labels(self):
@@ -461,10 +514,11 @@ class KineticsDataset(SampleDataset):
             if not os.path.isfile(path):
                 raise SampleError(f"video not found: {path}")
             imgs, idx = read_video(path, self.num_seg, self.seglen, self.train, rng, self.num_clips,
-                                   self.backends)
+                                   self.backends, on_short=self._say_short)
         else:
             imgs, idx = read_frame_folder(path, nframes, self.frame_template, self.num_seg,
-                                          self.seglen, self.train, rng, self.num_clips)
+                                          self.seglen, self.train, rng, self.num_clips,
+                                          on_short=self._say_short)
         return declare({"imgs": imgs, "label": np.int64(label), "_frame_idx": idx,
                         "_num_seg": self.num_seg, "_seglen": self.seglen, "_num_clips": self.num_clips},
                        imgs="video")

@@ -13,6 +13,7 @@ size than its image, label values that are neither a class nor the ignore index.
 """
 import glob
 import os
+import typing
 
 import numpy as np
 from PIL import Image
@@ -107,6 +108,10 @@ class SegmentationDataset(SampleDataset):
 
     `label_lut(path)` may give a table (int32 [256], -1 for invalid raw values) that maps a label
     file's raw uint8 values to class ids before they are checked (Cityscapes label ids -> train ids).
+
+    Args:
+        ignore_index: the label value of pixels that are no class (void, borders, padding): losses and
+            MeanIoU skip them; >= the number of classes.
     """
 
     def _setup(self, label_names, ignore_index, transforms, seed, skip_bad):
@@ -193,13 +198,20 @@ class Cityscapes(SegmentationDataset):
         root/gtFine/<mode>/<city>/<stem>_gtFine_labelTrainIds.png   (19 train ids, 255 ignored) or
         root/gtFine/<mode>/<city>/<stem>_gtFine_labelIds.png        (label ids 0..33, mapped here)
 
-    `label_type`: "auto" takes labelTrainIds where it exists (cityscapesscripts' createTrainIdLabelImgs
-    writes them; PaddleSeg needs them), else labelIds; "trainIds" / "labelIds" force one. Images and
-    labels are paired by file name, so a missing label is that image's error, not a shifted pairing.
+    Images and labels are paired by file name, so a missing label is that image's error, not a
+    shifted pairing.
+
+    Args:
+        root: the folder holding leftImg8bit/ and gtFine/.
+        mode: the split read (its folder under leftImg8bit/ and gtFine/).
+        label_type: `auto` takes the labelTrainIds PNGs where they exist (cityscapesscripts'
+            createTrainIdLabelImgs writes them; PaddleSeg needs them), else the labelIds ones, mapped to
+            the 19 train ids here; `trainIds` / `labelIds` force one.
     """
 
     SOURCE_KEYS = ("root", "mode")
-    def __init__(self, root: str = "data/cityscapes", mode: str = "train", label_type: str = "auto",
+    def __init__(self, root: str = "data/cityscapes", mode: typing.Literal["train", "val", "test"] = "train",
+                 label_type: typing.Literal["auto", "trainIds", "labelIds"] = "auto",
                  ignore_index: int = 255, skip_bad: bool = False, transforms: list = None, seed: int = 0):
         if mode not in ("train", "val", "test"):
             raise ConfigError(f"Cityscapes.mode must be train, val or test, got '{mode}'")
@@ -239,13 +251,18 @@ class PascalVOC(SegmentationDataset):
         trainaug: train.txt with SegmentationClass, plus aug.txt with SegmentationClassAug (the SBD
         images outside VOC's trainval; `python data/prepare_voc_sbd.py` writes both): 1464 + 9118.
 
-    `label_names` replaces the 21 VOC classes (background first) for data in the same layout (the demo).
+    Args:
+        root: the VOCdevkit folder (holding VOC2012/).
+        mode: the image list read: an ImageSets/Segmentation list, or `trainaug` (train plus the SBD
+            images of aug.txt).
+        label_names: class names replacing the 21 VOC classes (background first) for data in the same
+            layout (the demo).
     """
 
     MODES = ("train", "val", "trainval", "trainaug")
 
     SOURCE_KEYS = ("root", "mode")
-    def __init__(self, root: str = "data/VOCdevkit", mode: str = "train", label_names: list = None,
+    def __init__(self, root: str = "data/VOCdevkit", mode: typing.Literal[MODES] = "train", label_names: list = None,
                  ignore_index: int = 255, skip_bad: bool = False, transforms: list = None, seed: int = 0):
         if mode not in self.MODES:
             raise ConfigError(f"PascalVOC.mode must be one of {', '.join(self.MODES)}, got '{mode}'")
@@ -279,13 +296,19 @@ class PascalVOC(SegmentationDataset):
 class SegList(SegmentationDataset):
     """A list file of `image label` lines (paths relative to `data_root`, else to the list's folder),
     as PaddleSeg's generic Dataset; a line with the image alone is unlabelled (inference).
-    `separator`: None splits on whitespace (paths without spaces), else e.g. "|" or a tab.
-    Classes: `label_names` (a list, or a file with one name per line), else `num_classes` numbered.
+
+    Args:
+        list_file: the list of samples, one `image label` line each (the image alone: unlabelled).
+        data_root: the folder the list's relative paths resolve against (default: the list file's).
+        num_classes: the number of classes, numbered 0..n-1, when `label_names` is not given.
+        label_names: the class names (a list, or a file with one name per line; line i = class i).
+        separator: what separates image and label on a line: None splits on whitespace (paths without
+            spaces), else e.g. "|" or a tab, for file names holding spaces.
     """
 
     SOURCE_KEYS = ("list_file", "data_root")
     def __init__(self, list_file: str, data_root: str = None, num_classes: int = None,
-                 label_names: object = None, separator: str = None, ignore_index: int = 255,
+                 label_names: list | str = None, separator: str = None, ignore_index: int = 255,
                  skip_bad: bool = False, transforms: list = None, seed: int = 0):
         self._setup(self.class_names(num_classes=num_classes, label_names=label_names), ignore_index,
                     transforms, seed, skip_bad)
@@ -299,8 +322,11 @@ class SegList(SegmentationDataset):
                     continue
                 parts = [p.strip() for p in line.split(separator)] if separator else line.split()
                 if len(parts) not in (1, 2):
+                    hint = (" (file names with spaces? write 'image|label' lines and set "
+                            "reader.<split>.separator: '|')" if not separator else
+                            f" (split on reader.<split>.separator {separator!r})")
                     raise ConfigError(f"{list_file}:{lineno}: expected 'image label' (2 fields), got "
-                                      f"{len(parts)}: {line[:100]!r}")
+                                      f"{len(parts)}: {line[:100]!r}{hint}")
                 image = os.path.join(root, parts[0])
                 self.items.append((image, os.path.join(root, parts[1]) if len(parts) == 2 else None))
         if not self.items:

@@ -2,6 +2,7 @@
 import importlib.util
 import inspect
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -242,6 +243,99 @@ def test_list_parsing_and_config_errors(tmp_path, videos):
     for kw in ({"mode": "training"}, {"format": "pkl"}, {"num_seg": 0}, {"backend": "ffmpeg"}):
         with pytest.raises(ConfigError):
             KineticsDataset(str(lst), **kw)
+
+
+
+def test_a_label_not_in_the_class_list_is_one_line_naming_file_line_and_label(tmp_path, videos):
+    """`Red` for `red` (the issue's case): read as part of the path it made `video not found:
+    .../clip.avi Red`, a skipped video and a class short of samples."""
+    shutil.copy(videos["mjpg.avi"], tmp_path / "clip_0001.avi")
+    names = tmp_path / "label_names.txt"
+    names.write_text("blue\nred\nbed\n")
+    lst = tmp_path / "train.list"
+    lst.write_text("clip_0001.avi red\nclip_0001.avi Red\n")
+    with pytest.raises(ConfigError) as e:
+        KineticsDataset(str(lst), label_names=str(names))
+    assert str(e.value) == (f"{lst}:2: label 'Red' is not a class of {names} (3 classes) (did you mean 'red'?)")
+    # a missing video with a mistyped label: the label is still the error, not a skipped video
+    lst.write_text("gone/clip_0009.mp4 Red\n")
+    with pytest.raises(ConfigError, match=r"train.list:1: label 'Red' is not a class"):
+        KineticsDataset(str(lst), label_names=str(names))
+    # frame folders: `folder num_frames label`
+    (tmp_path / "clip_0002").mkdir()
+    lst.write_text("clip_0002 16 Red\n")
+    with pytest.raises(ConfigError, match=r"train.list:1: label 'Red' is not a class"):
+        KineticsDataset(str(lst), label_names=str(names), format="frames")
+    # no class list: a name where an index belongs
+    lst.write_text("clip_0001.avi red\n")
+    with pytest.raises(ConfigError, match=r"train.list:1: label 'red' is not a class index, and "
+                                          r"Kinetics.label_names is not set"):
+        KineticsDataset(str(lst))
+    # what stays a path: a file name with spaces and no label, and a class name with spaces
+    shutil.copy(videos["mjpg.avi"], tmp_path / "my clip.avi")
+    names.write_text("blue\nair drumming\n")
+    lst.write_text("my clip.avi\nmy clip.avi air drumming\n")
+    ds = KineticsDataset(str(lst), label_names=str(names))
+    assert ds.labels.tolist() == [-1, 1] and ds.describe(0) == ds.describe(1) == str(tmp_path / "my clip.avi")
+
+
+@pytest.fixture
+def short_warnings():
+    """What logger "zoo" warns about short clips, whatever an earlier test's setup_logging left on it
+    (propagation off)."""
+    logger, said = logging.getLogger("zoo"), []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            if "fewer than the" in record.getMessage():
+                said.append(record.getMessage())
+
+    handler, level = Keep(logging.WARNING), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(min(level or logging.WARNING, logging.WARNING))
+    yield said
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_clips_shorter_than_a_clip_samples_say_so_once(tmp_path, videos, short_warnings):
+    """Five 5-frame clips, read twice (two epochs), with 8 segments x 2 frames = 16 sampled: one
+    warning naming a file, its 5 frames and the 16; a 32-frame clip with 16 sampled says nothing."""
+    rows = []
+    for i in range(5):
+        shutil.copy(videos["short"], tmp_path / f"short_{i}.avi")
+        rows.append((f"short_{i}.avi", 0))
+    ds = KineticsDataset(make_list(tmp_path, rows), num_seg=8, seglen=2, mode="test")
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        for i in range(len(ds)):
+            ds[i]
+    (said,) = short_warnings
+    assert "short_0.avi has 5 frames, fewer than the 16 a clip samples (num_seg 8 x seglen 2)" in said, said
+    full = KineticsDataset(make_list(tmp_path, [(videos["mjpg.avi"], 0)], "full.txt"), num_seg=8, seglen=2,
+                           mode="test")
+    full[0]
+    assert short_warnings == [said]
+
+
+def test_the_short_clip_warning_is_once_across_worker_processes(tmp_path, short_warnings):
+    """The loader's workers are processes started again every epoch: one that said it stops the others."""
+    import multiprocessing
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    ok, jpg = cv2.imencode(".jpg", np.zeros((8, 8, 3), np.uint8))
+    for i in range(3):
+        (frames / f"img_{i + 1:05d}.jpg").write_bytes(jpg.tobytes())
+    ds = KineticsDataset(make_list(tmp_path, [("frames 3", 0)] * 2), format="frames", num_seg=4, mode="test")
+    worker = multiprocessing.get_context("fork").Process(target=ds.__getitem__, args=(0,))
+    worker.start()
+    worker.join()
+    assert worker.exitcode == 0
+    ds[1]
+    assert short_warnings == []
+    KineticsDataset(make_list(tmp_path, [("frames 3", 0)], "other.txt"), format="frames", num_seg=4,
+                    mode="test")[0]
+    assert len(short_warnings) == 1     # the flag is the reader's, not the process's
 
 
 # ---------------------------------------------------------------- transforms

@@ -414,6 +414,33 @@ def test_every_block_of_the_page_is_run():
         assert "tools/train.py" in tools and "tools/eval.py" in tools and "tools/infer.py" in tools, (name, tools)
 
 
+# the names the page gives the recipe folders' families
+FAMILIES = {"tsn": "TSN", "stnet": "StNet", "deeplabv3": "DeepLabV3", "mask_rcnn": "Mask R-CNN",
+            "attention_lstm": "AttentionLSTM", "nextvlad": "NeXtVLAD", "attention_cluster": "Attention Cluster"}
+
+
+def test_the_page_says_which_recipes_drop_the_last_partial_batch():
+    """The conventions' drop_last sentences against the video and vision recipes as they resolve (the
+    demos, which set it for their tiny sets, aside): each family in the sentence that fits it."""
+    from engine import config
+    import glob
+    dropping = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, "configs", "video", "*", "*.yaml"))
+                       + glob.glob(os.path.join(ROOT, "configs", "vision", "*", "*.yaml"))):
+        if path.endswith("_demo.yaml"):
+            continue
+        family = FAMILIES[os.path.basename(os.path.dirname(path))]
+        drops = bool(config.load(path, validate_config=False)["reader"]["train"].get("drop_last", False))
+        assert dropping.setdefault(family, drops) == drops, f"{family}: its recipes disagree on drop_last"
+    with open(PAGE, encoding="utf-8") as f:
+        text = " ".join(f.read().split())
+    bullet = text[text.index("- Batch sizes are per card."):text.index("Change any value on the command line")]
+    drop = next(s for s in bullet.split(". ") if "drop the last partial batch" in s)
+    keep = next(s for s in bullet.split(". ") if "keep it" in s)
+    assert {f for f in FAMILIES.values() if f in drop} == {f for f, d in dropping.items() if d}, drop
+    assert {f for f in FAMILIES.values() if f in keep} == {f for f, d in dropping.items() if not d}, keep
+
+
 @pytest.mark.parametrize("name", list(SECTIONS))
 def test_section_runs_on_its_format(name, tmp_path):
     sec = SECTIONS[name]

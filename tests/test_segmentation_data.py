@@ -197,6 +197,25 @@ def test_bad_samples_name_their_file(tmp_path):
             ds[i]
 
 
+def test_a_list_with_spaces_in_file_names_names_the_separator_option(tmp_path):
+    """The one line says which option reads such a list, and with it the list reads."""
+    _png(str(tmp_path / "a b.png"), np.zeros((6, 8)))
+    cv2.imwrite(str(tmp_path / "a b.jpg"), np.zeros((6, 8, 3), np.uint8))
+    lst = tmp_path / "train.list"
+    lst.write_text("a b.jpg a b.png\n")
+    with pytest.raises(ConfigError) as e:
+        SegList(str(lst), num_classes=2)
+    assert str(e.value) == (f"{lst}:1: expected 'image label' (2 fields), got 4: 'a b.jpg a b.png' (file names "
+                            f"with spaces? write 'image|label' lines and set reader.<split>.separator: '|')")
+    lst.write_text("a b.jpg|a b.png\n")
+    ds = SegList(str(lst), num_classes=2, separator="|")
+    assert ds.items == [(str(tmp_path / "a b.jpg"), str(tmp_path / "a b.png"))]
+    assert ds[0]["label"].shape == (6, 8)
+    lst.write_text("a b.jpg|a b.png|c.png\n")
+    with pytest.raises(ConfigError, match=r"got 3: .* \(split on reader.<split>.separator '\|'\)$"):
+        SegList(str(lst), num_classes=2, separator="|")
+
+
 def test_bad_samples_are_skipped_and_counted(tmp_path):
     cfg = {"reader": {"train": {"name": "SegList", "list_file": _bad_list(tmp_path), "num_classes": 5,
                                 "skip_bad": True, "batch_size": 8, "transforms": [{"name": "Normalize"}],
