@@ -12,6 +12,8 @@ import copy
 import dataclasses
 import inspect
 import os
+import types
+import typing
 
 import yaml
 
@@ -394,11 +396,37 @@ def split_reader(cfg, split):
 
 
 # ---------------------------------------------------------------- validation
+def choices(annotation):
+    """(the values a `typing.Literal` annotation allows, whether they apply to each item of a list) or
+    (None, False): `Literal[...]`, `Literal[...] | None` and `list[Literal[...]]`. The config reference
+    shows what the validator checks, so both read the closed set here."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return args, False
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            values, per_item = choices(arg)
+            if values is not None:
+                return values, per_item
+    if origin in (list, tuple) and len(args) == 1 and typing.get_origin(args[0]) is typing.Literal:
+        return typing.get_args(args[0]), True
+    return None, False
+
+
+def _chosen(value, allowed):
+    # 1 == True in Python: a Literal of strings must not admit a number that compares equal
+    return any(value == a and type(value) is type(a) for a in allowed)
+
+
 def _type_ok(value, expected):
     if value is None:
         return True
     if expected in (inspect.Parameter.empty, object, None):
         return True
+    if typing.get_origin(expected) is typing.Literal:
+        return True   # the value itself is checked against the choices (_Checker.component)
+    if typing.get_origin(expected) in (typing.Union, types.UnionType):
+        return any(_type_ok(value, t) for t in typing.get_args(expected) if t is not type(None))
     if expected is IntOrAuto:
         return value == AUTO or (isinstance(value, int) and not isinstance(value, bool))
     if isinstance(expected, str):
@@ -489,6 +517,12 @@ class _Checker:
                                   f"{did_you_mean(key, known)}; known: {', '.join(known)}")
             if not _type_ok(value, expected):
                 self.fail(dotted, f"expected {_type_name(expected)}, got {type(value).__name__} {value!r}")
+            allowed, per_item = choices(expected)
+            if allowed is not None and value is not None:
+                for item in (value if per_item else [value]):
+                    if not _chosen(item, allowed):
+                        self.fail(dotted, f"must be one of {', '.join(map(str, allowed))}, got {item!r}"
+                                          f"{did_you_mean(item, allowed)}")
             if key in NESTED and value is not None:
                 items = value if isinstance(value, list) else [value]
                 for i, item in enumerate(items):

@@ -33,8 +33,13 @@ log = logging.getLogger("zoo")
 class SampleDataset(paddle.io.Dataset):
     """Base of every reader. Subclasses implement `__len__` and `load(index) -> dict`.
 
-    `skip_bad`: a sample whose `load` raises SampleError is logged (with its file) and dropped from
-    its batch instead of stopping the run; collate counts it in `batch["num_skipped"]`.
+    Args:
+        transforms: the transform configs (`{name: ..., ...}`) applied in order to every loaded sample.
+        seed: with the epoch and the sample index, seeds the random transforms and sampling (a resumed
+            run sees the same data); filled in from `runtime.seed` when the split does not set it.
+        skip_bad: a sample whose `load` raises SampleError is logged (with its file) and dropped from
+            its batch instead of stopping the run; collate counts it in `batch["num_skipped"]`.
+
     Optional hooks other parts of the engine use when a recipe asks for them: `num_classes`,
     `vocab_size`, `max_seq_length` (checked against the model's), `lengths()` (token-budget batching), `aspect_ratios()`
     (aspect-ratio grouping), `data_faults()` (damage found while indexing), `label_names`.
@@ -248,7 +253,12 @@ def _pad_table(keys, pad_value, **kwargs):
 
 @COLLATES.register("Stack")
 class Stack:
-    """Stack equal-shape arrays; `ragged` keys stay per-sample arrays."""
+    """Stack equal-shape arrays; `ragged` keys stay per-sample arrays.
+
+    Args:
+        ragged: keys whose arrays differ in shape between samples (boxes, masks, token lists): they stay
+            a list of one tensor per sample instead of failing to stack.
+    """
 
     def __init__(self, ragged: list = ()):
         self.ragged = list(ragged)
@@ -262,12 +272,19 @@ class PadSequences:
     """Pad variable-length arrays (axis 0) to the longest in the batch (or `max_len`), rounded up to
     a multiple of `multiple`.
 
-    `keys`: a list (all padded with `pad_value`) or a mapping key -> pad value (the pad token id for
-    ids, the ignore index for labels). Adds `<key>_len` (int64 [B]) and `<key>_mask` (float32 [B, T],
-    1 on real steps) for each key.
+    Adds `<key>_len` (int64 [B]) and `<key>_mask` (float32 [B, T], 1 on real steps) for each key.
+
+    Args:
+        keys: the keys to pad: a list (all padded with `pad_value`) or a mapping key -> pad value (the pad
+            token id for ids, the ignore index for labels).
+        pad_value: the fill of the keys given as a list.
+        max_len: pad (and cut) every sequence to this length instead of the batch's longest.
+        multiple: round the padded length up to a multiple of this (fewer distinct shapes to compile or
+            cache kernels for).
+        ragged: keys kept as a list of per-sample arrays, as in Stack.
     """
 
-    def __init__(self, keys: object, pad_value: float = 0.0, max_len: int = None, multiple: int = 1,
+    def __init__(self, keys: list | dict, pad_value: float = 0.0, max_len: int = None, multiple: int = 1,
                  ragged: list = ()):
         if max_len is not None and max_len < 1:
             raise ConfigError(f"PadSequences: max_len must be >= 1, got {max_len}")
@@ -284,11 +301,16 @@ class PadImages:
     optionally to a multiple of `size_divisor` (32 for FPN), and record each real size under
     `<key>_size` (int64 [B, 2], height and width).
 
-    `keys`: a mapping key -> pad value (0 for images, the ignore index for label maps), or a list
-    padded with `pad_value`.
+    Args:
+        keys: the keys to pad: a mapping key -> pad value (0 for images, the ignore index for label
+            maps), or a list padded with `pad_value`.
+        pad_value: the fill of the keys given as a list.
+        size_divisor: round the padded height and width up to a multiple of this (32 for an FPN, whose
+            strided levels must divide the image).
+        ragged: keys kept as a list of per-sample arrays, as in Stack.
     """
 
-    def __init__(self, keys: object, pad_value: float = 0.0, size_divisor: int = 1, ragged: list = ()):
+    def __init__(self, keys: list | dict, pad_value: float = 0.0, size_divisor: int = 1, ragged: list = ()):
         self.pads = _pad_table(keys, pad_value, ndim=2, multiple=size_divisor)
         self.ragged = list(ragged)
 

@@ -29,6 +29,7 @@ Gradient clipping is not inside the optimizer: the trainer reads `train.clip_gra
 """
 import bisect
 import math
+import typing
 
 import paddle
 from paddle import _C_ops
@@ -55,16 +56,28 @@ class ScheduleLR(LRScheduler):
         return float(self.lr_at(max(self.last_epoch, 0)))
 
 
+# the units a milestone schedule counts in (its `by`): one declaration for the check and the docs
+By = typing.Literal["epoch", "step"]
+
+
 def _steps(key, value, by, steps_per_epoch):
     if by == "epoch":
         return int(round(value * steps_per_epoch))
     if by == "step":
         return int(value)
-    raise ConfigError(f"lr.{key}: 'by' must be 'epoch' or 'step', got {by!r}")
+    raise ConfigError(f"lr.{key}: 'by' must be {' or '.join(map(repr, typing.get_args(By)))}, got {by!r}")
 
 
 class _Schedule:
-    """Common keys of every schedule except Noam; subclasses define `after_warmup(t)`."""
+    """Common keys of every schedule except Noam; subclasses define `after_warmup(t)`.
+
+    Args:
+        learning_rate: the base lr, reached at the end of the warm-up (tools/train.py --lr replaces it).
+        warmup_steps: optimizer steps of linear warm-up from `warmup_start_lr` to the base lr (0: none);
+            give it or `warmup_epochs`, not both.
+        warmup_epochs: the warm-up in epochs, converted with the steps per epoch (fractions allowed).
+        warmup_start_lr: the lr of the first update of the warm-up.
+    """
 
     def __init__(self, learning_rate=None, warmup_steps=0, warmup_epochs=0.0, warmup_start_lr=0.0):
         if warmup_steps and warmup_epochs:
@@ -116,9 +129,19 @@ class Constant(_Schedule):
 
 @LR_SCHEDULES.register("Piecewise")
 class Piecewise(_Schedule):
-    """lr = values[i] (or learning_rate * gamma**i) after the i-th boundary; paddle's PiecewiseDecay."""
+    """lr = values[i] (or learning_rate * gamma**i) after the i-th boundary; paddle's PiecewiseDecay.
 
-    def __init__(self, *, boundaries: list, values: list = None, gamma: float = None, by: str = "epoch",
+    Args:
+        boundaries: strictly increasing epochs (steps with `by: step`) where the lr moves to its next
+            level; absolute, so a warm-up does not shift them.
+        values: the lrs, one more than the boundaries; values[0] is the base lr (leave `learning_rate`
+            out). Give `values` or `gamma`.
+        gamma: instead of `values`, the factor each boundary multiplies the lr by (learning_rate *
+            gamma**i).
+        by: the unit of `boundaries`.
+    """
+
+    def __init__(self, *, boundaries: list, values: list = None, gamma: float = None, by: By = "epoch",
                  learning_rate: float = None, warmup_steps: int = 0, warmup_epochs: float = 0.0,
                  warmup_start_lr: float = 0.0):
         super().__init__(learning_rate, warmup_steps, warmup_epochs, warmup_start_lr)
@@ -158,9 +181,16 @@ class Piecewise(_Schedule):
 
 @LR_SCHEDULES.register("StepDecay")
 class StepDecay(_Schedule):
-    """lr = learning_rate * gamma ** floor(t / step_size) (NeXtVLAD: 0.8 every 12,500 steps)."""
+    """lr = learning_rate * gamma ** floor(t / step_size) (NeXtVLAD: 0.8 every 12,500 steps).
 
-    def __init__(self, *, step_size: float, gamma: float = 0.1, by: str = "epoch",
+    Args:
+        step_size: the interval, in `by` units, after which the lr is multiplied by `gamma` (> 0;
+            fractional epochs allowed).
+        gamma: the factor applied at every interval.
+        by: the unit of `step_size`.
+    """
+
+    def __init__(self, *, step_size: float, gamma: float = 0.1, by: By = "epoch",
                  learning_rate: float = None, warmup_steps: int = 0, warmup_epochs: float = 0.0,
                  warmup_start_lr: float = 0.0):
         super().__init__(learning_rate, warmup_steps, warmup_epochs, warmup_start_lr)
@@ -178,7 +208,13 @@ class StepDecay(_Schedule):
 
 @LR_SCHEDULES.register("Polynomial")
 class Polynomial(_Schedule):
-    """lr = (base - end_lr) * (1 - p) ** power + end_lr, p the decay progress (paddle PolynomialDecay)."""
+    """lr = (base - end_lr) * (1 - p) ** power + end_lr, p the decay progress (paddle PolynomialDecay).
+
+    Args:
+        power: the exponent of (1 - p): 1 decays linearly, 0.9 is PaddleSeg's "poly" schedule.
+        end_lr: the lr at the end of the decay, kept after it.
+        decay_steps: optimizer steps from the end of the warm-up to `end_lr` (0: the rest of training).
+    """
 
     def __init__(self, *, power: float = 1.0, end_lr: float = 0.0, decay_steps: int = 0,
                  learning_rate: float = None, warmup_steps: int = 0, warmup_epochs: float = 0.0,
@@ -204,7 +240,12 @@ class LinearDecay(Polynomial):
 
 @LR_SCHEDULES.register("Cosine")
 class Cosine(_Schedule):
-    """lr = eta_min + (base - eta_min) * (1 + cos(pi * p)) / 2, p the decay progress."""
+    """lr = eta_min + (base - eta_min) * (1 + cos(pi * p)) / 2, p the decay progress.
+
+    Args:
+        eta_min: the lr at the end of the decay, kept after it.
+        decay_steps: optimizer steps from the end of the warm-up to `eta_min` (0: the rest of training).
+    """
 
     def __init__(self, *, eta_min: float = 0.0, decay_steps: int = 0, learning_rate: float = None,
                  warmup_steps: int = 0, warmup_epochs: float = 0.0, warmup_start_lr: float = 0.0):
@@ -222,6 +263,13 @@ class Noam(_Schedule):
 
     "Attention is all you need"; n counts from 1 as in Fluid's noam_decay, so the first update
     does not get lr 0. The warm-up is the formula's own linear rise.
+
+    Args:
+        d_model: the model width whose inverse square root scales the lr (the Transformer's
+            `d_model`), > 0.
+        warmup_steps: optimizer steps of the formula's rise; the lr peaks at step `warmup_steps`, then
+            falls as the inverse square root of the step.
+        learning_rate: a factor on the formula (1.0 in the paper).
     """
 
     def __init__(self, *, d_model: int, warmup_steps: int, learning_rate: float = 1.0):
@@ -324,7 +372,14 @@ class _Optimizer:
     (paddle's merged_momentum / merged_adam) when the parameters are on a GPU, where one launch per
     parameter costs more than the update; on a CPU the per-parameter kernels run (same values:
     tests/test_optim.py). paddle 3.3.1's AdamW has no multi-tensor form (its fused_adam op is a GPU
-    kernel without a public optimizer), so AdamW updates per parameter everywhere."""
+    kernel without a public optimizer), so AdamW updates per parameter everywhere.
+
+    Args:
+        weight_decay: the L2 coefficient added to the gradient (w * weight_decay), >= 0 (0: none).
+        no_decay: what weight decay spares: `bias` (1-D parameters named *bias), `norm` (the
+            parameters of normalisation layers) and parameters whose name contains any other listed
+            string.
+    """
     decoupled = False
 
     def __init__(self, weight_decay=0.0, no_decay=("bias", "norm")):
@@ -341,6 +396,8 @@ class _Optimizer:
 
 @OPTIMIZERS.register("SGD")
 class SGD(_Optimizer):
+    """Plain SGD: w -= lr * g."""
+
     def __init__(self, *, weight_decay: float = 0.0, no_decay: list = ["bias", "norm"]):  # noqa: B006
         super().__init__(weight_decay, no_decay)
 
@@ -350,6 +407,13 @@ class SGD(_Optimizer):
 
 @OPTIMIZERS.register("Momentum")
 class Momentum(_Optimizer):
+    """SGD with momentum (paddle's Momentum, a merged kernel on a GPU).
+
+    Args:
+        momentum: the factor the velocity keeps each step (v = momentum * v + g).
+        use_nesterov: Nesterov momentum: the update adds the gradient to the look-ahead velocity.
+    """
+
     def __init__(self, *, momentum: float = 0.9, use_nesterov: bool = False, weight_decay: float = 0.0,
                  no_decay: list = ["bias", "norm"]):  # noqa: B006
         super().__init__(weight_decay, no_decay)
@@ -362,6 +426,14 @@ class Momentum(_Optimizer):
 
 @OPTIMIZERS.register("Adam")
 class Adam(_Optimizer):
+    """Adam (paddle's, a merged kernel on a GPU), with L2 weight decay in the gradient.
+
+    Args:
+        beta1: decay rate of the running mean of the gradient (first moment).
+        beta2: decay rate of the running mean of the squared gradient (second moment).
+        epsilon: added to the square root of the second moment so the step stays finite where it is 0.
+    """
+
     def __init__(self, *, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8,
                  weight_decay: float = 0.0, no_decay: list = ["bias", "norm"]):  # noqa: B006
         super().__init__(weight_decay, no_decay)
@@ -374,6 +446,12 @@ class Adam(_Optimizer):
 
 @OPTIMIZERS.register("AdamW")
 class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov and Hutter): the weights shrink by lr *
+    weight_decay each step, outside the adaptive update.
+
+    Args:
+        weight_decay: the decoupled decay coefficient (w -= lr * weight_decay * w), >= 0 (0: none).
+    """
     decoupled = True
 
     def make(self, lr, groups):
@@ -383,6 +461,17 @@ class AdamW(Adam):
 
 @OPTIMIZERS.register("RMSProp")
 class RMSProp(_Optimizer):
+    """RMSProp (paddle's; at momentum 0 without its momentum buffer).
+
+    Args:
+        rho: decay rate of the running mean of the squared gradient.
+        epsilon: added under the square root of that mean (paddle's placement; PyTorch adds it after
+            the root), so the step stays finite.
+        momentum: momentum of the update (0: none, and no momentum buffer is kept).
+        centered: divide by an estimate of the gradient's variance (mean square minus the squared
+            running mean of the gradient) instead of its mean square.
+    """
+
     def __init__(self, *, rho: float = 0.95, epsilon: float = 1e-6, momentum: float = 0.0,
                  centered: bool = False, weight_decay: float = 0.0,
                  no_decay: list = ["bias", "norm"]):  # noqa: B006

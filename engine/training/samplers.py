@@ -102,7 +102,14 @@ class TokenBudget(_BatchSampler):
     counts what the model gets), sorted (ties by index) and packed greedily once: a batch costs
     (samples x its longest rounded length). Only the order of these fixed batches is shuffled per
     (seed, epoch), so every epoch has the same number of batches for the LR schedule and the ETA.
-    `max_samples` (0 = no limit) caps the samples per batch; `batch_size` is not used.
+    `batch_size` is not used.
+
+    Args:
+        max_tokens: the most tokens a batch may hold on one card, padding included (samples x the
+            batch's longest rounded length); a sample longer than it stops the run naming it.
+        max_samples: the most samples per batch, whatever their length (0: no limit).
+        bucket_width: lengths are rounded up to a multiple of this before packing; set it to the
+            collate's padding `multiple` so the budget counts what the model gets.
     """
 
     def __init__(self, max_tokens: int, max_samples: int = 0, bucket_width: int = 1):
@@ -154,6 +161,10 @@ class AspectRatioGroup(_BatchSampler):
     Per (seed, epoch) the samples are permuted and dealt into their group's batch, which is emitted
     when it holds `batch_size` samples; the partial batches left at the end follow (dropped with
     `drop_last`). The number of batches is therefore the same every epoch.
+
+    Args:
+        boundaries: increasing width/height ratios cutting the groups (`[1.0]`: portrait and
+            landscape).
     """
 
     def __init__(self, boundaries: list = [1.0]):  # noqa: B006 (never mutated; the validator reads it)
