@@ -64,7 +64,12 @@ def mean_class_accuracy(top1, labels):
 
 @METRICS.register("Classification")
 class Classification(IndexedMetric):
-    """top1/top5 (from `topk`), mean_class_acc over preds['logits'] (or ['probs']) and batch['label']."""
+    """top1/top5 (from `topk`), mean_class_acc over preds['logits'] (or ['probs']) and batch['label'].
+
+    Args:
+        topk: the k of each reported top-k accuracy (`top<k>`), positive integers; k beyond the number
+            of classes counts as all of them.
+    """
 
     def __init__(self, topk: list = [1, 5]):  # noqa: B006 (never mutated; the validator reads it)
         super().__init__()

@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import os
+import typing
 
 import numpy as np
 import paddle.distributed as dist
@@ -30,7 +31,8 @@ log = logging.getLogger("zoo")
 # COCOeval.stats order (pycocotools cocoeval.py summarize): AP@[.5:.95], AP50, AP75, AP small,
 # medium, large, AR@1, AR@10, AR@100, AR small, medium, large
 COCO_STATS = ["ap", "ap50", "ap75", "ap_s", "ap_m", "ap_l", "ar1", "ar10", "ar100", "ar_s", "ar_m", "ar_l"]
-IOU_TYPES = ("bbox", "segm")
+IouType = typing.Literal["bbox", "segm"]   # box AP, mask AP
+IOU_TYPES = typing.get_args(IouType)
 
 
 def _slug(name):
@@ -128,12 +130,14 @@ class COCOMetric(IndexedMetric):
     """COCO box and mask AP/AR of the predictions (`boxes`, `scores`, `labels`, `masks`: one array
     per image, original image pixels) against the evaluation reader's annotation file.
 
-    iou_types: [bbox, segm] (segm needs preds['masks']). per_class: also AP per category.
-    save_results: a folder where rank 0 writes bbox.json / segm.json (COCO results format), which
-    `evaluate_results` / tools/coco_eval.py can score again later.
+    Args:
+        iou_types: what is scored: `bbox` (box AP/AR) and/or `segm` (mask AP/AR, needs preds['masks']).
+        per_class: also report the AP of every category (`<type>_ap_class_<name>`).
+        save_results: a folder where rank 0 writes bbox.json / segm.json (COCO results format), which
+            `evaluate_results` / tools/coco_eval.py can score again later.
     """
 
-    def __init__(self, iou_types: list = ["bbox", "segm"], per_class: bool = False,  # noqa: B006
+    def __init__(self, iou_types: list[IouType] = ["bbox", "segm"], per_class: bool = False,  # noqa: B006
                  save_results: str = None):
         super().__init__()
         bad = [t for t in iou_types if t not in IOU_TYPES]

@@ -10,13 +10,15 @@ whose next-sentence label is predicted right. `report()` (tools/eval.py --report
 per-class precision/recall/F1 and the confusion matrix (metrics/classification.py's `confusion_report`;
 MNLI: both dev sets together).
 """
+import typing
+
 import numpy as np
 
 from engine.errors import ConfigError
 from engine.registry import METRICS
 from metrics.base import IndexedMetric, to_numpy
 from metrics.classification import confusion_counts, confusion_report
-from readers.glue import get_task
+from readers.glue import TASKS, get_task
 
 
 def accuracy(pred, label):
@@ -69,9 +71,14 @@ FUNCS = {"accuracy": accuracy, "f1": f1, "mcc": mcc}
 
 @METRICS.register("GLUE")
 class GLUEMetric(IndexedMetric):
-    """The metrics of the evaluated GLUE task (taken from the dataset, or `task`), over preds['logits']."""
+    """The metrics of the evaluated GLUE task (taken from the dataset, or `task`), over preds['logits'].
 
-    def __init__(self, task: str = None):
+    Args:
+        task: the GLUE task whose metrics are computed (accuracy, F1, MCC or correlations); default:
+            the evaluation reader's, which must agree when both are set.
+    """
+
+    def __init__(self, task: typing.Literal[tuple(TASKS)] = None):
         super().__init__()
         self.task = None
         if task is not None:

@@ -73,8 +73,13 @@ class MeanIoU(IndexedMetric):
     index is not counted). The classes, their names and the ignore index come from the evaluation
     dataset (`num_classes`, `label_names`, `ignore_index`) unless given here. Each sample keeps its
     own sparse confusion counts, so N-card evaluation equals 1-card evaluation.
-    `background_baseline` adds `miou_all_background`: the mIoU of predicting class 0 everywhere on
-    the same labels, a floor to read `miou` against.
+
+    Args:
+        num_classes: the classes scored; default: the evaluation reader's (which must agree when both
+            are set).
+        ignore_index: the label value not counted (padding, void); default: the reader's, else 255.
+        background_baseline: also report `miou_all_background`, the mIoU of predicting class 0
+            everywhere on the same labels: a floor to read `miou` against.
     """
 
     def __init__(self, num_classes: int = None, ignore_index: int = None, background_baseline: bool = False):

@@ -133,7 +133,11 @@ def youtube8m_report(classes, scores, hits, missed, names):
 
 @METRICS.register("YouTube8M")
 class YouTube8M(IndexedMetric):
-    """GAP@top_k, Hit@1, PERR over preds['probs'] [B, C] and batch['labels'] multi-hot [B, C]."""
+    """GAP@top_k, Hit@1, PERR over preds['probs'] [B, C] and batch['labels'] multi-hot [B, C].
+
+    Args:
+        top_k: the classes per video kept for GAP (20: the YouTube-8M challenge's GAP@20).
+    """
 
     def __init__(self, top_k: int = 20):
         super().__init__()

@@ -17,7 +17,11 @@ from outputs.base import OutputWriter, softmax
 @OUTPUTS.register("TopK")
 class TopK(OutputWriter):
     """`predictions.json`: per sample its id and the `top_k` classes with label names and scores
-    (preds['probs'], or the softmax of preds['logits'])."""
+    (preds['probs'], or the softmax of preds['logits']).
+
+    Args:
+        top_k: the best-scored classes listed per sample (>= 1).
+    """
 
     def __init__(self, top_k: int = 5):
         if top_k < 1:

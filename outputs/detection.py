@@ -51,7 +51,12 @@ def tag(img, text, x, y, colour):
 
 @OUTPUTS.register("Detections")
 class Detections(OutputWriter):
-    """detections.json + drawn images (see the module docstring)."""
+    """detections.json + drawn images (see the module docstring).
+
+    Args:
+        draw_threshold: the least score of a detection drawn on the image, in [0, 1]; detections.json
+            holds them all.
+    """
 
     def __init__(self, draw_threshold: float = 0.5):
         if not 0.0 <= draw_threshold <= 1.0:

@@ -25,8 +25,13 @@ from readers.decoding import read_image
 
 @OUTPUTS.register("LabelMap")
 class LabelMap(OutputWriter):
-    """Label PNG + overlay per image (see the module docstring); `alpha` is the colour's weight, `legend`
-    adds the strip of class colours and names below the overlay."""
+    """Label PNG + overlay per image (see the module docstring).
+
+    Args:
+        alpha: the weight of the class colour in the overlay's blend with the image, in [0, 1].
+        legend: add the strip of class colours and names below the overlay (false: the blend alone,
+            pixel-aligned with the image).
+    """
 
     def __init__(self, alpha: float = 0.5, legend: bool = True):
         if not 0.0 <= alpha <= 1.0:

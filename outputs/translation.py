@@ -14,7 +14,11 @@ from outputs.base import OutputWriter
 
 @OUTPUTS.register("Text")
 class Text(OutputWriter):
-    """translations.txt, one line per input, in input order."""
+    """translations.txt, one line per input, in input order.
+
+    Args:
+        file_name: the name of the file written in the output folder (a plain name, no folder).
+    """
 
     def __init__(self, file_name: str = "translations.txt"):
         if not file_name or os.path.basename(file_name) != file_name:

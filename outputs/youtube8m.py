@@ -10,7 +10,12 @@ from outputs.classification import TopK
 @OUTPUTS.register("YouTube8MTopK")
 class YouTube8MTopK(TopK):
     """TopK's `predictions.json` plus the Kaggle YouTube-8M submission `submission.csv`
-    (`VideoId,LabelConfidencePairs`, the `csv_top_k` best classes per video, ties to the lower id)."""
+    (`VideoId,LabelConfidencePairs`, the `csv_top_k` best classes per video, ties to the lower id).
+
+    Args:
+        top_k: the best-scored classes per video in predictions.json (>= 1).
+        csv_top_k: the classes per video in submission.csv (>= 1; 20, what the Kaggle GAP@20 scores).
+    """
 
     def __init__(self, top_k: int = 5, csv_top_k: int = 20):
         super().__init__(top_k)
