@@ -181,6 +181,22 @@ class BertPretrainText(SampleDataset):
     Sample: input_ids, token_type_ids [L]; masked_lm_positions, masked_lm_ids [P];
     next_sentence_label (0: B follows A, 1: B is random). Collate with PadSequences
     (masked_lm_ids padded with -1).
+
+    Args:
+        files: the corpus files: one sentence per line, a blank line between documents, UTF-8.
+        vocab_file: the WordPiece vocabulary (vocab.txt, one token per line: line i = id i).
+        lowercase: lowercase (and strip accents) before WordPiece, as an uncased vocabulary needs;
+            false for a cased one.
+        max_seq_length: the tokens of a pair with its [CLS] and two [SEP] (>= 5); checked against the
+            model's position embeddings.
+        max_predictions_per_seq: the most masked positions per instance (BERT: 20 at 128 tokens, 80
+            at 512).
+        masked_lm_prob: the share of a pair's tokens chosen for masking, in (0, 1).
+        short_seq_prob: the probability of a shorter random target length, in [0, 1], so the model
+            also sees the short inputs of fine-tuning.
+        random_next_prob: the probability that segment B comes from another document
+            (next_sentence_label 1), in [0, 1].
+        whole_word_mask: choose all word pieces of a word together (`##` continuations).
     """
 
     SOURCE_KEYS = ("files",)
@@ -276,7 +292,11 @@ class BertPretrainText(SampleDataset):
 @DATASETS.register("BertPretrainHDF5")
 class BertPretrainHDF5(SampleDataset):
     """Pre-made instances in HDF5 files (module docstring); the same sample keys as the text reader,
-    trimmed to the real length (input_mask) and to the real masked positions."""
+    trimmed to the real length (input_mask) and to the real masked positions.
+
+    Args:
+        files: the HDF5 files of pre-made instances (data/prepare_bert_pretraining.py writes them).
+    """
 
     KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
 

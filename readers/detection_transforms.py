@@ -3,6 +3,8 @@
 Flip and normalisation are the generic RandomFlip / Normalize (readers/transforms.py), which move
 boxes and polygons with the image through the declared fields.
 """
+import typing
+
 import cv2
 import numpy as np
 
@@ -23,12 +25,19 @@ def keep_ratio_size(h, w, short, max_size):
 
 @TRANSFORMS.register("ResizeShort")
 class ResizeShort:
-    """Short side to one of `short_sizes` (drawn at random when there are several: PaddleDetection's
-    RandomResize [640..800] for training; one value for evaluation), long side at most `max_size`;
-    multiplies `scale_factor` (sy, sx) by the actual size ratios. Boxes and polygons scale with the
-    image (`interp` for the image: PaddleDetection's recipe uses cubic, interp 2)."""
+    """Short side to one of `short_sizes`, long side at most `max_size`; multiplies `scale_factor`
+    (sy, sx) by the actual size ratios. Boxes and polygons scale with the image.
 
-    def __init__(self, short_sizes: list = [800], max_size: int = 1333, interp: str = "linear"):  # noqa: B006
+    Args:
+        short_sizes: the short-side lengths in pixels, one drawn at random per sample when there are
+            several (PaddleDetection's RandomResize [640..800] for training; one value for evaluation).
+        max_size: the cap on the long side in pixels (the scale is the smaller of the two ratios).
+        interp: the image's interpolation (PaddleDetection's recipe uses cubic, its interp 2); label
+            fields keep their own.
+    """
+
+    def __init__(self, short_sizes: list = [800], max_size: int = 1333,  # noqa: B006
+                 interp: typing.Literal[tuple(INTERPOLATIONS)] = "linear"):
         sizes = [short_sizes] if isinstance(short_sizes, (int, float)) else list(short_sizes)
         if not sizes or min(sizes) < 1 or max_size < 1:
             raise ConfigError(f"ResizeShort: short_sizes must be >= 1 and max_size >= 1, got {short_sizes}, "

@@ -24,6 +24,7 @@ naming the file and line.
 """
 import dataclasses
 import os
+import typing
 
 import numpy as np
 
@@ -111,12 +112,21 @@ def read_tsv(path, task, test):
 class GLUE(SampleDataset):
     """One GLUE task's split, tokenized on the fly (module docstring).
 
-    `data_dir` holds the task's TSV files; `files` replaces the split's file list (e.g. your own
-    data in the task's format). `split`: train, dev or test.
+    Args:
+        task: the GLUE task: its TSV columns, labels and metrics.
+        vocab_file: the BERT WordPiece vocabulary (vocab.txt) of the model.
+        data_dir: the folder holding the task's TSV files (train.tsv, dev.tsv, test.tsv; MNLI's
+            matched and mismatched files).
+        split: which of the task's files are read; `test` has no labels (GLUE's server scores it).
+        files: TSV files in the task's layout read instead of the split's (your own data).
+        lowercase: lowercase (and strip accents) before WordPiece, as an uncased vocabulary needs.
+        max_seq_length: the tokens of `[CLS] a [SEP] b [SEP]`; longer pairs are truncated (>= 3);
+            checked against the model's position embeddings.
     """
 
     SOURCE_KEYS = ("data_dir", "split", "files")
-    def __init__(self, task: str, vocab_file: str, data_dir: str = "", split: str = "train", files: list = None,
+    def __init__(self, task: typing.Literal[tuple(TASKS)], vocab_file: str, data_dir: str = "",
+                 split: typing.Literal["train", "dev", "test"] = "train", files: list = None,
                  lowercase: bool = True, max_seq_length: int = 128, transforms: list = (), seed: int = 0,
                  skip_bad: bool = False):
         super().__init__(transforms, seed, skip_bad)

@@ -21,7 +21,13 @@ def _pair(name, key, value):
 @TRANSFORMS.register("ResizeStepScaling")
 class ResizeStepScaling:
     """Resize by a factor drawn from min_scale_factor, min + step, ..., max_scale_factor (uniform in
-    [min, max] when the step is 0); sizes are round(factor * size)."""
+    [min, max] when the step is 0); sizes are round(factor * size).
+
+    Args:
+        min_scale_factor: the smallest resize factor (> 0).
+        max_scale_factor: the largest resize factor (>= min_scale_factor; equal: a fixed resize).
+        scale_step_size: the spacing of the factors drawn from (0: any factor in [min, max]).
+    """
 
     def __init__(self, min_scale_factor: float = 0.75, max_scale_factor: float = 1.25,
                  scale_step_size: float = 0.25):
@@ -56,7 +62,14 @@ class RandomPaddingCrop:
     """A crop_size = [width, height] window at a random position; an image smaller than the window is
     first padded at the bottom and right, the image with `im_padding_value`, the labels with
     `label_padding_value` (the ignore index). A uint8 image takes the value's integer part (127 for
-    PaddleSeg's 127.5, which is what PaddleSeg's RandomDistort makes of it too)."""
+    PaddleSeg's 127.5, which is what PaddleSeg's RandomDistort makes of it too).
+
+    Args:
+        crop_size: the window [width, height] in pixels.
+        im_padding_value: the fill of the image's padding (a uint8 image takes its integer part).
+        label_padding_value: the fill of the label map's padding: the ignore index, so padding is not
+            scored.
+    """
 
     def __init__(self, crop_size: list = (512, 512), im_padding_value: float = 127.5,
                  label_padding_value: int = 255):
@@ -89,7 +102,20 @@ class PhotometricDistortion:
     """PaddleSeg's RandomDistort: brightness, contrast, saturation, sharpness and hue, in a random
     order, each applied with its probability; factors uniform in [1 - range, 1 + range] (PIL
     ImageEnhance), the hue shifted by uniform [-hue_range, hue_range] on PIL's 0-255 HSV hue.
-    Image fields only (uint8 RGB, before Normalize); labels are untouched."""
+    Image fields only (uint8 RGB, before Normalize); labels are untouched.
+
+    Args:
+        brightness_range: brightness factors are drawn from [1 - range, 1 + range], range in [0, 1].
+        brightness_prob: the probability of changing the brightness, in [0, 1].
+        contrast_range: contrast factors are drawn from [1 - range, 1 + range].
+        contrast_prob: the probability of changing the contrast.
+        saturation_range: saturation factors are drawn from [1 - range, 1 + range].
+        saturation_prob: the probability of changing the saturation.
+        hue_range: the hue shift is drawn from [-range, range], on PIL's 0-255 hue scale (>= 0).
+        hue_prob: the probability of shifting the hue.
+        sharpness_range: sharpness factors are drawn from [1 - range, 1 + range].
+        sharpness_prob: the probability of changing the sharpness (0: off, PaddleSeg's default).
+    """
 
     OPS = ("brightness", "contrast", "saturation", "sharpness", "hue")
 

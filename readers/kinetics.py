@@ -14,6 +14,7 @@ import inspect
 import logging
 import multiprocessing
 import os
+import typing
 
 import cv2
 import numpy as np
@@ -339,12 +340,33 @@ class KineticsDataset(SampleDataset):
     H, W] with several views), `label` int64. Before Normalize `imgs` is uint8 [F, H, W, 3] and
     `_frame_idx` [num_clips, num_seg, seglen] holds the decoded frame numbers (0-based);
     `_fields` declares `imgs` as video for the transforms.
+
+    Args:
+        list_file: the list of samples, one `path label` line each (`folder num_frames label` for
+            frames); the label is a class index or a name from `label_names`.
+        data_root: the folder the list's relative paths resolve against (default: the list file's).
+        label_names: a class-name file (line i = class i, or Kinetics' `name index` lines): the list
+            may then give names, and outputs name the classes.
+        format: `video`: video files, decoded with `backend`; `frames`: folders of frame images named
+            by `frame_template`.
+        frame_template: the file name of frame i (counted from 1) in a frame folder, a Python format
+            string with one field.
+        num_seg: the segments a video is cut into, one sampled window each: the model's time axis
+            (TSN: 3 to train, 25 to test).
+        seglen: consecutive frames per segment window, stacked on the channels (StNet: 5).
+        mode: `train` draws each window at a random offset in its segment; the others take the
+            segment centre (deterministic evaluation).
+        num_clips: temporal clips of `num_seg` segments per video, added as views the model averages
+            (multi-clip testing).
+        backend: the decoder tried first; decord and cv2, where installed, follow for a file it
+            cannot read.
     """
 
     SOURCE_KEYS = ("list_file", "data_root")
     def __init__(self, list_file: str, data_root: str = None, label_names: str = None,
-                 format: str = "video", frame_template: str = "img_{:05d}.jpg", num_seg: int = 3,
-                 seglen: int = 1, mode: str = "train", num_clips: int = 1, backend: str = "decord",
+                 format: typing.Literal["video", "frames"] = "video", frame_template: str = "img_{:05d}.jpg",
+                 num_seg: int = 3, seglen: int = 1, mode: typing.Literal[tuple(MODES)] = "train", num_clips: int = 1,
+                 backend: typing.Literal[BACKENDS] = "decord",
                  skip_bad: bool = True, transforms: list = None, seed: int = 0):
         self._setup(label_names, format, frame_template, num_seg, seglen, mode, num_clips, backend,
                     skip_bad, transforms, seed)

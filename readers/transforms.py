@@ -38,8 +38,10 @@ def scaled_size(h, w, short_size, fixed_ratio=False):
 class Scale:
     """Short side to `short_size`, keeping the aspect ratio (label maps and masks: nearest).
 
-    `fixed_ratio=True` is the Fluid KineticsReader's `group_scale`: the long side is forced to
-    int(4/3 * short_size) (256 -> 341) whatever the aspect ratio.
+    Args:
+        short_size: the short side after resizing, in pixels.
+        fixed_ratio: the Fluid KineticsReader's `group_scale`: the long side is forced to
+            int(4/3 * short_size) (256 -> 341) whatever the aspect ratio.
     """
 
     def __init__(self, short_size: int = 256, fixed_ratio: bool = False):
@@ -54,7 +56,11 @@ class Scale:
 
 @TRANSFORMS.register("RandomCrop")
 class RandomCrop:
-    """A size x size crop at a uniformly random position (one position for all fields and frames)."""
+    """A size x size crop at a uniformly random position (one position for all fields and frames).
+
+    Args:
+        size: the side of the square crop in pixels (at most the image's short side).
+    """
 
     def __init__(self, size: int = 224):
         check_positive("RandomCrop", "size", size)
@@ -72,6 +78,12 @@ class RandomCrop:
 
 @TRANSFORMS.register("CenterCrop")
 class CenterCrop:
+    """A size x size crop at the centre (evaluation's counterpart of RandomCrop).
+
+    Args:
+        size: the side of the square crop in pixels (at most the image's short side).
+    """
+
     def __init__(self, size: int = 224):
         check_positive("CenterCrop", "size", size)
         self.size = size
@@ -85,7 +97,11 @@ class CenterCrop:
 
 @TRANSFORMS.register("RandomFlip")
 class RandomFlip:
-    """Horizontal flip of the whole sample with probability p (one draw per sample, always made)."""
+    """Horizontal flip of the whole sample with probability p (one draw per sample, always made).
+
+    Args:
+        p: the probability of flipping, in [0, 1].
+    """
 
     def __init__(self, p: float = 0.5):
         if not 0 <= p <= 1:
@@ -120,6 +136,12 @@ class Normalize:
     batch (`<key>_size`), the padding is 0.0 after normalising, as when padding float32 pixels
     with 0. `in_main_process: false` normalises here, to float32 (for a model of your own that
     reads float pixels and does not call `as_float`).
+
+    Args:
+        mean: the per-channel RGB mean on the 0-1 scale (default: ImageNet's).
+        std: the per-channel RGB standard deviation on the 0-1 scale, > 0 (default: ImageNet's).
+        in_main_process: keep uint8 pixels with their [shift, scale] and let the model normalise on
+            its device (a quarter of the bytes between processes); false: float32 here.
     """
 
     def __init__(self, mean: list = None, std: list = None, in_main_process: bool = True):

@@ -22,6 +22,7 @@ import inspect
 import logging
 import os
 import sys
+import typing
 
 import numpy as np
 import sentencepiece as spm
@@ -150,11 +151,38 @@ class MosesBPETokenizer:
 
 @DATASETS.register("Translation")
 class Translation(SampleDataset):
-    """A parallel corpus (or a source file alone, for inference); see the module docstring."""
+    """A parallel corpus (or a source file alone, for inference); see the module docstring.
+
+    Args:
+        src_file: the source sentences, one per line (`-`: standard input); required.
+        tgt_file: the target sentences, line i translating line i of `src_file` (none: inference).
+        spm_model: a joint sentencepiece model of both languages (a path, or `ENTRY:ASSET` of a
+            pretrained entry); give it or `vocab`.
+        vocab: a token-per-line vocabulary for the Moses + BPE path (first lines `<s>`, `<e>`,
+            `<unk>`); a path or `ENTRY:ASSET`.
+        bpe_codes: the subword-nmt BPE codes applied before the `vocab` lookup (not needed with
+            `input_format: bpe`).
+        input_format: what the files hold on the Moses + BPE path: `raw` text, `tok` (Moses-tokenised,
+            BPE still to apply) or `bpe` (tokenised and BPE-split, as PaddleNLP's prepared WMT14
+            files); a sentencepiece model reads `raw` only.
+        src_lang: the source language code for Moses tokenisation and detokenisation.
+        tgt_lang: the target language code, for the same.
+        bos_token: the begin-of-sentence token, prefixed to the decoder input.
+        eos_token: the end-of-sentence token, appended to the source and the target.
+        unk_token: the token of out-of-vocabulary pieces.
+        pad_token: the token padding batches (default: `bos_token`, as PaddleNLP pads with id 0).
+        bos_id: the id `bos_token` must have: a vocabulary where it differs does not fit the recipe.
+        eos_id: the id `eos_token` must have.
+        unk_id: the id `unk_token` must have.
+        pad_vocab_to: the vocabulary size is padded up to a multiple of this (PaddleNLP's pad_factor
+            8: 33708 -> 33712), the size the model's embedding and output layer must have.
+        max_len: drop pairs whose longer side plus its `<s>`/`<e>` is longer than this (>= 2; none:
+            keep all).
+    """
 
     SOURCE_KEYS = ("src_file", "tgt_file")
     def __init__(self, src_file: str = None, tgt_file: str = None, spm_model: str = None, vocab: str = None,
-                 bpe_codes: str = None, input_format: str = "raw", src_lang: str = "en", tgt_lang: str = "de",
+                 bpe_codes: str = None, input_format: typing.Literal["raw", "tok", "bpe"] = "raw", src_lang: str = "en", tgt_lang: str = "de",
                  bos_token: str = "<s>", eos_token: str = "<e>", unk_token: str = "<unk>", pad_token: str = None,
                  bos_id: int = 0, eos_id: int = 1, unk_id: int = 2, pad_vocab_to: int = 8, max_len: int = None,
                  transforms: list = (), seed: int = 0, skip_bad: bool = False):

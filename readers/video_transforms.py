@@ -58,7 +58,16 @@ def multiscale_crop_box(h, w, size, rng, scales=(1, .875, .75, .66), max_distort
 
 @TRANSFORMS.register("MultiScaleCrop")
 class MultiScaleCrop:
-    """TSN's multi-scale crop (see `multiscale_crop_box`), resized to size x size."""
+    """TSN's multi-scale crop (see `multiscale_crop_box`), resized to size x size.
+
+    Args:
+        size: the side of the square output in pixels.
+        scales: the crop sides as fractions of the frame's short side, in (0, 1] (default: TSN's
+            1, .875, .75, .66).
+        max_distort: how many scale steps a crop's width and height may differ (0: square crops).
+        fix_crop: place the crop at fixed grid offsets (corners and centre) instead of uniformly.
+        more_fix_crop: 13 fixed offsets on a 4x4 grid instead of 5 (with `fix_crop`).
+    """
 
     def __init__(self, size: int = 224, scales: list = None, max_distort: int = 1,
                  fix_crop: bool = True, more_fix_crop: bool = True):
@@ -96,7 +105,11 @@ def ten_crop_offsets(h, w, size):
 
 @TRANSFORMS.register("ThreeCrop")
 class ThreeCrop:
-    """Three size x size views along the long side (test time); K=3 views."""
+    """Three size x size views along the long side (test time); K=3 views.
+
+    Args:
+        size: the side of each square view in pixels (at most the frame's short side).
+    """
 
     def __init__(self, size: int = 224):
         check_positive("ThreeCrop", "size", size)
@@ -113,7 +126,11 @@ class ThreeCrop:
 
 @TRANSFORMS.register("TenCrop")
 class TenCrop:
-    """4 corners + centre, then the same 5 flipped horizontally (test time); K=10 views."""
+    """4 corners + centre, then the same 5 flipped horizontally (test time); K=10 views.
+
+    Args:
+        size: the side of each square view in pixels (at most the frame's short side).
+    """
 
     def __init__(self, size: int = 224):
         check_positive("TenCrop", "size", size)

@@ -34,6 +34,7 @@ import dataclasses
 import glob
 import logging
 import os
+import typing
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -127,12 +128,22 @@ class YouTube8M(SampleDataset):
     A sample holds one float32 [n, dim] array per name in `feature_names` (n <= max_frames, the
     first frames of the video) and `labels`, a float32 multi-hot [num_classes]. Pair it with
     `PadSequences(keys=feature_names)`, or with `SampleFrames` + `Stack` for fixed-length models.
-    The video id is available through `describe(index)`. `check_crc` checks every record's data CRC
-    while indexing (it reads whole files), so bad records are counted in `damage` up front.
+    The video id is available through `describe(index)`.
+
+    Args:
+        files: the feature files: paths, globs, or list files (.list/.txt) of paths.
+        format: `tfrecord` (Google's frame-level TFRecords) or `pkl` (Paddle's pickled features);
+            `auto` tells each file by its extension.
+        feature_names: the per-frame features read, one array each (rgb 1024-d, audio 128-d).
+        num_classes: the length of the multi-hot `labels` (3862: YouTube-8M 2018's vocabulary).
+        max_frames: the most frames kept per video, the first ones (the dataset's videos have at most
+            300, one a second).
+        check_crc: check every record's data CRC while indexing (it reads whole files), so bad records
+            are counted in `damage` up front instead of failing when read.
     """
 
     SOURCE_KEYS = ("files",)
-    def __init__(self, files: list, format: str = "auto", feature_names: list = ["rgb", "audio"],
+    def __init__(self, files: list, format: typing.Literal[FORMATS] = "auto", feature_names: list = ["rgb", "audio"],
                  num_classes: int = 3862, max_frames: int = 300, skip_bad: bool = False,
                  check_crc: bool = False, transforms: list = [], seed: int = 0):
         super().__init__(transforms=transforms, seed=seed, skip_bad=skip_bad)
@@ -380,9 +391,14 @@ class SampleFrames:
     mode "random": a uniform position inside each stride, drawn from `sample["_rng"]` (the original
     reader did this in every phase); "center": each stride's centre, deterministic for evaluation.
     Videos shorter than `num_frames` repeat frames. All `keys` get the same relative positions.
+
+    Args:
+        num_frames: the frames picked per video (>= 1), the model's fixed time length.
+        mode: `center` takes each stride's centre (evaluation); `random` a uniform position in it.
+        keys: the feature arrays sampled.
     """
 
-    def __init__(self, num_frames: int, mode: str = "center", keys: list = ["rgb", "audio"]):
+    def __init__(self, num_frames: int, mode: typing.Literal["center", "random"] = "center", keys: list = ["rgb", "audio"]):
         if num_frames < 1:
             raise ConfigError(f"SampleFrames: num_frames must be >= 1, got {num_frames}")
         if mode not in ("center", "random"):
@@ -408,7 +424,12 @@ class SampleFrames:
 class PCARescale:
     """Undo the PCA whitening of the rgb features for NeXtVLAD:
     x = (x - 4/512) * (sqrt(eigenvalues[:dim]) + 1e-4), eigenvalues from a `.npy` file ([N] or
-    [N, 1], as `yt8m_pca/eigenvals.npy`)."""
+    [N, 1], as `yt8m_pca/eigenvals.npy`).
+
+    Args:
+        eigenvalues_file: the `.npy` file of the PCA eigenvalues (required).
+        key: the feature rescaled.
+    """
 
     def __init__(self, eigenvalues_file: str = None, key: str = "rgb"):
         if not eigenvalues_file:
