@@ -70,9 +70,10 @@ class Inferencer:
     def __init__(self, source, weights=None, backend=None, precision=None, ov_hint="LATENCY", mkldnn=True,
                  tensorrt=None, weights_format=None, overrides=(), split=None, batch_size=None, workers=None,
                  trust_weights=False, setup=True):
-        from engine.session import Session, is_export  # paddle loads here, never at import
-        if is_export(source):
-            session, weights = Session.from_export(source, overrides, trust_weights), weights or source
+        from deploy import load  # paddle loads here, never at import
+        from engine.session import Session
+        if load.is_export(source):
+            session, weights = load.from_export(source, overrides, trust_weights), weights or source
         else:
             path, entry_weights = _recipe(source)
             weights = weights or entry_weights
@@ -88,7 +89,7 @@ class Inferencer:
         self.batch_size, self.workers = batch_size, workers
         args = types.SimpleNamespace(backend=backend, no_mkldnn=not mkldnn, trt=tensorrt, precision=precision,
                                      ov_hint=ov_hint)
-        self.model = session.runnable(weights, weights_format, args=args)
+        self.model = load.runnable(session, weights, weights_format, args=args)
         self.model.eval()
         self.label_names = session.label_names(required=True)
         self.reader_class = session.reader_class(self.split)

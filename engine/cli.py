@@ -35,7 +35,7 @@ def trt_flag(p):
 
 
 def backend_args(p):
-    """--backend and how an export runs, as infer and eval take them (engine/session.py `runnable`)."""
+    """--backend and how an export runs, as infer and eval take them (deploy/load.py `runnable`)."""
     p.add_argument("--backend", choices=["dynamic", "inference", "onnxruntime", "openvino"], default=None,
                    help="dynamic: the model in Python; inference: an export run by Paddle Inference; onnxruntime or "
                         "openvino: an export of --format onnx (or an INT8 one of tools/quantize.py) run by ONNX Runtime "

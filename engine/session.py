@@ -1,14 +1,13 @@
 """A run assembled from a config once: the one place train, eval, infer, export and benchmark get
 their runtime, model, weights, readers and metric from, so the tools differ only in what they do
-with them."""
+with them. Export folders as runs (the recipe an export records, its programs on a backend) are
+deploy/load.py's: training builds this Session and loads no inference backend."""
 import dataclasses
 import logging
 import os
 
 from engine import config, runtime
 from engine.builder import build_loader, build_metric, build_model
-from deploy.predictor import Predictor
-from deploy.record import BACKEND_OF, INFER_CFG, read_infer_cfg
 from engine.components import load_all
 from engine.errors import ConfigError
 from engine.registry import DATASETS, OUTPUTS
@@ -17,48 +16,20 @@ from engine.weights.pretrained import load_pretrained
 log = logging.getLogger("zoo")
 
 
-def is_export(weights):
-    """Whether `weights` is a directory written by tools/export.py (or tools/quantize.py)."""
-    return bool(weights) and os.path.isfile(os.path.join(weights, INFER_CFG))
-
-
 class Session:
-    """`Session.from_args(args)` in a tool, `Session(cfg)` for a loaded config; then `setup()` once
-    (threads, device, data parallel, seeds) before building anything."""
+    """`Session.from_file(path, overrides)` in a tool (deploy.load.from_args where an export may stand
+    for the recipe), `Session(cfg)` for a loaded config; then `setup()` once (threads, device, data
+    parallel, seeds) before building anything."""
 
-    def __init__(self, cfg, trust_weights=False, path="<config>", label_names=None):
+    def __init__(self, cfg, trust_weights=False, path="<config>"):
         self.cfg, self.trust_weights, self.path = cfg, trust_weights, path
-        self.rt, self._label_names = None, label_names
+        self.rt = None
         self._amp, self._readers = {}, {}
 
     @classmethod
     def from_file(cls, path, overrides=(), trust_weights=False):
         load_all()
         return cls(config.load(path, list(overrides)), trust_weights, path)
-
-    @classmethod
-    def from_export(cls, export_dir, overrides=(), trust_weights=False):
-        """From the recipe an export recorded (model, readers of val/test, infer writer, runtime, class
-        names): inference on an export needs no -c."""
-        load_all()
-        record = read_infer_cfg(export_dir)
-        where = os.path.join(export_dir, INFER_CFG)
-        if not record.get("config"):
-            raise ConfigError(f"{where} records no config (an older export): give the recipe with -c")
-        return cls(config.from_data(record["config"], where, list(overrides)), trust_weights, where,
-                   label_names=record.get("label_names"))
-
-    @classmethod
-    def from_args(cls, args):
-        """From the flags every tool has (engine.cli.parser): -c, -o, --trust-weights; without -c, the
-        recipe that an export directory given as --weights records (eval, infer)."""
-        if args.config:
-            return cls.from_file(args.config, args.override, args.trust_weights)
-        weights = getattr(args, "weights", None)
-        if weights and is_export(weights):
-            return cls.from_export(weights, args.override, args.trust_weights)
-        raise ConfigError(f"-c CONFIG is needed: --weights {weights} is not an export directory (with "
-                          f"{INFER_CFG}), which records its recipe" if weights else "-c CONFIG is needed")
 
     def setup(self, device=None):
         """runtime.setup and the seeds; `device` overrides runtime.device (export traces on the CPU)."""
@@ -89,31 +60,6 @@ class Session:
         if weights:
             self.load_weights(model, weights, weights_format, strict, log)
         return model
-
-    def runnable(self, weights, weights_format=None, backend=None, mkldnn=True, tensorrt=None, args=None):
-        """What eval and infer run: an export directory's programs (deploy.predictor.Predictor) on
-        `backend`, by default the one its infer_cfg.yml records (said in one line); else the recipe's
-        model with `weights` loaded (backend None or "dynamic"). `tensorrt`: Predictor's (None: on a GPU where
-        the export records it). `args`: the flags of engine.cli.backend_args, which set all of these."""
-        options = {}
-        if args is not None:
-            backend, mkldnn, tensorrt = args.backend, not args.no_mkldnn, args.trt
-            options = {"precision": args.precision, "ov_hint": args.ov_hint}
-        if is_export(weights) and backend in (None, "dynamic"):
-            if backend == "dynamic":
-                raise ConfigError(f"--weights {weights} is an export of tools/export.py, which --backend dynamic "
-                                  f"cannot run; leave --backend out (its {INFER_CFG} says which backend runs it)")
-            record = read_infer_cfg(weights)
-            backend = BACKEND_OF[record.get("format", "paddle")]
-            fmt = record.get("format", "paddle")
-            print(f"note: {weights} is {'an' if fmt[0] in 'aeiou' else 'a'} {fmt} export of {record.get('model')}: "
-                  f"running it with --backend {backend}", flush=True)
-        if backend in (None, "dynamic"):
-            if options.get("precision"):
-                raise ConfigError("--precision sets how an export runs; for weights use -o eval.amp=...")
-            return self.model(weights, weights_format)
-        return Predictor(weights, mkldnn=mkldnn, threads=self.rt["threads"], device=self.rt["device"],
-                         model_name=self.cfg["model"]["name"], backend=backend, tensorrt=tensorrt, **options)
 
     def load_weights(self, model, weights, weights_format=None, strict=True, log=print):
         if os.path.isdir(weights) and os.path.isfile(os.path.join(weights, "model.pdparams")):
@@ -195,17 +141,12 @@ class Session:
         return OUTPUTS.build(self.cfg["infer"])
 
     def metric(self, dataset=None):
-        if not self.cfg.get("metric") and self.path.endswith(INFER_CFG):
-            raise ConfigError(f"{self.path} records no metric (an export older than evaluation of exports): "
-                              f"give the recipe with -c")
         return build_metric(self.cfg, dataset)
 
     def label_names(self, required=False):
         """The class names of the recipe's `labels:` file; None without one (or, unless `required`,
         when the file is absent: an export without data)."""
         path = self.cfg.get("labels")
-        if not path and self._label_names:   # an export's recorded names
-            return list(self._label_names)
         if not path or not (required or os.path.isfile(path)):
             return None
         if not os.path.isfile(path):

@@ -1,7 +1,8 @@
-"""The house's layout, read from the source (docs/contributing.md, "The layout: folders as floors"):
-no import circle (imports inside functions included), each folder importing only the floors below it,
-models off the deploy and training packages, an engine that names no component, and a reason beside
-every import made inside a function."""
+"""The house's layout, read from the source and from docs/contributing.md's table ("The layout: folders
+as floors"): no import circle (imports inside functions included), each folder importing exactly the
+folders its row draws, on its floor or below, training reaching no deploy module, models off the deploy
+and training packages, an engine that names no component, and a reason beside every import made inside
+a function."""
 import ast
 import io
 import os
@@ -125,40 +126,141 @@ def test_the_circle_walk_finds_a_circle_closed_inside_a_function(tmp_path):
     assert cycles(graph) == [["deploy.export", "deploy.onnx", "deploy.predictor"]]
 
 
-# docs/contributing.md, "The layout: folders as floors": what each folder may import of ours
-FLOORS = {"ops": set(), "engine": {"ops"}, "readers": {"engine"}, "models": {"engine", "ops"},
-          "metrics": {"engine", "readers"}, "outputs": {"engine", "metrics", "readers"},
-          "benchmarks": {"engine", "ops", "readers", "data"}, "data": {"engine", "readers", "outputs"},
-          "serving": {"api", "engine"}}
+LAYOUT_DOC = os.path.join(ROOT, "docs", "contributing.md")
+LAYOUT_HEADING = "## The layout: folders as floors"
 
 
-def test_each_folder_imports_only_the_floors_the_contributing_guide_gives_it():
-    """Imports inside functions count too; the table says no more than the code does."""
-    ours = set(FOLDERS) | {"_bootstrap"}
-    for pkg, allowed in FLOORS.items():
-        seen = set()
-        for module, path in _sources(ROOT, (pkg,)):
+def layout_table(doc=LAYOUT_DOC):
+    """{folder: (floor, the folders of ours its row says it imports; None for "any")} from the table
+    under `LAYOUT_HEADING` of `doc` (columns: floor, folder, what it holds, imports of ours)."""
+    text = open(doc, encoding="utf-8").read()
+    section = ("\n" + text).split("\n" + LAYOUT_HEADING + "\n", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("|")]
+    header = rows[0]
+    table = {}
+    for cells in rows[2:]:
+        row = dict(zip(header, cells))
+        folder = re.fullmatch(r"`(\w+)/`", row["folder"])
+        assert folder, f"{doc}: the layout table's folder cell {row['folder']!r} is not `name/`"
+        imports = row["imports of ours"]
+        drawn = None if imports == "any" else set() if imports == "nothing" else set(imports.split(", "))
+        table[folder.group(1)] = (int(re.match(r"\d+", row["floor"]).group()), drawn)
+    return table
+
+
+def folder_imports(root, folders=FOLDERS):
+    """{folder: {folder of ours it imports: the first file:line that does}}, imports inside functions
+    included; a tools module imported by its bare name (`import _bootstrap`) is tools/'s."""
+    tool_modules = {m for m, _ in _sources(root, SCRIPTS)}
+    out = {}
+    for folder in folders:
+        seen = out.setdefault(folder, {})
+        for module, path in _sources(root, (folder,)):
             for line, name, _ in _imports(path, module, path.endswith("__init__.py")):
-                top = {name.split(".")[0]} & ours - {pkg}
-                assert top <= allowed, f"{os.path.relpath(path, ROOT)}:{line} imports {name}"
-                seen |= top
-        assert seen == allowed, (pkg, seen)
+                top = name.split(".")[0]
+                top = "tools" if top in tool_modules else top
+                if top in folders and top != folder:
+                    seen.setdefault(top, f"{os.path.relpath(path, root)}:{line} imports {name}")
+    return out
 
 
-# who may import the folders on top (tools' modules by bare name, `_bootstrap` among them)
-ENTRY_IMPORTERS = {"tests": set(), "tools": {"tools"}, "_bootstrap": {"tools"}, "api": {"api", "tools", "serving"},
-                   "benchmarks": {"benchmarks", "tools"}, "serving": {"serving", "tools"}}
+def layout_differences(root, doc=LAYOUT_DOC, folders=FOLDERS):
+    """Where the layout table of `doc` and the imports of the code under `root` disagree, one line each:
+    a folder without its row, an import the table does not draw, an arrow the code does not have, an
+    import of a higher floor."""
+    table, real = layout_table(doc), folder_imports(root, folders)
+    out = [f"{f}/ has no row in the layout table" for f in folders if f not in table]
+    out += [f"the layout table names {f}/, which is not a folder of ours" for f in table if f not in folders]
+    for folder, seen in sorted(real.items()):
+        floor, drawn = table.get(folder, (None, None))
+        for target, where in sorted(seen.items()):
+            if drawn is not None and target not in drawn:
+                out.append(f"{where}: the layout table does not draw {folder}/ -> {target}/")
+            if floor is not None and target in table and table[target][0] > floor:
+                out.append(f"{where}: {folder}/ (floor {floor}) imports a higher floor, {target}/ "
+                           f"({table[target][0]})")
+        for target in sorted((drawn or set()) - set(seen)):
+            out.append(f"the layout table draws {folder}/ -> {target}/, which no import of {folder}/ makes")
+    return out
 
 
-def test_nothing_below_the_entry_points_imports_them():
-    """tools/, serving/ and api/ sit on top: nothing of ours imports the tests or the tools; api/ (the
-    inferencer) by api/ itself, the tools and the server's model process (serving/worker.py); serving/ by
-    itself and tools/serve.py; only tools/ import benchmarks/ besides benchmarks/ itself."""
-    for folder in PACKAGES + SCRIPTS:
-        for module, path in _sources(ROOT, (folder,)):
-            for line, name, _ in _imports(path, module, path.endswith("__init__.py")):
-                importers = ENTRY_IMPORTERS.get(name.split(".")[0], {folder})
-                assert folder in importers, f"{os.path.relpath(path, ROOT)}:{line} imports {name}"
+def test_the_layout_table_of_the_contributing_guide_draws_the_imports_of_the_code():
+    """docs/contributing.md's table lists each folder of ours and exactly the folders it imports
+    (imports inside functions count), each on its floor or below: both ways, an import the table
+    lacks and an arrow the code lacks fail."""
+    table = layout_table()
+    assert set(table) == set(FOLDERS) and table["tests"][1] is None and table["ops"][1] == set()
+    assert table["engine"][1] == {"ops"} and "engine" in table["deploy"][1]   # deploy sits above the engine
+    assert layout_differences(ROOT) == []
+
+
+def test_the_layout_check_fails_both_ways(tmp_path):
+    """The comparison above can fail: an import the table does not draw (inside a function too), an
+    arrow no import makes, an import of a higher floor, a folder without its row."""
+    doc = tmp_path / "layout.md"
+    doc.write_text(f"{LAYOUT_HEADING}\n\n| floor | folder | what it holds | imports of ours |\n|---|---|---|---|\n"
+                   "| 3 | `top/` | x | low |\n| 2 | `mid/` | x | low |\n| 1 | `low/` | x | nothing |\n\n## next\n")
+    for folder, source in (("top", "import low.a\n"), ("mid", "def f():\n    import top.b\n"), ("low", ""),
+                           ("extra", "")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text(source)
+    assert layout_differences(str(tmp_path), str(doc), ("top", "mid", "low", "extra")) == [
+        "extra/ has no row in the layout table",
+        "mid/__init__.py:2 imports top.b: the layout table does not draw mid/ -> top/",
+        "mid/__init__.py:2 imports top.b: mid/ (floor 2) imports a higher floor, top/ (3)",
+        "the layout table draws mid/ -> low/, which no import of mid/ makes"]
+
+
+def reached(graph, roots):
+    """{module: the module whose import reached it} of everything importing `roots` loads: each import
+    of each module reached (inside functions too) and the packages above it."""
+    parents, todo = {r: None for r in roots if r in graph}, [r for r in roots if r in graph]
+    while todo:
+        module = todo.pop()
+        parts = module.split(".")
+        for nxt in [".".join(parts[:i]) for i in range(1, len(parts))] + sorted(graph[module]):
+            if nxt in graph and nxt not in parents:
+                parents[nxt] = module
+                todo.append(nxt)
+    return parents
+
+
+def chains_to(parents, prefix):
+    """"a -> b -> c" for each module reached whose name is `prefix` or under it."""
+    out = []
+    for module in sorted(m for m in parents if m == prefix or m.startswith(prefix + ".")):
+        chain = [module]
+        while parents[chain[-1]] is not None:
+            chain.append(parents[chain[-1]])
+        out.append(" -> ".join(reversed(chain)))
+    return out
+
+
+def test_training_imports_no_deployment_module():
+    """tools/train.py (as `train`, with what it imports), engine/training/trainer.py and the component
+    modules the Session's load_all() imports at run time reach no module of deploy/: training loads
+    no inference backend. Imports inside functions count (the walk cannot tell which ones run)."""
+    graph = import_graph(ROOT)
+    roots = ["train", "engine.training.trainer", "engine.session"] + list(ENGINE_MODULES) + component_modules()
+    parents = reached(graph, roots)
+    assert {"_bootstrap", "engine.session", "engine.training.evaluator", "models.vision.deeplabv3"} <= set(parents)
+    assert chains_to(parents, "deploy") == []
+
+
+def test_the_training_walk_finds_a_deployment_import_inside_a_function(tmp_path):
+    """The walk above can fail: the trainer imports the Session, which imports a deploy module inside a
+    function; the chain names each step."""
+    for folder, files in (("engine", {"__init__.py": "", "session.py": "def f():\n    from deploy import load\n",
+                                      "training/__init__.py": "",
+                                      "training/trainer.py": "from engine.session import f\n"}),
+                          ("deploy", {"__init__.py": "", "load.py": "import os\n"})):
+        for name, text in files.items():
+            (tmp_path / folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / folder / name).write_text(text)
+    parents = reached(import_graph(str(tmp_path), ("engine", "deploy")), ["engine.training.trainer"])
+    assert chains_to(parents, "deploy") == ["engine.training.trainer -> engine.session -> deploy.load -> deploy",
+                                            "engine.training.trainer -> engine.session -> deploy.load"]
 
 
 def test_models_import_no_deploy_or_training_module():
@@ -167,7 +269,7 @@ def test_models_import_no_deploy_or_training_module():
     for module, path in _sources(ROOT, ("models",)):
         for line, name, names in _imports(path, module, path.endswith("__init__.py")):
             full = [name] + [f"{name}.{n}" for n in names]
-            assert not any(re.match(r"engine\.(deploy|training)\b", m) for m in full), \
+            assert not any(re.match(r"(deploy|engine\.training)\b", m) for m in full), \
                 f"{os.path.relpath(path, ROOT)}:{line} imports {name}"
             found += name.startswith("engine")
     assert found > 20

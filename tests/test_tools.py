@@ -135,8 +135,10 @@ def test_the_tools_assemble_their_run_through_the_session():
         for path in paths:
             with open(path, encoding="utf-8") as f:
                 source += f.read()
-        # tools/infer.py through api/inferencer.py's Inferencer, itself built on the Session (the server's too)
-        assert "Session" in source or (tool == "infer" and "Inferencer(" in source), tool
+        # tools/infer.py through api/inferencer.py's Inferencer, itself built on the Session (the server's too);
+        # tools/eval.py through deploy/load.py's from_args (the recipe's Session, or the one an export records)
+        assert ("Session." in source or (tool == "infer" and "Inferencer(" in source)
+                or (tool == "eval" and "load.from_args(" in source)), tool
         for assembly in ("config.load(", "load_all(", "runtime.setup(", "load_pretrained(", "config.section("):
             assert assembly not in source, (tool, assembly)
         main = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "main")

@@ -24,11 +24,11 @@ def _args():
 
 def main():
     args = _args()
-    from engine import runtime  # after parsing: --help needs no paddle
-    from engine.session import Session
+    from deploy import load  # after parsing: --help needs no paddle
+    from engine import runtime
     from engine.training import trainer
     from engine.training.evaluator import evaluate
-    s = Session.from_args(args)   # without -c: the recipe an export directory records
+    s = load.from_args(args)   # the recipe's Session; without -c, the one an export directory records
     rt = s.setup()
     output = args.output or cli.default_output(args.config or args.weights, args.weights, "eval")
     runtime.setup_logging(output if rt["rank"] == 0 else None, rt["rank"])
@@ -37,7 +37,7 @@ def main():
     if args.report and not hasattr(metric, "report"):
         raise ConfigError(f"--report: metric {type(metric).__name__} has no per-class report (classification, "
                           f"YouTube-8M, GLUE classification and segmentation metrics have one)")
-    model = s.runnable(args.weights, args.weights_format, args=args)   # an export: by default on its recorded backend
+    model = load.runnable(s, args.weights, args.weights_format, args=args)   # an export: by default on its recorded backend
     metrics = evaluate(model, loader, metric, s.eval_amp)
     report = metric.report(s.label_names()) if args.report else None   # every rank: the metric gathers across ranks
     if rt["rank"] == 0:

@@ -43,7 +43,7 @@ def main():
     from engine import runtime  # after parsing: --help needs no paddle
     from deploy import export, onnx
     from engine.session import Session
-    s = Session.from_args(args)
+    s = Session.from_file(args.config, args.override, args.trust_weights)
     if args.format == "onnx":   # before the model is built: a missing package is one line at once
         onnx.require("--format onnx")
     s.setup(device="cpu")

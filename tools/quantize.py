@@ -47,7 +47,7 @@ def main():
     from engine import runtime  # after parsing: --help needs no paddle
     from deploy import onnx, openvino, quantize
     from engine.session import Session
-    s = Session.from_args(args)
+    s = Session.from_file(args.config, args.override, args.trust_weights)
     onnx.require("tools/quantize.py")
     backends = list(dict.fromkeys(args.backend))
     outputs = {b: cli.check_output(args.output if len(backends) == 1 else os.path.join(args.output, b))
