@@ -630,21 +630,22 @@ def _rate_cell(x):
 
 def table_lines(result):
     workers = sorted({int(k.split("_")[1]) for r in result["rows"] for k in r["readers"]})
+    # a column per worker count; the rate of one worker is its "1 worker" column (no column of its own:
+    # ten columns ran off the page at 1280 px)
     head = ["row", "batch"] + [f"{w} workers" if w != 1 else "1 worker" for w in workers] + \
-           ["per worker (1)", "MB/batch", "ms/sample: decode / transforms / collate / transfer",
+           ["MB/batch", "ms/sample: decode / transforms / collate / transfer",
             "accelerator rate", "workers needed"]
     lines = [f"Measured on {result['cpu']} ({result['cpu_kind']}, {result['cpus']} cores), load "
              f"{result['load_avg_1m_before_after'][0]} before the run; samples/s.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["rows"]:
         rates = [r["readers"].get(f"workers_{w}", {}).get("samples_per_s") for w in workers]
-        one = r["readers"].get("workers_1", {}).get("per_worker")
         sp = r["split_s_per_sample"]
         bs = r["batch_size_timed"] if r["batch_size_timed"] == r["recipe_batch_size"] else \
             f"{r['recipe_batch_size']} ({r['batch_size_timed']} timed)"
         if r["recipe_batch_size"] is None:
             bs = f"~{round(sum(r['samples_per_batch']) / len(r['samples_per_batch']))} (token budget)"
-        cells = [r["row"], str(bs)] + [_rate_cell(x) for x in rates] + [_rate_cell(one), _mb(r["bytes_per_recipe_batch"]),
+        cells = [r["row"], str(bs)] + [_rate_cell(x) for x in rates] + [_mb(r["bytes_per_recipe_batch"]),
             " / ".join(_ms(sp[k]) for k in ("decode", "transforms", "collate", "transfer")),
             f"{r['accelerator']['samples_per_s']:,.0f}", str(r["workers_needed"])]
         lines.append("| " + " | ".join(cells) + " |")

@@ -152,6 +152,15 @@ def _heading(rows):
             f"rows measured at commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}")
 
 
+def _inputs(rows):
+    """The inputs of a table's rows, as a list below it (rows of one input share a line): a column of
+    these notes made the tables too wide for the page."""
+    by_note = {}
+    for name, note, _ in rows:
+        by_note.setdefault(note, []).append(name)
+    return ["", "Inputs:", ""] + [f"- {', '.join(names)}: {note}" for note, names in by_note.items()] if rows else []
+
+
 def _emit(args, name, lines, rows):
     """Print the table (under its heading) and, with --docs, write it into this kind's block of docs/performance.md."""
     if rows:
@@ -188,16 +197,17 @@ def train_table(args):
          ["-c", cfg_path, "--batch-size", str(bs), "--workers", *map(str, args.workers),
           *[x for o in overrides for x in ("-o", o)], *[a for args_ in extra for a in args_]])
         for name, cfg_path, overrides, bs, note, *extra in BENCH_TABLE])
-    lines = ["| model | batch | input | params | train samples/s | eval samples/s | reader alone, samples/s "
-             "(workers) | reader share of a train step | peak MB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | batch | params | train samples/s | eval samples/s | reader alone, samples/s (workers) "
+             "| reader share of a train step | peak MB |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, note, r in rows:
         workers = " / ".join(f"{v['samples_per_s']:.0f} ({w.split('_')[1]})" for w, v in r["reader"].items())
         share = " / ".join(f"{100 * v['share_of_train_step']:.1f}%" for v in r["reader"].values())
         tokens = f" ({r['train_tokens_per_s']:.0f} tokens/s)" if r.get("train_tokens_per_s") else ""
-        lines.append(f"| {name} | {r['batch_size']} | {note} | {r['params']:,} | "
+        lines.append(f"| {name} | {r['batch_size']} | {r['params']:,} | "
                      f"{r['train_samples_per_s']:.2f}{tokens} | {r['eval_samples_per_s']:.2f} | {workers} | "
                      f"{share} | {r['peak_memory_mb']:.0f} |")
+    lines += _inputs(rows)
     _emit(args, "bench", lines, rows)
 
 
@@ -235,14 +245,27 @@ def inference_table(args):
     measured = {row["backend"] for _, _, r in rows for row in r["rows"]}
     columns = [c for c in INFER_COLUMNS if c[0] in measured]
     faster = [c for c in columns if c[0] not in ("dynamic", "exported, oneDNN", "exported, no oneDNN")]
-    lines = ["| model | input | batch | " + " | ".join(f"{c[1]} p50 / p90 ms" for c in columns)
-             + f" | p50 speed-up over oneDNN fp32 ({' / '.join(c[1] for c in faster)}) | size on disk MB "
-               "(Paddle / ONNX / ORT INT8 / OpenVINO INT8) | load (1 min) |",
-             "|" + "---|" * (len(columns) + 6)]
+    # three tables of the same rows (fp32 latency; bf16 and INT8 latency; speed-ups, sizes and load):
+    # one table of all the columns ran off the page at 1280 px
+    parts = [[c for c in columns if c[2] == "fp32"], [c for c in columns if c[2] != "fp32"]]
+    lines = []
+    for part in parts:
+        if not part:
+            continue
+        lines += [f"Latency, {' and '.join(dict.fromkeys(c[2] for c in part)).replace('int8', 'INT8')}, "
+                  "p50 / p90 ms:", "", "| model | batch | " + " | ".join(c[1] for c in part) + " |",
+                  "|" + "---|" * (len(part) + 2)]
+        for name, note, r in rows:
+            for bs in sorted({row["batch"] for row in r["rows"]}):
+                by = {row["backend"]: row for row in r["rows"] if row["batch"] == bs}   # older rows lack some: -
+                cells = [f"{by[c[0]]['p50_ms']:.1f} / {by[c[0]]['p90_ms']:.1f}" if c[0] in by else "-" for c in part]
+                lines.append(f"| {name} | {bs} | {' | '.join(cells)} |")
+        lines.append("")
+    lines += [f"| model | batch | p50 speed-up over oneDNN fp32 ({' / '.join(c[1] for c in faster)}) | size on disk MB "
+              "(Paddle / ONNX / ORT INT8 / OpenVINO INT8) | load (1 min) |", "|---|---|---|---|---|"]
     for name, note, r in rows:
         for bs in sorted({row["batch"] for row in r["rows"]}):
-            by = {row["backend"]: row for row in r["rows"] if row["batch"] == bs}   # older rows lack some: -
-            cells = [f"{by[c[0]]['p50_ms']:.1f} / {by[c[0]]['p90_ms']:.1f}" if c[0] in by else "-" for c in columns]
+            by = {row["backend"]: row for row in r["rows"] if row["batch"] == bs}
             base = by.get("exported, oneDNN")
             gain = " / ".join(f"**{base['p50_ms'] / by[c[0]]['p50_ms']:.2f}x**" if c[0] in by and base else "-"
                               for c in faster)
@@ -250,7 +273,8 @@ def inference_table(args):
             size = " / ".join(f"{size[k]:.1f}" if k in size else "-" for k in ("paddle", "onnx", "int8", "openvino_int8"))
             load = r.get("load_avg_1m_before_after")
             load = "-" if load is None else " / ".join(map(str, load))
-            lines.append(f"| {name} | {note} | {bs} | {' | '.join(cells)} | {gain} | {size} | {load} |")
+            lines.append(f"| {name} | {bs} | {gain} | {size} | {load} |")
+    lines += _inputs(rows)
     if rows:
         lines += ["", f"Fastest route measured per model and precision on {rows[0][-1].get('cpu_kind', '?')} "
                       "(p50; against the runner-up of the same precision):", ""]

@@ -184,9 +184,9 @@ def test_the_model_zoo_table_shows_the_committed_macs():
     load_all()
     table = tool.markdown_table("../").splitlines()
     assert "| Parameters | MACs (input) |" in table[0]
-    tsn = next(line for line in table if "`tsn_r50_k400_3seg`" in line)
+    tsn = next(line for line in table if "<code>tsn_<wbr>r50_<wbr>k400_<wbr>3seg</code>" in line)
     assert "| 24.33 M | 12.26 G (3 seg x 224x224) |" in tsn
-    resnet = next(line for line in table if "`resnet50_imagenet_paddlevideo`" in line)
+    resnet = next(line for line in table if "<code>resnet50_<wbr>imagenet_<wbr>paddlevideo</code>" in line)
     assert "| 23.51 M | - |" in resnet   # a backbone entry without a recipe
 
 

@@ -172,7 +172,7 @@ def test_the_latency_table_names_the_fastest_route_and_export_reads_it(results, 
     monkeypatch.setattr(sys, "argv", ["tools/benchmark.py", "--show", "--backend", "inference", "--kind", AMD])
     benchmark.main()
     out = capsys.readouterr().out
-    assert "| OpenVINO p50 / p90 ms |" in out and "ONNX Runtime p50" in out and "bf16" not in out
+    assert "Latency, fp32, p50 / p90 ms:" in out and "| ONNX Runtime | OpenVINO |" in out and "bf16" not in out
     assert "- TSN-R50 fp32: OpenVINO 1.25x" in out
 
 
@@ -196,3 +196,36 @@ def test_the_latency_table_times_int8_whose_check_refused_random_weights(monkeyp
     calls[:], refuse[0] = [], False
     assert recipes._quantized_for_timing("onnx", "int8", {}, 2) == {"route": "onnxruntime-qdq", "simulation_gap": {}}
     assert calls == [2]
+
+
+def test_the_summary_and_its_charts_are_what_the_committed_json_gives():
+    """docs/performance.md opens with benchmarks/summary.py's block and docs/images/perf-*.svg: a new
+    peers/memory JSON without `python benchmarks/summary.py --docs` fails here."""
+    from benchmarks import summary
+    assert summary.stale() == [], "run python benchmarks/summary.py --docs"
+    with open(report.PERFORMANCE, encoding="utf-8") as f:
+        head = f.read().split("\n## ", 1)[0]
+    assert "<!-- summary all-kinds: start" in head and "images/perf-amd-zen4-speed.svg" in head
+
+
+def test_a_summary_chart_draws_the_json_and_goes_stale_with_it(results, monkeypatch):
+    """Bars in proportion to the values on an axis from 0 (ratios 1.0 and 2.0: axis 0-2 in steps of
+    0.5, so over the 196 px of the plot (340 - 104 - 40) the bars are 98 and 196 px and the dashed
+    line at 1.0 sits at 104 + 98); a changed ratio in the JSON makes the chart and the page stale."""
+    from benchmarks import summary
+    svg = summary.svg_bars("t", ["A", "B"], {"fp32": {"A": 1.0, "B": 2.0}}, lambda v: f"{v:.2f}", reference=1.0)
+    assert 'width="98.0"' in svg and 'width="196.0"' in svg and '<line x1="202.0"' in svg
+    assert [f">{t}</text>" in svg for t in ("0", "0.5", "1", "1.5", "2")] == [True] * 5
+    images = results / "images"
+    images.mkdir()
+    monkeypatch.setattr(summary, "IMAGES", str(images))
+    page = results / "performance.md"
+    page.write_text("# t\n\n<!-- summary all-kinds: start (x) -->\nold\n<!-- summary all-kinds: end -->\n" + PAGE_TEXT)
+    summary.write()
+    assert sorted(p.name for p in images.iterdir()) == [f"perf-{AMD}-speed.svg", f"perf-{INTEL}-speed.svg"]
+    assert summary.stale() == []
+    text = page.read_text()
+    assert f'=== "{AMD}"' in text and "ours / PyTorch fp32 **1.97** (1 model)" in text and "old\n" not in text
+    peers_json = results / "results" / INTEL / "peers.json"
+    peers_json.write_text(peers_json.read_text().replace('"ratio": 0.94', '"ratio": 0.5'))
+    assert summary.stale() == [str(images / f"perf-{INTEL}-speed.svg"), str(page)]

@@ -38,7 +38,7 @@ def test_docs_flag_writes_a_new_page_and_keeps_the_text_around_the_table(tmp_pat
     assert fresh.startswith("# Model zoo\n") and tool.TABLE_BEGIN in fresh and fresh.endswith(tool.TABLE_END + "\n")
     assert "written" in capsys.readouterr().out
     path.write_text(fresh.replace(tool.TABLE_END, tool.TABLE_END + "\n\nA note of ours.")
-                    .replace("| Model | Weights |", "| stale |", 1), encoding="utf-8")
+                    .replace("| Model | Weights | Config |", "| stale |", 1), encoding="utf-8")
     assert tool.main(["--docs", str(path)]) == 0
     again = path.read_text(encoding="utf-8")
     assert again == fresh.replace(tool.TABLE_END, tool.TABLE_END + "\n\nA note of ours.")

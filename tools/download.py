@@ -92,19 +92,28 @@ def _cell(text):
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _breakable(name, after="_"):
+    """An entry or file name (a path: after="/") that a narrow column may wrap after its underscores
+    (slashes) only (<wbr>), never inside a word: a whole name is wider than the column at 1280 px."""
+    return name.replace(after, after + "<wbr>")
+
+
 def markdown_table(link_prefix=""):
-    """The model-zoo table; `link_prefix` goes before each config link (`../` from docs/)."""
-    lines = ["| Model | Weights | Config | Parameters | MACs (input) | Reference metric | Source | Reproduced here |",
-             "|---|---|---|---|---|---|---|---|"]
+    """The model-zoo tables; `link_prefix` goes before each config link (`../` from docs/). Two tables
+    of the same rows: what each entry is, then its reference metric, source and what was checked;
+    eight columns of one table run off the page at 1280 px."""
+    what = ["| Model | Weights | Config | Parameters | MACs (input) |", "|---|---|---|---|---|"]
+    how = ["| Weights | Reference metric | Source | Reproduced here |", "|---|---|---|---|"]
     records = _macs_records()
     for e in sorted(_entries(), key=lambda e: (e.model, e.name)):
-        weights = f"`{e.name}`" + ("" if e.urls else " (no release)")
-        config = f"[{os.path.basename(e.config)}]({link_prefix}{e.config})" if e.config else "-"
-        reproduced = e.reproduced
-        lines.append("| " + " | ".join(_cell(c) for c in (
-            e.model, weights, config, _params(e), _macs(e, records), _metrics(e), e.metrics_source or "-",
-            reproduced)) + " |")
-    return "\n".join(lines)
+        weights = f"<code>{_breakable(e.name)}</code>" + ("" if e.urls else " (no release)")
+        config = (f"[{_breakable(os.path.basename(e.config))}]({link_prefix}{e.config})" if e.config else "-")
+        what.append("| " + " | ".join(_cell(c) for c in (e.model, weights, config, _params(e), _macs(e, records)))
+                    + " |")
+        how.append("| " + " | ".join(_cell(c) for c in (f"<code>{_breakable(e.name)}</code>", _metrics(e),
+                                                          _breakable(e.metrics_source or "-", "/"),
+                                                          e.reproduced)) + " |")
+    return "\n".join(what + ["", "Where each reference metric comes from, and what was checked here:", ""] + how)
 
 
 DOCS_PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "model-zoo.md")
