@@ -23,6 +23,7 @@ The small Python API for use outside the tools (`load_bert`, `load_tokenizer`,
 """
 import dataclasses
 import os
+import typing
 import warnings
 
 import numpy as np
@@ -284,7 +285,30 @@ def bert_inputs(batch):
 
 # ------------------------------------------------------------------------------------- task models
 class _BertTask(ZooModel):
-    """Shared by the task models: the encoder under `bert.`, and the layouts their files come in."""
+    """Shared by the task models: the encoder under `bert.`, and the layouts their files come in.
+
+    Args:
+        size: the preset of layers / hidden size / heads (base 12/768/12, large 24/1024/16; tiny to
+            medium: google-research/bert's smaller models); the three keys below override it.
+        vocab_size: the rows of the word embedding: the vocabulary's size (30522: BERT's uncased
+            English vocab); checked against the reader's.
+        hidden_size: the width of every layer (default: the preset's); a multiple of the heads.
+        num_hidden_layers: the encoder layers (default: the preset's).
+        num_attention_heads: the attention heads per layer (default: the preset's).
+        intermediate_size: the width of the feed-forward layer (default: 4 x hidden_size).
+        hidden_act: the feed-forward activation: `gelu` (exact erf, BERT's), `gelu_new` (tanh
+            approximation), `relu`, `tanh`.
+        hidden_dropout_prob: dropout on the embeddings and on each sublayer's output.
+        attention_probs_dropout_prob: dropout on the attention weights.
+        max_position_embeddings: the longest sequence the position embedding holds (512 in the
+            released models); a longer batch is an error.
+        type_vocab_size: the segment types (2: sentence A and B).
+        layer_norm_eps: the epsilon of every LayerNorm (1e-12 in BERT).
+        initializer_range: the std of the normal initialisation of the weights (0.02).
+        pad_token_id: the id that marks padding when the batch has no `input_ids_mask`.
+        recompute: activation checkpointing: re-run each encoder layer's forward in the backward
+            instead of keeping its activations (less memory, about one more forward of time).
+    """
 
     head_keys, foreign_keys = (), ()   # the task's own, set by each task model
 
@@ -330,9 +354,9 @@ class BertForPretraining(_BertTask):
 
     foreign_keys = [r"classifier\..*"]
 
-    def __init__(self, size: str = "base", vocab_size: int = 30522, hidden_size: int = None,
+    def __init__(self, size: typing.Literal[tuple(SIZES)] = "base", vocab_size: int = 30522, hidden_size: int = None,
                  num_hidden_layers: int = None, num_attention_heads: int = None, intermediate_size: int = None,
-                 hidden_act: str = "gelu", hidden_dropout_prob: float = 0.1,
+                 hidden_act: typing.Literal[ACTIVATIONS] = "gelu", hidden_dropout_prob: float = 0.1,
                  attention_probs_dropout_prob: float = 0.1, max_position_embeddings: int = 512,
                  type_vocab_size: int = 2, layer_norm_eps: float = 1e-12, initializer_range: float = 0.02,
                  pad_token_id: int = 0, recompute: bool = False):
@@ -412,14 +436,21 @@ class PretrainingHeads(nn.Layer):
 @MODELS.register("BertForSequenceClassification")
 class BertForSequenceClassification(_BertTask):
     """[CLS] pooled output -> dropout -> Linear(num_classes): cross-entropy, or with num_classes 1
-    regression with a mean squared error (STS-B). Eval mode: {'logits'} (+ 'loss' with labels)."""
+    regression with a mean squared error (STS-B). Eval mode: {'logits'} (+ 'loss' with labels).
+
+    Args:
+        num_classes: the outputs of the classifier: the task's classes, or 1 for a regression (STS-B);
+            checked against the reader's.
+        dropout: the dropout before the classifier (default: hidden_dropout_prob).
+    """
 
     head_keys = [r"classifier\.(weight|bias)"]
     foreign_keys = [r"cls\..*"]            # the pretraining heads of a pretraining file: dropped, logged
 
-    def __init__(self, num_classes: int = 2, size: str = "base", vocab_size: int = 30522, hidden_size: int = None,
-                 num_hidden_layers: int = None, num_attention_heads: int = None, intermediate_size: int = None,
-                 hidden_act: str = "gelu", hidden_dropout_prob: float = 0.1,
+    def __init__(self, num_classes: int = 2, size: typing.Literal[tuple(SIZES)] = "base", vocab_size: int = 30522,
+                 hidden_size: int = None, num_hidden_layers: int = None, num_attention_heads: int = None,
+                 intermediate_size: int = None, hidden_act: typing.Literal[ACTIVATIONS] = "gelu",
+                 hidden_dropout_prob: float = 0.1,
                  attention_probs_dropout_prob: float = 0.1, max_position_embeddings: int = 512,
                  type_vocab_size: int = 2, layer_norm_eps: float = 1e-12, initializer_range: float = 0.02,
                  pad_token_id: int = 0, recompute: bool = False, dropout: float = None):

@@ -42,6 +42,7 @@ so both paths decode with the same code and differ only in who computes a step. 
 check against the position table runs in Python on both paths.
 """
 import math
+import typing
 
 import numpy as np
 import paddle
@@ -281,7 +282,7 @@ class Transformer(ZooModel):
     """Encoder-decoder Transformer; defaults are the base model with PaddleNLP's WMT14 en-de layout
     (pre-norm, shared 33712-entry vocabulary, position table of 257 = max_length 256 + 1).
 
-    `final_norm`: the LayerNorm after each stack (keys `transformer.{encoder,decoder}.norm.*`).
+    The LayerNorm after each stack (`final_norm`; keys `transformer.{encoder,decoder}.norm.*`):
     paddle.nn.Transformer builds it with pre-norm and post-norm layers alike (Paddle
     python/paddle/nn/layer/transformer.py, `Transformer.__init__`: `encoder_norm = LayerNorm(d_model)`
     whatever `normalize_before`); PaddleNLP's TransformerModel has it only with pre-norm (its released
@@ -290,9 +291,6 @@ class Transformer(ZooModel):
     `encoder_with_post_norm`, in 2.8.1). So a PaddleNLP post-norm file needs `final_norm: false`,
     which is also the paper's post-norm; a strict load that misses only these keys says so
     (`weights_hint`).
-
-    `recompute`: each encoder and decoder layer's activations are recomputed during backward instead
-    of kept (the same gradients; the cost is in docs/performance.md, "Memory of a training step").
 
     Batch keys: `src_ids` [B, S] (source tokens + `<e>`), `tgt_in` [B, T] (`<s>` + target) and
     `tgt_out` [B, T] (target + `<e>`), padded with `pad_id`, with the `<key>_mask` a PadSequences
@@ -304,6 +302,44 @@ class Transformer(ZooModel):
     Decoding keys (module docstring): `beam_search_version` v1 with `max_out_len`, or length_penalty
     with `alpha`, `max_len_a`, `max_len_b`; None takes the search's default, and a key of the other
     search is refused (an override that did nothing would mislead).
+
+    Args:
+        src_vocab_size: the rows of the source embedding (the reader's padded vocabulary).
+        trg_vocab_size: the rows of the target embedding and the outputs of the last projection;
+            checked against the reader's `num_classes`.
+        d_model: the width of every layer (512 base, 1024 big).
+        d_inner_hid: the width of the feed-forward layers (2048 base, 4096 big).
+        n_head: the attention heads per layer (8 base, 16 big).
+        num_encoder_layers: the encoder layers.
+        num_decoder_layers: the decoder layers.
+        dropout: dropout on the embeddings and on each sublayer's output.
+        attn_dropout: dropout on the attention weights (default: `dropout`).
+        act_dropout: dropout after the feed-forward activation (default: `dropout`).
+        normalize_before: pre-norm layers (LayerNorm before each sublayer, PaddleNLP's released
+            models); false: the paper's post-norm.
+        weight_sharing: tie the source and target embeddings and the output projection (one joint
+            vocabulary: src_vocab_size = trg_vocab_size).
+        max_length: the rows of the sinusoid position table (PaddleNLP's max_length + 1: 257 for its
+            256), which bounds the source and output lengths.
+        bos_id: the id decoding starts with (`<s>`).
+        eos_id: the id that ends a sentence (`<e>`).
+        pad_id: the padding id, masked in attention and the loss (0 = `<s>` in PaddleNLP's layout).
+        label_smooth_eps: the label smoothing of the training loss, in [0, 1).
+        beam_size: the hypotheses kept per sentence in the search (1: greedy with `length_penalty`).
+        beam_search_version: `v1`: PaddleNLP's search (BeamSearchDecoder, no length penalty), what
+            its published BLEU used; `length_penalty`: GNMT's length-penalised search.
+        max_out_len: v1: the most tokens generated, plus one (default: max_length - 1).
+        alpha: length_penalty: the exponent of the GNMT length penalty (default 0.6).
+        max_len_a: length_penalty: a sentence stops at max_len_a * source length + max_len_b
+            tokens (default 1.0).
+        max_len_b: length_penalty: see max_len_a (default 50).
+        use_cache: decode incrementally with cached self-attention keys and values; false recomputes
+            the whole prefix every step (the same tokens; kept for tests and the benchmark).
+        final_norm: the LayerNorm after each stack; false for PaddleNLP's post-norm files (which
+            have none) and the paper's post-norm.
+        recompute: activation checkpointing: recompute each layer's activations during backward
+            instead of keeping them (the same gradients; the cost is in docs/performance.md, "Memory
+            of a training step").
     """
 
     FINAL_NORMS = tuple(f"transformer.{stack}.norm.{p}" for stack in ("encoder", "decoder")
@@ -328,7 +364,7 @@ class Transformer(ZooModel):
                  num_decoder_layers: int = 6, dropout: float = 0.1, attn_dropout: float = None,
                  act_dropout: float = None, normalize_before: bool = True, weight_sharing: bool = True,
                  max_length: int = 257, bos_id: int = 0, eos_id: int = 1, pad_id: int = 0,
-                 label_smooth_eps: float = 0.1, beam_size: int = 5, beam_search_version: str = "v1",
+                 label_smooth_eps: float = 0.1, beam_size: int = 5, beam_search_version: typing.Literal[SEARCHES] = "v1",
                  max_out_len: int = None, alpha: float = None, max_len_a: float = None, max_len_b: int = None,
                  use_cache: bool = True, final_norm: bool = True, recompute: bool = False):
         super().__init__()

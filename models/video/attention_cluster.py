@@ -22,7 +22,7 @@ from engine.model import DataAgreement, Weights, ZooModel
 from engine.errors import ConfigError
 from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
-from models.video.yt8m_common import check_features, check_reduction, feature_input, multilabel_outputs
+from models.video.yt8m_common import Reduction, check_features, check_reduction, feature_input, multilabel_outputs
 
 
 def _msra_normal():
@@ -65,7 +65,19 @@ class AttentionCluster(ZooModel):
     MSRA uniform for the conv/fc1/fc2 biases, MSRA normal for the logistic bias, shift w/b
     N(0, sqrt(1/sqrt(n_att))). Loss: sigmoid cross-entropy summed over classes, averaged over the
     batch. Dropout is paddle's upscale-in-train; Fluid 1.x scaled at inference instead.
-    `seg_num` is checked against the batch (the reader's SampleFrames must produce that many frames).
+
+    Args:
+        num_classes: the outputs of the logistic layer (3862: YouTube-8M 2018's vocabulary); checked
+            against the reader's.
+        feature_names: the batch's feature arrays, one attention cluster each (rgb, audio).
+        feature_dims: the width of each feature (1024 rgb, 128 audio), in `feature_names`' order.
+        seg_num: the frames per video: what the reader's SampleFrames must deliver (checked against the
+            batch).
+        cluster_nums: the attention units (n_att) of each feature's shifting-attention module.
+        drop_rate: the dropout on the concatenated attention outputs.
+        fc_sizes: the widths of the two tanh layers before the logistic layer.
+        loss_reduction: `mean` averages the per-video loss (summed over classes) over the batch;
+            `sum` adds it up (PaddleVideo's BCEWithLogitsLoss(sum), whose learning rates assume it).
     """
 
     def weights(self):   # the head: what fine-tuning to another num_classes replaces
@@ -76,7 +88,7 @@ class AttentionCluster(ZooModel):
 
     def __init__(self, num_classes: int = 3862, feature_names: list = ["rgb", "audio"],
                  feature_dims: list = [1024, 128], seg_num: int = 100, cluster_nums: list = [32, 32],
-                 drop_rate: float = 0.5, fc_sizes: list = [1024, 4096], loss_reduction: str = "mean"):
+                 drop_rate: float = 0.5, fc_sizes: list = [1024, 4096], loss_reduction: Reduction = "mean"):
         super().__init__()
         self.num_classes = num_classes
         check_features("AttentionCluster", feature_names, feature_dims)

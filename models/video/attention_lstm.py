@@ -21,8 +21,8 @@ from engine.model import DataAgreement, Weights, ZooModel
 from engine.errors import ConfigError
 from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
-from models.video.yt8m_common import check_features, check_reduction, feature_input, multilabel_outputs, \
-    padded_feature_spec
+from models.video.yt8m_common import Reduction, check_features, check_reduction, feature_input, \
+    multilabel_outputs, padded_feature_spec
 
 try:  # internal API; only used to let nn.LSTM be built under paddle.LazyGuard
     from paddle.nn.initializer.lazy_init import lazy_init_helper
@@ -91,10 +91,20 @@ class AttentionLSTM(ZooModel):
 
     Initialisation is paddle's default, as in PaddleVideo (its `init_weights` is a no-op): Linear
     weights Xavier-uniform with zero bias, LSTM weights and biases U(-1/sqrt(H), 1/sqrt(H)).
-    `use_mask=False` ignores lengths and masks (LSTM and softmax over every padded frame); it exists
-    to show what the masking buys. `loss_reduction='sum'` is PaddleVideo's BCEWithLogitsLoss(sum):
-    summed over classes and over the batch (its learning rates assume it); 'mean' averages over
-    the batch instead.
+
+    Args:
+        num_classes: the outputs of the logit layer (3862: YouTube-8M 2018's vocabulary); checked
+            against the reader's.
+        feature_names: the batch's feature arrays, one LSTM each (rgb, audio).
+        feature_dims: the width of each feature (1024 rgb, 128 audio), in `feature_names`' order.
+        embedding_size: the width of the tanh projection of each feature before its LSTM.
+        lstm_size: the hidden size of each direction of the bidirectional LSTMs.
+        drop_rate: the dropout on the LSTM outputs, before the attention.
+        fc_sizes: the widths of the relu and tanh layers before the logit layer.
+        use_mask: honour the frame lengths (LSTM and attention over the real frames only); false runs
+            over every padded frame, to show what the masking buys.
+        loss_reduction: `sum` is PaddleVideo's BCEWithLogitsLoss(sum), summed over classes and over
+            the batch (its learning rates assume it); `mean` averages over the batch instead.
     """
 
     def weights(self):   # the head: what fine-tuning to another num_classes replaces
@@ -106,7 +116,7 @@ class AttentionLSTM(ZooModel):
     def __init__(self, num_classes: int = 3862, feature_names: list = ["rgb", "audio"],
                  feature_dims: list = [1024, 128], embedding_size: int = 512, lstm_size: int = 1024,
                  drop_rate: float = 0.5, fc_sizes: list = [8192, 4096], use_mask: bool = True,
-                 loss_reduction: str = "sum"):
+                 loss_reduction: Reduction = "sum"):
         super().__init__()
         self.num_classes = num_classes
         check_features("AttentionLSTM", feature_names, feature_dims)

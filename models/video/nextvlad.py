@@ -22,8 +22,8 @@ from engine.model import DataAgreement, Weights, ZooModel
 from engine.errors import ConfigError
 from engine.registry import MODELS
 from engine.weights.pretrained import WEIGHTS, PretrainedEntry
-from models.video.yt8m_common import check_features, check_reduction, feature_input, multilabel_outputs, \
-    padded_feature_spec
+from models.video.yt8m_common import Reduction, check_features, check_reduction, feature_input, \
+    multilabel_outputs, padded_feature_spec
 
 
 def _msra():
@@ -104,6 +104,24 @@ class NeXtVLAD(ZooModel):
     Loss: sigmoid cross-entropy summed over classes, averaged over the batch (`loss_reduction`).
     Dropout is paddle's upscale-in-train; Fluid 1.x scaled at inference instead (same expectation).
     The reader is expected to apply the original's PCA-eigenvalue rescaling of rgb.
+
+    Args:
+        num_classes: the outputs of the logistic layer (3862: YouTube-8M 2018's vocabulary); checked
+            against the reader's.
+        feature_names: the batch's feature arrays, one NeXtVLAD layer each (rgb, audio).
+        feature_dims: the width of each feature (1024 rgb, 128 audio), in `feature_names`' order.
+        cluster_size: the clusters each group of a frame is softly assigned to.
+        hidden_size: the width of the fc + BN after the concatenated VLADs; a multiple of
+            `gating_reduction`.
+        groups: the groups a frame's expanded feature is split into, each with its own attention;
+            expansion x feature width must divide by it.
+        expansion: the factor the first fc widens each frame's feature by (lambda in the paper).
+        drop_rate: the dropout on the concatenated VLADs.
+        gating_reduction: the bottleneck ratio of the context gating (SE) block.
+        l2_penalty: the L2 regulariser of the logistic layer's weight and bias, which overrides the
+            optimizer's weight decay for them.
+        loss_reduction: `mean` averages the per-video loss (summed over classes) over the batch;
+            `sum` adds it up.
     """
 
     def weights(self):   # the head: what fine-tuning to another num_classes replaces
@@ -115,7 +133,7 @@ class NeXtVLAD(ZooModel):
     def __init__(self, num_classes: int = 3862, feature_names: list = ["rgb", "audio"],
                  feature_dims: list = [1024, 128], cluster_size: int = 128, hidden_size: int = 2048,
                  groups: int = 8, expansion: int = 2, drop_rate: float = 0.5, gating_reduction: int = 8,
-                 l2_penalty: float = 1e-5, loss_reduction: str = "mean"):
+                 l2_penalty: float = 1e-5, loss_reduction: Reduction = "mean"):
         super().__init__()
         self.num_classes = num_classes
         check_features("NeXtVLAD", feature_names, feature_dims)

@@ -10,6 +10,8 @@ models/video/clips.py (shared with StNet) reads them.
 `feature` averages the pooled features of all views and segments together, which is what
 PaddleVideo 2.x does for its TenCrop x 25-segment test (the 250 crops enter the consensus as segments).
 """
+import typing
+
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
@@ -32,8 +34,11 @@ class TSN(ZooModel):
         backbone: backbone config, default {name: ResNet, depth: 50} (its last `out_indices` is used).
         drop_rate: dropout before the fc (PaddleVideo 2.x TSNHead 0.4; 0 = Fluid 1.x).
         fc_std: std of the normal fc weight init (TSNHead 0.01); bias starts at 0.
-        num_views: views per video in a 5-D eval batch (see module docstring).
-        view_average: "prob" or "feature" (see module docstring).
+        num_views: the views (crops x clips) per video in a 5-D eval batch [B, V*T, C, H, W],
+            grouped view-major (see module docstring).
+        view_average: how the views of a video are combined: `prob` averages their softmax scores
+            (MMAction2's average_clips='prob'); `feature` averages the pooled features of all views
+            and segments together (PaddleVideo 2.x's TenCrop x 25-segment test).
     """
 
     def weights(self):   # the head: what fine-tuning to another num_classes replaces
@@ -43,7 +48,8 @@ class TSN(ZooModel):
         return DataAgreement(num_classes=self.num_classes)
 
     def __init__(self, num_classes: int = 400, backbone: dict = None, drop_rate: float = 0.4,
-                 fc_std: float = 0.01, num_views: int = 1, view_average: str = "prob"):
+                 fc_std: float = 0.01, num_views: int = 1,
+                 view_average: typing.Literal["prob", "feature"] = "prob"):
         super().__init__()
         self.num_classes = num_classes
         if view_average not in ("prob", "feature"):

@@ -2,6 +2,8 @@
 constructor checks, reading a modality with its lengths/mask from the batch, the sigmoid
 cross-entropy, the export inputs of padded batches and the train/eval output dicts.
 """
+import typing
+
 import paddle
 import paddle.nn.functional as F
 from paddle.static import InputSpec
@@ -85,6 +87,11 @@ def multilabel_outputs(layer, logits, batch, reduction="mean"):
     return out
 
 
+# how the models' loss sums over the batch (`loss_reduction`): averaged, or summed as PaddleVideo's
+# BCEWithLogitsLoss(sum), whose learning rates assume it
+Reduction = typing.Literal["mean", "sum"]
+
+
 def check_reduction(model, reduction):
-    if reduction not in ("mean", "sum"):
+    if reduction not in typing.get_args(Reduction):
         raise ConfigError(f"{model}: loss_reduction must be 'mean' or 'sum', got '{reduction}'")
