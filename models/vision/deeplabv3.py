@@ -26,6 +26,7 @@ aspp.pool.{conv,bn}.*, aspp.project.{conv,bn}.*, cls.{weight,bias}, aux.{conv,bn
 through `paddleseg_key_map`.
 """
 import math
+import typing
 
 import numpy as np
 import paddle
@@ -132,7 +133,12 @@ class DeepLabV3(ZooModel):
         aux_weight: > 0 adds the auxiliary FCN head on stage 3, its loss weighted by this.
         aux_channels: width of the auxiliary head.
         ignore_index: label value that counts nowhere.
-        loss: "ce" or "ohem" (with ohem_thresh, ohem_min_kept: PaddleSeg's defaults 0.7, 10000).
+        loss: `ce`: pixel cross entropy; `ohem`: only the hard pixels count (PaddleSeg's
+            OhemCrossEntropyLoss).
+        ohem_thresh: with `loss: ohem`, pixels whose true-class probability is below this count
+            (PaddleSeg's default 0.7).
+        ohem_min_kept: with `loss: ohem`, the threshold is raised so that at least about this many
+            pixels per batch count (PaddleSeg's default 10000).
         slide_crop_size, slide_stride: [w, h]; sliding-window evaluation when set.
         test_scales, test_flip: multi-scale and horizontal-flip evaluation (logits averaged).
     """
@@ -148,7 +154,7 @@ class DeepLabV3(ZooModel):
     def __init__(self, num_classes: int = 19, backbone: dict = None, aspp_ratios: list = None,
                  aspp_channels: int = 256, image_pooling: bool = True, dropout: float = 0.1,
                  align_corners: bool = False, aux_weight: float = 0.0, aux_channels: int = 256,
-                 ignore_index: int = 255, loss: str = "ce", ohem_thresh: float = 0.7,
+                 ignore_index: int = 255, loss: typing.Literal["ce", "ohem"] = "ce", ohem_thresh: float = 0.7,
                  ohem_min_kept: int = 10000, slide_crop_size: list = None, slide_stride: list = None,
                  test_scales: list = (1.0,), test_flip: bool = False):
         super().__init__()

@@ -13,6 +13,8 @@ Our parameter names (kit names are reached through `resnet_key_map`):
     layer{1..4}.{block}.{conv0,conv1,conv2,short}.conv.weight / .bn.*     (basic blocks: conv0, conv1)
     fc.weight [in, out], fc.bias                                            (only with num_classes > 0)
 """
+import typing
+
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
@@ -120,8 +122,8 @@ class ResNet(ZooModel):
     def weights(self):   # the ImageNet classifier, if any: replaced when fine-tuning
         return Weights(head_keys=[r"fc\.(weight|bias)"])
 
-    def __init__(self, depth: int = 50, variant: str = "b", in_channels: int = 3,
-                 output_stride: int = 32, multi_grid: list = None, out_indices: list = None,
+    def __init__(self, depth: typing.Literal[tuple(DEPTHS)] = 50, variant: typing.Literal["b", "d"] = "b",
+                 in_channels: int = 3, output_stride: typing.Literal[tuple(STAGE_DILATIONS)] = 32, multi_grid: list = None, out_indices: list = None,
                  frozen_stages: int = -1, norm_eval: bool = False, freeze_norm: bool = False,
                  num_classes: int = 0, base_channels: int = 64, recompute: bool = False):
         super().__init__()
