@@ -65,7 +65,9 @@ from ops import layers as op_layers
 from ops.paddle_attrs import batch_norm_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JSON = os.path.join(ROOT, "benchmarks", "results", "flops.json")   # `tools/analyze.py --all --json` (machine-independent)
+# `tools/analyze.py --all --json`: counts from the code, no machine in them, so a record of the recipes (beside
+# them) that the model-zoo page reads, not a benchmark result
+JSON = os.path.join(ROOT, "configs", "macs.json")
 
 COUNTED = ("convolutions, transposed convolutions, linear layers and matrix products (attention's two batched "
            "products), LSTM/GRU/RNN cells")
@@ -720,6 +722,6 @@ def summary_line(result):
 
 
 def table_entry(result):
-    """What docs/model-zoo.md's table reads of a recipe (benchmarks/results/flops.json)."""
+    """What docs/model-zoo.md's table reads of a recipe (configs/macs.json)."""
     return {"model": result["model"], "params": result["params"]["trainable"], "macs": result["macs"],
             "input": result["input"]["text"], "mode": result["input"]["mode"], "macs_by_op": result["macs_by_op"]}

@@ -310,24 +310,3 @@ def fastest(result):
         else:
             out[precision] = ", ".join(f"batch {w[0]}: {w[1][1]} {a}" for w, a in zip(wins, against))
     return out
-
-
-def recommendation(config_path, model_name, precision, kind=None):
-    """One line naming the fastest route measured on this CPU kind (or `kind`) for a model and precision,
-    from benchmarks/results/<kind>/inference/*.json: the row of the same config file name, else of the
-    same model name; None where no row or no route of that precision was measured."""
-    folder = os.path.join(report.results_dir(kind), "inference")
-    results = []
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        if name.endswith(".json"):
-            with open(os.path.join(folder, name)) as f:
-                results.append(json.load(f))
-    base = os.path.basename(config_path or "")
-    match = next((r for r in results if os.path.basename(r.get("config", "")) == base), None) or \
-        next((r for r in results if model_name and r.get("model") == model_name), None)
-    wins = winners(match).get(precision) if match else None
-    if not wins:
-        return None
-    how = "; ".join(dict.fromkeys(w[1][3] for w in wins))
-    return (f"fastest measured on {match.get('cpu_kind', kind)} for {os.path.basename(match['config'])} {precision} "
-            f"(p50): {fastest(match)[precision]}; run it with {how}")

@@ -158,7 +158,7 @@ def _committed():
 
 
 def test_the_committed_json_is_what_the_tool_counts_for_the_demos():
-    """benchmarks/results/flops.json (`tools/analyze.py --all --json ...`, read by the model-zoo table) holds
+    """configs/macs.json (`tools/analyze.py --all --json ...`, read by the model-zoo table) holds
     every recipe, and the demos' records are what the analysis gives now (regenerate it when they differ)."""
     records = _committed()["recipes"]
     assert sorted(records) == sorted(flops._rel(p) for p in flops.recipes())

@@ -149,7 +149,7 @@ def _latency_json(config, model, p50s):
                      for (bs, b), v in p50s.items()]}
 
 
-def test_the_latency_table_names_the_fastest_route_and_export_reads_it(results, monkeypatch, capsys):
+def test_the_latency_table_names_the_fastest_route(results, monkeypatch, capsys):
     """Per precision the lowest p50 among deployable routes (not the dynamic model), against the
     runner-up: 100 / 80 = 1.25x, 300 / 250 = 1.20x, 40 / 50 = 0.8 so ONNX Runtime INT8 wins at batch 4."""
     from benchmarks import tables
@@ -164,11 +164,6 @@ def test_the_latency_table_names_the_fastest_route_and_export_reads_it(results, 
     assert text["fp32"] == "OpenVINO 1.25x Paddle Inference oneDNN (batch 1), 1.20x Paddle Inference oneDNN (batch 4)"
     assert text["int8"] == "batch 1: OpenVINO INT8 1.33x ONNX Runtime INT8, batch 4: ONNX Runtime INT8 1.25x OpenVINO INT8"
     assert "bf16" not in text
-    line = tables.recommendation("elsewhere/tsn_r50_100e_k400.yaml", None, "fp32", AMD)   # by config file name
-    assert line.startswith(f"fastest measured on {AMD} for tsn_r50_100e_k400.yaml fp32") and "--backend openvino" in line
-    assert tables.recommendation("my_tsn.yaml", "TSN", "int8", AMD).count("tools/quantize.py") == 2   # by model name
-    assert tables.recommendation("my_tsn.yaml", "TSN", "bf16", AMD) is None
-    assert tables.recommendation("bert.yaml", "BERT", "fp32", AMD) is None
     monkeypatch.setattr(sys, "argv", ["tools/benchmark.py", "--show", "--backend", "inference", "--kind", AMD])
     benchmark.main()
     out = capsys.readouterr().out

@@ -4,7 +4,7 @@ without training (benchmarks/flops.py counts; docs/tools.md, "analyze", says wha
     python tools/analyze.py -c configs/video/tsn/tsn_r50_100e_k400.yaml
     python tools/analyze.py -c CONFIG --input-shape segments=8 size=256 --depth 3 --json out.json
     python tools/analyze.py -c CONFIG --params-only          # parameters only, built under paddle.LazyGuard
-    python tools/analyze.py --all --json benchmarks/results/flops.json   # every recipe (docs/model-zoo.md's column)
+    python tools/analyze.py --all --json configs/macs.json   # every recipe (docs/model-zoo.md's column)
 """
 import _bootstrap  # noqa: F401  (environment before paddle)
 

@@ -49,8 +49,9 @@ def _params(entry):
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# what `python tools/analyze.py --all --json benchmarks/results/flops.json` counted for each recipe
-FLOPS_JSON = os.path.join(ROOT, "benchmarks", "results", "flops.json")
+# what `python tools/analyze.py --all --json configs/macs.json` counted for each recipe (a record of the
+# recipes, not a measurement: a product tool reads no benchmark results)
+FLOPS_JSON = os.path.join(ROOT, "configs", "macs.json")
 
 
 def _macs_records(path=FLOPS_JSON):
@@ -129,7 +130,7 @@ our 2-core CPU machines (no GPU, none of the full datasets). An entry marked "no
 official file: it names the recipe and the publisher's number only. "MACs (input)" is the recipe's
 multiply-adds in one forward of one sample of the input named beside it (FLOPs = 2 x MACs; convolutions,
 linear layers, matrix products and LSTM cells are counted, element-wise operations, norms and softmax are
-not), as `python tools/analyze.py --all --json benchmarks/results/flops.json` counted them
+not), as `python tools/analyze.py --all --json configs/macs.json` counted them
 ([analyze](tools.md#analyze)).
 
 """

@@ -55,16 +55,6 @@ def main():
           f"to {args.output}: inputs "
           + ", ".join(f"{n} {list(sp.shape)}" for n, sp in spec["inputs"].items())
           + f"; outputs {', '.join(spec['outputs'])}")
-    _recommend(s, args)
-
-
-def _recommend(session, args):
-    """The fastest route measured on this CPU kind for this model and precision (docs/performance.md's
-    latency table, benchmarks/results/<kind>/inference/), in one line; nothing where none was measured."""
-    from benchmarks import tables   # the measured latency rows (no paddle); tools sit above benchmarks
-    line = tables.recommendation(args.config, session.cfg["model"]["name"], args.precision)
-    if line:
-        print(line)
 
 
 def _trt_args(p):

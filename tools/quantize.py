@@ -65,22 +65,12 @@ def main():
         key, route = m["metric"], f" ({b}: {outputs[b]})" if len(backends) > 1 else ""
         print(f"int8{route}: {cli.format_metrics(m['int8'])}")
         print(f"{key}: fp32 {m['fp32'][key]:.4f}, int8 {m['int8'][key]:.4f}, drop {m['drop']:.4f}{route}")
-    _recommend(args.config, s.cfg["model"]["name"])
     over = [b for b, m in results.items() if args.max_drop is not None and m["drop"] > args.max_drop]
     for b in over:
         print(f"error: INT8 {results[b]['metric']} is {results[b]['drop']:.4f} below fp32 (more than --max-drop "
               f"{args.max_drop}); the quantized model is in {outputs[b]}")
     if over:
         raise SystemExit(1)
-
-
-def _recommend(config, model_name):
-    """The fastest INT8 route measured on this CPU kind for this model (docs/performance.md's latency
-    table), in one line; nothing where none was measured."""
-    from benchmarks import tables   # the measured latency rows (no paddle); tools sit above benchmarks
-    line = tables.recommendation(config, model_name, "int8")
-    if line:
-        print(line)
 
 
 if __name__ == "__main__":
