@@ -133,3 +133,17 @@ def test_trt_rows_export_with_trt_and_infer_with_it_where_paddle_has_tensorrt(tm
         rows = gpu_check.check_all([ATTENTION_LSTM_DEMO], list(TRT_ROWS), dev, 1, str(tmp_path), 60,
                                    progress=lambda _: None)
         assert not cmds and [r["cells"]["export"]["text"] for r in rows[:2]] == [text, text]
+
+
+def test_one_table_of_modes_and_the_docs_show_it():
+    """MODES is the modes' only table: the CPU rows and the TensorRT rows are its rows (the hand lists
+    above, from the module docstring's account of what a CPU runs), --modes offers its names, and
+    docs/tools.md holds the table `--docs` writes from it."""
+    assert gpu_check.CPU_MODES == CPU_ROWS and tuple(gpu_check.TRT_MODES) == TRT_ROWS
+    assert set(gpu_check.MODES) == set(CPU_ROWS + GPU_ROWS + TRT_ROWS)
+    assert gpu_check.parser().parse_args(["--modes", "fp16-O2"]).modes == ["fp16-O2"]
+    assert gpu_check.amp_overrides("bf16-O2")[-2:] == ["-o", "train.amp.level=O2"]
+    with open(gpu_check.DOCS_PAGE, encoding="utf-8") as f:
+        page = f.read()
+    assert gpu_check.docs_page(page) == page, "docs/tools.md is stale: run python tools/gpu_check.py --docs"
+    assert "| `trt-fp16` | off | `--trt --trt-precision fp16` | no |" in page
