@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 DEMO ?= configs/video/attention_lstm/attention_lstm_demo.yaml
 export GLOG_minloglevel := 2
 
-.PHONY: demo test test-isa docs docs-images ops bench bench-peers bench-peers-bf16 bench-memory bench-serve venv clean
+.PHONY: demo test test-isa docs docs-serve docs-images ops bench bench-peers bench-peers-bf16 bench-memory bench-serve venv clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -49,6 +49,11 @@ test-isa: $(VENV)/.installed-test
 docs: $(VENV)/.installed-test
 	$(VPY) tools/config_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict
+
+# The built site at http://127.0.0.1:8000/: its search needs a server (opened from the disk, file://, the
+# theme cannot fetch the search index and hides the search box).
+docs-serve: docs
+	$(VPY) -m http.server --bind 127.0.0.1 --directory site 8000
 
 # docs/images/*.png from demo runs (trained into output/docs_images/ once, ~10 min on 2 cores; reused after)
 docs-images: $(VENV)/.installed

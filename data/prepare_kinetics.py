@@ -260,7 +260,8 @@ def write_list(path, rows):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # the docstring's first paragraph (one sentence over two lines); the rest is for readers of the code
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--root", help="one folder <class>/<video>, split by --val-fraction")
     ap.add_argument("--train-dir", help="training videos (class folders, or anywhere with --train-csv)")
     ap.add_argument("--val-dir", help="validation videos")

@@ -5,7 +5,8 @@
 Writes PREFIX.model and PREFIX.vocab with the special pieces the Translation reader and the
 Transformer expect, as in PaddleNLP's WMT vocabulary: `<s>` = 0 (begin, also padding), `<e>` = 1
 (end), `<unk>` = 2. Pick a vocabulary size that is a multiple of 8 (PaddleNLP pads to one) and
-that the text can fill (`--hard-limit` fails otherwise instead of returning fewer pieces).
+that the text can fill: by default a text that cannot fill it fails, and `--no-hard-limit` returns
+fewer pieces instead.
 """
 import argparse
 import os

@@ -1,5 +1,6 @@
-"""mkdocs hook: a page's relative link into the repository (`../configs/...yaml`, `../engine/data.py`)
-resolves to a copy of that file in the site, under repo/.
+"""mkdocs hooks: a page's relative link into the repository (`../configs/...yaml`, `../engine/data.py`)
+resolves to a copy of that file in the site, under repo/; CHANGELOG.md is the site's Changelog page;
+the header links to the repository where the clone the site is built from has a web address.
 
 Why: the pages point at recipes and code, and a built site must not hold dead links. Each such file is
 added to the site's files (so mkdocs' own link validation sees it), the link is rewritten to it, and a
@@ -10,6 +11,7 @@ import logging
 import os
 import posixpath
 import re
+import subprocess
 
 from mkdocs.structure.files import File
 
@@ -47,8 +49,47 @@ def _outside_targets(page_src, markdown, config):
             yield target, (None if rel.startswith("..") else rel.replace(os.sep, "/"))
 
 
+CHANGELOG = "changelog.md"
+REPO_URL_ENV = "PADDLE_ZOO_REPO_URL"
+
+
+def web_address(remote):
+    """The https address of a git remote (`https://host/owner/name(.git)` or `git@host:owner/name.git`),
+    or None for one a browser cannot open (a local path, file://)."""
+    remote = remote.strip()
+    m = re.fullmatch(r"(?:ssh://)?git@([^:/]+)[:/](.+?)(?:\.git)?/?", remote)
+    if m:
+        return f"https://{m.group(1)}/{m.group(2)}"
+    m = re.fullmatch(r"https?://(?:[^@/]+@)?([^/]+)/(.+?)(?:\.git)?/?", remote)
+    return f"https://{m.group(1)}/{m.group(2)}" if m else None
+
+
+def on_config(config):
+    """repo_url (the header's repository link) from $PADDLE_ZOO_REPO_URL, else from the clone's `origin`
+    remote: the project names no public address of its own, and a link written into mkdocs.yml would
+    point wherever one copy lives. With neither, the site has no repository link."""
+    if config.repo_url:
+        return config
+    url = os.environ.get(REPO_URL_ENV, "").strip()
+    if not url:
+        try:
+            proc = subprocess.run(["git", "-C", _root(config), "remote", "get-url", "origin"],
+                                  capture_output=True, text=True, timeout=10)
+            url = web_address(proc.stdout) if proc.returncode == 0 else None
+        except OSError:     # no git: a site built from an unpacked archive
+            url = None
+    if url:
+        config.repo_url = url
+        config.repo_name = config.repo_name or "paddle-zoo"
+    return config
+
+
 def on_files(files, config):
     root = _root(config)
+    # CHANGELOG.md as a page at the top of docs/: its relative links must then read from docs/, which
+    # --strict checks (it has none today)
+    if files.get_file_from_path(CHANGELOG) is None:
+        files.append(File.generated(config, CHANGELOG, abs_src_path=os.path.join(root, "CHANGELOG.md")))
     for f in list(files.documentation_pages()):
         with open(f.abs_src_path, encoding="utf-8") as fh:
             markdown = fh.read()
