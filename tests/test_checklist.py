@@ -103,6 +103,8 @@ def _section(text, heading):
     return lines[start:end]
 
 
+# `from a import b, c`, `from a import (b,\n c)`, `import a, b as c`
+IMPORT = re.compile(r"^\s*from ([\w.]+) import (?:\(([^)]*)\)|([^\n#]+))|^\s*import ([\w., ]+)", re.M)
 _LOADED, _BUILT = {}, {}   # the tree's recipes, loaded and built once for every Project of the session
 
 
@@ -193,7 +195,7 @@ class Project:
             source = open(path, encoding="utf-8").read()
             numbers |= {int(n.replace("_", "")) for n in re.findall(r"(?<![\w.])\d{1,3}(?:_\d{3})+(?![\w.])|"
                                                                       r"(?<![\w.])\d{6,}(?![\w.])", source)}
-            for m in re.finditer(r"^\s*from ([\w.]+) import (?:\(([^)]*)\)|([^\n#]+))|^\s*import ([\w., ]+)", source, re.M):
+            for m in IMPORT.finditer(source):
                 if m.group(1):
                     names = [n.strip() for n in (m.group(2) or m.group(3)).split(",") if n.strip()]
                     imports |= {m.group(1)} | {f"{m.group(1)}.{n.split()[0]}" for n in names}
@@ -363,7 +365,9 @@ def check_demo_data(p, name):
                    and isinstance(n.func, ast.Attribute) and n.func.attr == "get"
                    and ast.unparse(n.func.value) == "DEMO_DATA")
     fixtures, make_demo = p.conftest[2], p.read("data", "make_demo.py")
-    for demo in _demos(p, name) or ["-"]:
+    if not _demos(p, name):
+        return "no demo recipe"
+    for demo in _demos(p, name):
         names = by_folder.get(os.path.basename(os.path.dirname(demo)), default)
         written = ""
         for fixture in names:
@@ -380,10 +384,12 @@ def check_demo_data(p, name):
 
 def check_demo_trained(p, name):
     _, constants, fixtures = p.conftest
-    for demo in _demos(p, name) or ["-"]:
-        const = [c for c, v in constants.items() if v == demo]
+    if not _demos(p, name):
+        return "no demo recipe"
+    for demo in _demos(p, name):
+        naming = [rf"\b{c}\b" for c, v in constants.items() if v == demo] + [re.escape(f'"{demo}"')]
         training = [f for f, src in fixtures.items() if re.search(r"tool\(\"train\"|_trained\(", src)
-                    and any(re.search(rf"\b{re.escape(c)}\b", src) for c in const + [re.escape(demo)])]
+                    and any(re.search(n, src) for n in naming)]
         if not training:
             return f"{demo}: no session fixture of tests/conftest.py trains it"
         if not set(training) & p.tests.fixtures:
@@ -435,7 +441,9 @@ def check_gpu_check(p, name):
 
 def check_docs_page(p, name):
     readme = p.read("README.md")
-    for demo in _demos(p, name) or ["-"]:
+    if not _demos(p, name):
+        return "no demo recipe"
+    for demo in _demos(p, name):
         pages = [page for page, text in p.model_pages.items() if os.path.basename(demo) in text]
         if not pages:
             return f"no page of the Models section names {os.path.basename(demo)}"
