@@ -85,6 +85,10 @@ class Inferencer:
         self.writer = session.infer_writer()   # checked before the model is built
         if setup:
             session.setup()
+        import ops
+        # what this thread computes with now (runtime.fast_ops): every call enters it, so a call from
+        # another thread (a web framework's pool) runs the same kernels (ops/functional.py: threads)
+        self.precision = ops.current_precision()
         self.split = split or session.cfg.eval_split()
         self.batch_size, self.workers = batch_size, workers
         args = types.SimpleNamespace(backend=backend, no_mkldnn=not mkldnn, trt=tensorrt, precision=precision,
@@ -155,7 +159,8 @@ class Inferencer:
                                 sharded=False, workers=self.workers)
         writer.open(out, dataset, self.label_names)
         by_index = {}
-        with paddle.no_grad(), runtime.autocast(s.eval_amp):   # eval.amp; an exported program is fp32 (no effect)
+        # eval.amp; an exported program is fp32 (no effect)
+        with paddle.no_grad(), runtime.autocast(s.eval_amp, base=self.precision):
             for batch in loader:
                 for index, reason in zip(batch["skipped"], batch.get("skip_reasons", [])):
                     by_index[int(index)] = {"id": _named(dataset.describe(index), names), "error": _named(reason, names)}

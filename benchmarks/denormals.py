@@ -108,7 +108,9 @@ def run(threads, flush):
     from ops import functional, library
     paddle.base.core.set_num_threads(threads)
     cpu.flush_denormals(flush)
-    functional.set_enabled(True, threads, flush_denormals=flush)
+    library.set_threads(threads)
+    library.set_flush_denormals(flush)
+    functional.set_precision(fast_ops=True)
     if not library.load():
         raise SystemExit(f"error: the fused operators are not available ({library.state['error']})")
     rows = []

@@ -15,9 +15,9 @@ Prints milliseconds per call (the mean over >= 0.5 s; outputs allocated per call
 the paddle / oneDNN ratio: where it is above 1 the operator is worth using (on our AMD EPYC: every
 GEMM 1.6-2.0x, the small batched attention products 1.0-1.5x; re-run it on a new CPU).
 
-The bf16 columns (issue 22) time the same calls under ops.autocast, both routes: "bf16" rounds the fp32
-operands to bf16 at the operator (what train.amp.dtype bfloat16 runs), "fpmath" gives oneDNN the fp32
-operands with fpmath_mode = bf16; torch's under torch.autocast("cpu", bfloat16). fp32/bf16 is our
+The bf16 columns (issue 22) time the same calls under ops.precision(bf16=True), both routes: "bf16"
+rounds the fp32 operands to bf16 at the operator (what train.amp.dtype bfloat16 runs), "fpmath" gives
+oneDNN the fp32 operands with fpmath_mode = bf16; torch's under torch.autocast("cpu", bfloat16). fp32/bf16 is our
 fp32 operator's time over our bf16 one's.
 
 `--conv-routes` times our two fp32 convolution operators on the same layers, forward + backward:
@@ -84,7 +84,8 @@ def _paddle_with_our_operators(threads):
     from ops import functional, library
     cpu.keep_freed_memory()   # the kernels' time, not that of faulting their outputs in (runtime.keep_freed_memory)
     paddle.base.core.set_num_threads(threads)
-    functional.set_enabled(True, threads)
+    library.set_threads(threads)
+    functional.set_precision(fast_ops=True)
     if not functional.active(paddle.ones([1])) or not library.state["dnnl"]:
         raise SystemExit(f"error: the oneDNN operators are not available ({library.state['error']})")
     return paddle, functional
@@ -92,14 +93,14 @@ def _paddle_with_our_operators(threads):
 
 def run_paddle(threads):
     paddle, functional = _paddle_with_our_operators(threads)
-    import ops   # loaded by the setup above already; for autocast and the bf16 query
+    import ops   # loaded by the setup above already; for the precision and the bf16 query
     bf16 = ops.bf16_supported()
 
     def timed(fn):
         """paddle's kernel, ours in fp32, ours in bf16 (both routes; None without native bf16)."""
         times = [_per_call(lambda: fn("paddle")), _per_call(lambda: fn("fp32"))]
         for route in ops.functional.BF16_ROUTES:
-            with ops.autocast(route=route):
+            with ops.precision(bf16=True, route=route):
                 times.append(_per_call(lambda: fn("fp32")) if bf16 else None)
         return times
 
@@ -114,7 +115,7 @@ def run_paddle(threads):
         x.stop_gradient = False
 
         def step(side):
-            with functional.enabled_as(side != "paddle"):
+            with functional.precision(fast_ops=side != "paddle"):
                 functional.conv2d(x, conv).sum().backward()
         convs[name] = timed(step)
     return {"gemm": gemms, "conv": convs, "bf16": bf16}

@@ -138,7 +138,7 @@ def _in_bf16_activations(run):
     import ops  # the --run child's, paddle loaded
 
     def bf16_run():
-        with ops.bf16_activations():
+        with ops.precision(bf16_act=True):
             return run()
     return bf16_run
 
@@ -155,7 +155,7 @@ def profile(name, side, threads, batch=None, overrides=(), bf16_activations=Fals
     """One side's memory profile of one training step of peers.PEERS[name] (see the module's doc);
     `overrides`: more recipe overrides on our side (e.g. runtime.keep_freed_memory=false);
     `precision`: one of peers.AMP (ours through train.amp, where the CPU runs it; theirs under autocast);
-    `bf16_activations`: our step inside ops.bf16_activations whatever the CPU (issue 43; train.amp enters it
+    `bf16_activations`: our step inside ops.precision(bf16_act=True) whatever the CPU (issue 43; train.amp enters it
     only with native bf16; without, the convolutions compute in fp32 on the rounded operands, the same
     tensors kept)."""
     spec = dict(peers.PEERS[name], **({"batch": batch} if batch else {}))
@@ -305,7 +305,7 @@ def main():
     p.add_argument("--precision", choices=list(peers.AMP), default="fp32",
                    help="with --run: the side's precision (benchmarks/peers.py's; ours needs native bf16)")
     p.add_argument("--bf16-activations", action="store_true",
-                   help="with --run --side ours: the step inside ops.bf16_activations (issue 43, measuring)")
+                   help="with --run --side ours: the step inside ops.precision(bf16_act=True) (issue 43, measuring)")
     args = p.parse_args()
     args.json = args.json or os.path.relpath(os.path.join(report.results_dir(args.kind), "memory.json"), ROOT)
     if args.run:

@@ -66,7 +66,11 @@ def setup_cpu(runtime_cfg, device="cpu"):
     paddle.base.core.set_num_threads(threads)
     flush = runtime_cfg.flush_denormals
     cpu.flush_denormals(flush)      # this thread (paddle's kernels; threads and processes started later)
-    ops.set_enabled(runtime_cfg.fast_ops, threads, flush_denormals=flush)
+    ops.library.set_threads(threads)
+    ops.library.set_flush_denormals(flush)
+    # the base of this thread's precision: the fused path or not, fp32 (train.amp / eval.amp enter bf16 in
+    # blocks: autocast); a fresh value, so a second setup in one process leaves nothing of the first
+    ops.set_precision(ops.Precision(fast_ops=runtime_cfg.fast_ops))
     if device == "cpu" and runtime_cfg.keep_freed_memory:
         cpu.keep_freed_memory()
     if device == "cpu" and "FLAGS_use_stride_kernel" not in os.environ:
@@ -113,7 +117,7 @@ def clock_sync():
 
 def resolve_amp(amp, where="train.amp"):
     """The AmpSection this process can run, after runtime.setup. On a GPU: `amp` (paddle.amp).
-    On a CPU, where paddle's AMP does nothing: bf16 runs on the fused oneDNN operators (ops.autocast),
+    On a CPU, where paddle's AMP does nothing: bf16 runs on the fused oneDNN operators (Precision.bf16),
     so float16 is an error; without native bf16 (AVX512_BF16 or AMX) or with runtime.fast_ops off,
     one log line and fp32; level O2 keeps fp32 master weights (one log line: it runs as O1)."""
     if not amp.enable or not _on_cpu():
@@ -121,7 +125,7 @@ def resolve_amp(amp, where="train.amp"):
     if amp.dtype == "float16":
         raise ConfigError(f"{where}.dtype: float16 needs a GPU (paddle has no CPU float16 kernels); "
                           f"on a CPU use {where}.dtype=bfloat16")
-    if not ops.is_enabled():
+    if not ops.current_precision().fast_ops:
         _once("%s: bfloat16 on a CPU runs on the fused operators, and runtime.fast_ops is false: computing in fp32",
               where)
         return dataclasses.replace(amp, enable=False)
@@ -137,27 +141,19 @@ def resolve_amp(amp, where="train.amp"):
     return amp
 
 
-def autocast(amp):
-    """Mixed precision for a resolved AmpSection (`resolve_amp`): paddle.amp on a GPU, the fused
-    operators' bf16 (ops.autocast) on a CPU."""
+def autocast(amp, base=None):
+    """Mixed precision for a resolved AmpSection (`resolve_amp`), one context: paddle.amp on a GPU; on
+    a CPU ops.precision, the precision in effect (or `base`, an ops.Precision: what a thread other than
+    the one set up computes with, api/inferencer.py) with bf16 matmul and convolution, and bf16
+    activations where `amp.activations` says so."""
     if not amp.enable:
-        return contextlib.nullcontext()
+        return contextlib.nullcontext() if base is None else ops.precision(base)
     if _on_cpu():
         bf16 = ops.bf16_supported()
-        if bf16 and amp.activations == "bfloat16":
-            return _entered(ops.autocast(), ops.bf16_activations())
-        return ops.autocast(bf16)
+        return ops.precision(base, bf16=bf16, bf16_act=bf16 and amp.activations == "bfloat16")
     return paddle.amp.auto_cast(enable=True, dtype=amp.dtype, level=amp.level,
                                 custom_white_list=set(amp.custom_white_list or ()) or None,
                                 custom_black_list=set(amp.custom_black_list or ()) or None)
-
-
-@contextlib.contextmanager
-def _entered(*managers):
-    with contextlib.ExitStack() as stack:
-        for m in managers:
-            stack.enter_context(m)
-        yield
 
 
 def convert_sync_bn(layer):

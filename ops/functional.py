@@ -1,19 +1,28 @@
 """The fused operators on tensors, each choosing its fused kernel or its reference (ops/reference.py).
 
-A function takes the fused path only when all of these hold: the switch is on (`set_enabled`, done by
-engine/runtime.py from `runtime.fast_ops`; off until then), the graph is dynamic (export and
-`to_static` trace the reference, so exported programs need no custom library), the tensors are
-float32 on the CPU (the activations of the operators that also take bf16 ones, `bf16_activations`:
-float32 or all bfloat16), and the library is built (ops/library.py). This is the one place that decides.
+A function takes the fused path only when all of these hold: the precision in effect (`Precision`,
+below) has `fast_ops` on (engine/runtime.py sets it from `runtime.fast_ops`; off until then), the graph
+is dynamic (export and `to_static` trace the reference, so exported programs need no custom library),
+the tensors are float32 on the CPU (the activations of the operators that also take bf16 ones,
+`Precision.bf16_act`: float32 or all bfloat16), and the library is built (ops/library.py). This is the
+one place that decides.
+
+Precision is one immutable value read by every operator at its call, held in a ContextVar as
+torch.autocast holds its state: `with precision(...)` puts a value in effect for a block, derived from
+the one in effect (`with precision(bf16_act=False):` changes that field alone), and puts the previous
+one back on exit, exception included. A ContextVar rather than a module global because a value is then
+its thread's (and asyncio task's) own: a block entered on one thread changes nothing another thread
+computes, and a thread starts from the default, the fused path off (a thread that runs a model enters
+the value it needs, as api/inferencer.py does).
 
 `matmul` (and so `linear`) and `conv2d` run on oneDNN (csrc/dnnl.cc) instead of paddle's MKL 2019
 GEMMs and im2col convolutions: 1.6-2.0x faster GEMMs and ~2x faster 3x3 convolutions (forward +
 backward) on our AMD EPYC (benchmarks/kernel_shapes.py). The rest (csrc/ops.cc) are fused
 element-wise and row kernels with their own backward.
 
-bf16 (`autocast`, engine/runtime.py from `amp: {enable: true, dtype: bfloat16}` on a CPU): inside the
-block, matmul (so linear and attention's two products) and conv2d compute in bf16 with fp32
-accumulation on oneDNN's native kernels, forward and both gradients; their results, the weights,
+bf16 (`Precision.bf16`, entered by engine/runtime.autocast for `amp: {enable: true, dtype: bfloat16}`
+on a CPU): inside the block, matmul (so linear and attention's two products) and conv2d compute in
+bf16 with fp32 accumulation on oneDNN's native kernels, forward and both gradients; their results, the weights,
 gradients and everything else (norms, softmax, losses, the optimizer) stay fp32, as PyTorch's CPU
 autocast lists do. Route "operands" (default) rounds the operands to bf16 at the operator (a linear
 layer keeps its input's rounded copy for the backward, batched products both); route "fpmath" asks oneDNN to compute fp32 operands in bf16
@@ -23,6 +32,8 @@ No operator writes a subnormal float where the exact result is below float32's n
 (csrc/ops.cc says why); `library.set_flush_denormals` (runtime.flush_denormals) adds FTZ/DAZ for
 the threads that run the operators (tests/test_denormals.py).
 """
+import contextvars
+import dataclasses
 import functools
 import os
 
@@ -33,95 +44,95 @@ from ops import library, reference
 from ops.paddle_attrs import (batch_norm_settings, conv2d_settings, conv_transpose_settings, lstm_settings,
                                pool2d_settings)
 
-_state = {"enabled": False, "bf16": False, "route": "operands", "bf16_act": False}
 BF16_ROUTES = ("operands", "fpmath")
 _ACTS = {None: 0, "none": 0, "relu": 1, "gelu": 2}   # the activation codes the kernels know
 
 
-def set_enabled(enabled, threads=None, flush_denormals=None):
-    """Turn the fast path on or off for this process; `threads` for the operators' OpenMP loops;
-    `flush_denormals` (True/False; None leaves it) for the threads that run the operators."""
-    _state["enabled"] = bool(enabled)
-    if threads:
-        os.environ["ZOO_FAST_OPS_THREADS"] = str(int(threads))
-    if flush_denormals is not None:
-        library.set_flush_denormals(flush_denormals)
-    return _state["enabled"]
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """How the fused operators compute where this value is in effect (`precision`, `current_precision`).
+
+    fast_ops: the fused kernels at all (`runtime.fast_ops`); off, every function runs its reference.
+    bf16: matmul (so linear and attention's two products), conv2d and the LSTM compute in bf16 with fp32
+        accumulation (the module docstring); the caller checks `bf16_supported()` first.
+    route: how bf16 reaches oneDNN, one of BF16_ROUTES.
+    bf16_act: a convolution writes its output in bf16, and the operators after it (BatchNorm + residual
+        + ReLU, pooling, the channel concat) read and write bf16, so the activations a ResNet keeps for
+        its backward take half the bytes; the statistics, the parameters, their gradients and the
+        trunk's outputs (`float32`) stay fp32 (`train.amp.activations: bfloat16`; a part that cannot
+        take bf16 enters `precision(bf16_act=False)`). Where oneDNN has no bf16 the convolution
+        computes in fp32 on bf16-rounded operands (csrc/dnnl.cc), the same arithmetic: the tests run
+        it on every CPU.
+    """
+    fast_ops: bool = False
+    bf16: bool = False
+    route: str = "operands"
+    bf16_act: bool = False
+
+    def __post_init__(self):
+        if self.route not in BF16_ROUTES:
+            raise ValueError(f"bf16 route {self.route!r}: one of {', '.join(BF16_ROUTES)}")
+        for name in ("fast_ops", "bf16", "bf16_act"):   # a numpy bool or 1 from a caller is the same value
+            object.__setattr__(self, name, bool(getattr(self, name)))
+
+    @property
+    def bf16_operands(self):
+        """bf16 on the "operands" route: the `_bf16` kernels, which round the operands themselves."""
+        return self.bf16 and self.route == "operands"
 
 
-def is_enabled():
-    return _state["enabled"]
+# The one precision state of the package (module docstring: why a ContextVar).
+_PRECISION = contextvars.ContextVar("ops.precision", default=Precision())
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Precision))
 
 
-class enabled_as:
-    """Context manager: the fast path on or off inside the block (tests, comparisons)."""
+def current_precision():
+    """The Precision in effect here."""
+    return _PRECISION.get()
 
-    def __init__(self, on):
-        self.on = on
+
+def _derived(value, changes):
+    unknown = set(changes) - _FIELDS
+    if unknown:
+        raise TypeError(f"precision: unknown field {', '.join(sorted(unknown))} (fields: {', '.join(sorted(_FIELDS))})")
+    if value is not None and not isinstance(value, Precision):
+        raise TypeError(f"precision: a Precision or fields, not {type(value).__name__}")
+    return dataclasses.replace(_PRECISION.get() if value is None else value, **changes)
+
+
+class precision:
+    """Context manager: inside the block, `value` (a Precision) or the precision in effect with
+    `changes` (fields of Precision: `with precision(bf16_act=False):`); the one before it again on
+    exit, exception included. The value is derived when the block is entered, so a manager made
+    early nests in what is in effect then. `with precision(...) as p` gives the value."""
+
+    def __init__(self, value=None, /, **changes):
+        _derived(value, changes)   # a wrong field or route fails where it is written, not at entry
+        self.value, self.changes, self._tokens = value, changes, []
 
     def __enter__(self):
-        self.before = _state["enabled"]
-        _state["enabled"] = bool(self.on)
+        value = _derived(self.value, self.changes)
+        self._tokens.append(_PRECISION.set(value))
+        return value
 
     def __exit__(self, *exc):
-        _state["enabled"] = self.before
+        _PRECISION.reset(self._tokens.pop())
+
+
+def set_precision(value=None, /, **changes):
+    """Put `value` (or the precision in effect with `changes`) in effect on this thread from here on,
+    outside any block: what engine/runtime.setup_cpu does once for `runtime.fast_ops`, so that a
+    user's own loop after api.setup_cpu runs the fused kernels. An enclosing `precision` block still
+    restores its own value on exit. Returns the value."""
+    value = _derived(value, changes)
+    _PRECISION.set(value)
+    return value
 
 
 def bf16_supported():
     """Whether this CPU computes bf16 natively in oneDNN (AVX512_BF16 or AMX, within
     ONEDNN_MAX_CPU_ISA) and the oneDNN operators are built."""
     return bool(library.load() and library.state["dnnl"] and library.bf16_supported())
-
-
-def bf16_active():
-    """Whether matmul and conv2d compute in bf16 here (inside `autocast`)."""
-    return _state["bf16"]
-
-
-class autocast:
-    """Context manager: matmul and conv2d in bf16 inside the block (see the module docstring); the
-    caller checks `bf16_supported()` first. `route`: one of BF16_ROUTES (None: the one set)."""
-
-    def __init__(self, on=True, route=None):
-        if route is not None and route not in BF16_ROUTES:
-            raise ValueError(f"bf16 route {route!r}: one of {', '.join(BF16_ROUTES)}")
-        self.on, self.route = bool(on), route
-
-    def __enter__(self):
-        self.before = dict(_state)
-        _state["bf16"] = self.on
-        if self.route:
-            _state["route"] = self.route
-        return self
-
-    def __exit__(self, *exc):
-        _state.update(bf16=self.before["bf16"], route=self.before["route"])
-
-
-class bf16_activations:
-    """Context manager (issue 43; entered by `train.amp.activations: bfloat16`, the default of train.amp
-    bf16, on a CPU with native bf16; `bf16_activations(False)` marks a part that stays fp32):
-    inside the block a convolution writes its output in bf16, and the operators after it (BatchNorm
-    + residual + ReLU, pooling) read and write bf16, so the activations a ResNet keeps for its
-    backward take half the bytes; the statistics, the parameters, their gradients and the trunk's
-    outputs (`float32`) stay fp32. Where oneDNN has no bf16 the convolution computes in fp32 on
-    bf16-rounded operands (csrc/dnnl.cc), the same arithmetic: the tests run it on every CPU."""
-
-    def __init__(self, on=True):
-        self.on = bool(on)
-
-    def __enter__(self):
-        self.before = _state["bf16_act"]
-        _state["bf16_act"] = self.on
-        return self
-
-    def __exit__(self, *exc):
-        _state["bf16_act"] = self.before
-
-    @staticmethod
-    def active():
-        """Whether convolutions write bf16 activations here (inside the block)."""
-        return _state["bf16_act"]
 
 
 def float32(x):
@@ -132,7 +143,7 @@ def float32(x):
 def active(*tensors, activations=()):
     """Whether the fused path applies to these tensors now (see the module docstring). `activations`:
     those of an operator whose kernels also take bf16 activations (float32 or all bfloat16)."""
-    if not _state["enabled"] or not paddle.in_dynamic_mode():
+    if not _PRECISION.get().fast_ops or not paddle.in_dynamic_mode():
         return False
     for t in tensors:
         if t.dtype != paddle.float32 or not t.place.is_cpu_place():
@@ -186,12 +197,13 @@ def matmul(x, y, transpose_x=False, transpose_y=False):
     batch axes, 1-D operands) take paddle.matmul."""
     if active(x, y) and library.state["dnnl"] and x.ndim >= 2 and (
             (y.ndim == 2 and not transpose_x) or (y.ndim == x.ndim and x.shape[:-2] == y.shape[:-2])):
-        if _state["bf16"] and _state["route"] == "operands":
+        p = _PRECISION.get()
+        if p.bf16_operands:
             # a 2-D y is a weight: alive anyway, it is rounded again in the backward rather than kept
             # as a bf16 copy (BERT-base: 2.20 against 2.53 s/step, 3567 against 3737 MB, amd-zen4)
             op = "zoo_linear_bf16" if y.ndim == 2 else "zoo_matmul_bf16"
             return _run(op, x, y, bool(transpose_x), bool(transpose_y))[0]
-        return _run("zoo_matmul", x, y, bool(transpose_x), bool(transpose_y), _state["bf16"])[0]
+        return _run("zoo_matmul", x, y, bool(transpose_x), bool(transpose_y), p.bf16)[0]
     return paddle.matmul(x, y, transpose_x, transpose_y)
 
 
@@ -260,7 +272,7 @@ def conv2d(x, conv):
     column buffer per thread (_columns_per_thread), take the layer itself."""
     s = conv2d_settings(conv)
     fast = s.data_format == "NCHW" and s.padding_mode == "zeros" and s.padding is not None and x.ndim == 4
-    to_bf16 = _state["bf16_act"] or x.dtype == paddle.bfloat16   # a bf16 input gives a bf16 output
+    to_bf16 = _PRECISION.get().bf16_act or x.dtype == paddle.bfloat16   # a bf16 input gives a bf16 output
     if fast and active(conv.weight, *_given(conv.bias), activations=(x,)) and library.state["dnnl"]:
         gemm = _one_gemm(x, conv.weight.shape, s.stride, s.padding, s.dilation, s.groups)
         if gemm or not _paddle_computes(x, conv, s):
@@ -294,15 +306,15 @@ def conv_transpose(x, deconv):
 
 def _onednn_conv(x, w, stride, padding, dilation, to_bf16, groups, gemm):
     """`gemm`: _one_gemm's answer for this convolution."""
-    args = (x, w, list(stride), list(padding), list(dilation))
+    args, p = (x, w, list(stride), list(padding), list(dilation)), _PRECISION.get()
     if gemm:
-        return _run("zoo_conv2d_gemm", *args, not x.stop_gradient, _state["bf16"])[0]
+        return _run("zoo_conv2d_gemm", *args, not x.stop_gradient, p.bf16)[0]
     args += (int(groups), not x.stop_gradient)
     if to_bf16:
         return _run("zoo_conv2d_bf16act", *args)[0]
-    if _state["bf16"] and _state["route"] == "operands":
+    if p.bf16_operands:
         return _run("zoo_conv2d_bf16", *args)[0]
-    return _run("zoo_conv2d", *args, _state["bf16"])[0]
+    return _run("zoo_conv2d", *args, p.bf16)[0]
 
 
 WORK_SPACE_FLOOR = 32 << 20   # bytes (_columns_per_thread)
@@ -324,8 +336,8 @@ def _one_gemm(x, w_shape, stride, padding, dilation, groups):
     1x1 maps in 0.24-0.80x the direct kernels' time, 2x2 in 0.49-1.10x, 3x3 to 7x7 in 0.88-1.59x; on
     amd-zen4, whose AVX-512 direct kernels are faster, only 1x1 maps gain (GEMM_MAP). Grouped
     convolutions, bf16 operands and activations keep the direct kernels."""
-    if (groups != 1 or _state["bf16_act"] or x.dtype != paddle.float32
-            or (_state["bf16"] and _state["route"] == "operands")):
+    p = _PRECISION.get()
+    if groups != 1 or p.bf16_act or x.dtype != paddle.float32 or p.bf16_operands:
         return False
     oh, ow = _output_size(tuple(x.shape), tuple(w_shape), stride, padding, dilation)
     columns = x.shape[0] * oh * ow * w_shape[1] * w_shape[2] * w_shape[3] * 4
@@ -339,10 +351,11 @@ def _output_size(x_shape, w_shape, strides, pads, dilations):
 def _paddle_computes(x, conv, s):
     """Whether paddle's convolution takes this one (_columns_per_thread) rather than oneDNN's direct
     kernels; dynamic mode only."""
-    if _state["bf16_act"] or x.dtype == paddle.bfloat16:
+    p = _PRECISION.get()
+    if p.bf16_act or x.dtype == paddle.bfloat16:
         math = 3
     else:
-        math = 2 if _state["bf16"] and _state["route"] == "operands" else int(_state["bf16"])
+        math = 2 if p.bf16_operands else int(p.bf16)
     return _columns_per_thread(tuple(x.shape), tuple(conv.weight.shape), tuple(s.stride), tuple(s.padding),
                                tuple(s.dilation), int(s.groups), math, os.environ.get("ZOO_FAST_OPS_THREADS"))
 
@@ -472,8 +485,8 @@ def _lstm(x, weights, lengths):
         grads = paddle.is_grad_enabled() and not all(v.stop_gradient for v in (inputs, w_ih, w_hh, b))
         return _run(name + ("" if grads else "_infer"), inputs, w_ih, w_hh, b, reverse)[0]
 
-    # under autocast, oneDNN's bf16 LSTM where the CPU has it (x, weights and h in bf16; c and gradients fp32)
-    name = "zoo_lstm_bf16" if _state["bf16"] and library.bf16_supported() else "zoo_lstm"
+    # under bf16, oneDNN's bf16 LSTM where the CPU has it (x, weights and h in bf16; c and gradients fp32)
+    name = "zoo_lstm_bf16" if _PRECISION.get().bf16 and library.bf16_supported() else "zoo_lstm"
 
     n, t = x.shape[0], x.shape[1]
     time_major = x.transpose([1, 0, 2])   # [T, N, C], the operator's layout

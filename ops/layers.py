@@ -84,7 +84,7 @@ def linear_add_norm(x, linear_layer, residual, norm, p=0.0, training=False):
 
 
 def conv2d(x, conv):
-    """conv(x) for an nn.Conv2D layer, on oneDNN where functional.conv2d takes it (bf16 inside autocast)."""
+    """conv(x) for an nn.Conv2D layer, on oneDNN where functional.conv2d takes it (bf16 under Precision.bf16)."""
     return fn.conv2d(x, conv)
 
 
@@ -111,7 +111,7 @@ def concat_channels(xs):
 
 
 def float32(x):
-    """x as float32: where a model's bf16 activations end (functional.bf16_activations)."""
+    """x as float32: where a model's bf16 activations end (Precision.bf16_act)."""
     return fn.float32(x)
 
 

@@ -223,6 +223,14 @@ def _cdll():
     return state["cdll"]
 
 
+def set_threads(threads):
+    """The operators' OpenMP threads (csrc/ops.cc and csrc/dnnl.cc read ZOO_FAST_OPS_THREADS; unset: every
+    core); a process setting, like paddle's own thread count, so an environment variable; None or 0
+    leaves it."""
+    if threads:
+        os.environ["ZOO_FAST_OPS_THREADS"] = str(int(threads))
+
+
 def set_flush_denormals(on):
     """FTZ + DAZ (on) or neither (off) on every thread that runs one of our operators or oneDNN's
     kernels inside them: each operator sets its calling thread's MXCSR, OpenMP copies it to the

@@ -1,4 +1,3 @@
-import contextlib
 import os
 import sys
 
@@ -238,18 +237,15 @@ def _op_path(path):
     from ops import functional, library
     fused, bf16, bf16_act = path != "reference", path == "bf16", path == "bf16act"
     if fused:
-        functional.set_enabled(True, 2)
+        library.set_threads(2)
         assert library.load(), library.state["error"]
     if bf16:
         if not NATIVE_BF16:
             pytest.skip(needs_native_bf16.kwargs["reason"])
         assert ops.bf16_supported(), "the CPU has native bf16, but oneDNN does not use it (ONEDNN_MAX_CPU_ISA?)"
-    try:
-        with functional.enabled_as(fused), counting_fused_ops() as ran, \
-                (ops.autocast() if bf16 else contextlib.nullcontext()), ops.bf16_activations(bf16_act):
-            yield OpPath(fused, ran, bf16, bf16_act)
-    finally:
-        functional.set_enabled(False)
+    # a whole value: what ran before the test (a tool's setup in this process) leaves nothing in it
+    with ops.precision(ops.Precision(fast_ops=fused, bf16=bf16, bf16_act=bf16_act)), counting_fused_ops() as ran:
+        yield OpPath(fused, ran, bf16, bf16_act)
 
 
 @pytest.fixture(params=["reference", "fused", "bf16"])
@@ -263,7 +259,7 @@ def op_path(request):
 
 @pytest.fixture(params=["reference", "fused", "bf16", "bf16act"])
 def op_path_conv(request):
-    """op_path for the ResNet family, with a fourth path: bf16 activations (ops.bf16_activations, issue
+    """op_path for the ResNet family, with a fourth path: bf16 activations (ops.Precision.bf16_act, issue
     43: convolutions write bf16, BN and pooling read and write it, the trunk's outputs fp32), at
     golden_close's bf16 tolerance. It runs on every CPU: without native bf16 the convolutions compute in
     fp32 on the bf16-rounded operands, the products a bf16 CPU computes (only the summation order

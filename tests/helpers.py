@@ -54,19 +54,21 @@ def max_weight_difference(a, b):
 
 class fused_ops_on:
     """The fused operators on (2 threads, as CI's machine has), paddle's CPU threads likewise, the
-    library built and loaded; off again after the block (a module's autouse fixture wraps its tests)."""
+    library built and loaded; the precision before it again after the block (a module's autouse fixture wraps
+    its tests)."""
 
     def __enter__(self):
         # import cost: paddle (~2.5 s) for every test session (conftest imports helpers)
         import paddle
         from ops import functional, library
         paddle.base.core.set_num_threads(2)
-        functional.set_enabled(True, 2)
+        library.set_threads(2)
         assert library.load(), library.state["error"]
-        self.functional = functional
+        self.on = functional.precision(fast_ops=True)
+        self.on.__enter__()
 
     def __exit__(self, *exc):
-        self.functional.set_enabled(False)
+        self.on.__exit__(*exc)
 
 
 class counting_fused_ops:
@@ -89,13 +91,13 @@ class counting_fused_ops:
 BF16_RTOL = 2e-2
 BF16_OPS = {"zoo_matmul": "zoo_linear_bf16", "zoo_conv2d": "zoo_conv2d_bf16",   # linear layers' GEMMs
             "zoo_lstm": "zoo_lstm_bf16", "zoo_lstm_infer": "zoo_lstm_bf16_infer"}
-BF16_ACT_OPS = {"zoo_conv2d": "zoo_conv2d_bf16act"}   # under ops.bf16_activations (the "bf16act" path)
+BF16_ACT_OPS = {"zoo_conv2d": "zoo_conv2d_bf16act"}   # under Precision.bf16_act (the "bf16act" path)
 
 
 def _bf16():
     # import cost: paddle (~2.5 s) for every test session (conftest imports helpers)
-    from ops import bf16_active, bf16_activations
-    return bf16_active() or bf16_activations.active()
+    from ops import current_precision
+    return current_precision().bf16 or current_precision().bf16_act
 
 
 def golden_close(ours, ref):

@@ -109,23 +109,27 @@ def test_bf16_levels_train_on_cpu(yt8m_demo, tmp_path, level):
 @pytest.mark.parametrize("activations", ["float32", "bfloat16", None])
 def test_cpu_bf16_activations_follow_train_amp(monkeypatch, activations):
     """On a CPU with native bf16 (claimed here: this checks what train.amp enters, not the kernels,
-    tests/test_bf16_activations.py does those), train.amp bf16 enters ops.autocast, and with
-    `activations: bfloat16` (the default, None here) also ops.bf16_activations; both end with the
+    tests/test_bf16_activations.py does those), train.amp bf16 enters a precision with bf16 on, and
+    with `activations: bfloat16` (the default, None here) bf16 activations too; both end with the
     block. Where the CPU has no native bf16, resolve_amp turns AMP off and neither is entered."""
     import ops   # loads paddle's custom-op machinery; only these tests need it
     from engine import runtime
     given = {} if activations is None else {"activations": activations}
     amp = config.AmpSection.of({"enable": True, "dtype": "bfloat16", **given})
-    with ops.enabled_as(True):
+
+    def bf16():
+        return ops.current_precision().bf16, ops.current_precision().bf16_act
+
+    with ops.precision(fast_ops=True):
         monkeypatch.setattr(ops, "bf16_supported", lambda: True)
         with runtime.autocast(runtime.resolve_amp(amp)):
-            inside = (ops.bf16_active(), ops.bf16_activations.active())
+            inside = bf16()
         assert inside == (True, activations != "float32")
-        assert (ops.bf16_active(), ops.bf16_activations.active()) == (False, False)
+        assert bf16() == (False, False)
         monkeypatch.setattr(ops, "bf16_supported", lambda: False)
         resolved = runtime.resolve_amp(amp)
         with runtime.autocast(resolved):
-            assert not resolved.enable and (ops.bf16_active(), ops.bf16_activations.active()) == (False, False)
+            assert not resolved.enable and bf16() == (False, False)
     load_all()
     with pytest.raises(ConfigError, match="train.amp.activations"):
         config.load(os.path.join(os.path.dirname(os.path.dirname(__file__)), ATTENTION_LSTM_DEMO),

@@ -172,7 +172,7 @@ def test_fused_and_reference_operators_count_the_same():
     for path in (TSN_DEMO, "configs/nlp/transformer/transformer_demo.yaml",
                  "configs/video/attention_lstm/attention_lstm_demo.yaml"):
         reference = flops.analyze(path, depth=4)
-        with ops.enabled_as(True):
+        with ops.precision(fast_ops=True):
             fused = flops.analyze(path, depth=4)
         assert library.state["loaded"]
         assert (fused["macs"], fused["modules"]) == (reference["macs"], reference["modules"]), path

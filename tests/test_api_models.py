@@ -92,7 +92,7 @@ def test_bad_names_and_arguments_are_one_line(name, kwargs, message):
 SETTINGS = """
 import json, os, paddle, ops
 from engine import cpu
-state = lambda: {"fast_ops": ops.is_enabled(), "ftz": bool(cpu.mxcsr() & cpu.FTZ),
+state = lambda: {"fast_ops": ops.current_precision().fast_ops, "ftz": bool(cpu.mxcsr() & cpu.FTZ),
     "stride": paddle.get_flags(["FLAGS_use_stride_kernel"])["FLAGS_use_stride_kernel"],
     "mkl": os.environ.get("MKL_DEBUG_CPU_TYPE")}
 print("PLAIN", json.dumps(state()))
@@ -126,7 +126,7 @@ def test_the_own_loop_example_trains_on_our_kernels():
     operators ran it."""
     blocks = [b for b in doc_blocks(DOC, "python") if "create_model" in b]
     assert len(blocks) == 1
-    probe = ("\nfrom ops import library\nimport ops\nprint('FUSED', ops.is_enabled(), library.state['loaded'])\n")
+    probe = ("\nfrom ops import library\nimport ops\nprint('FUSED', ops.current_precision().fast_ops, library.state['loaded'])\n")
     out = _python(blocks[0] + probe)
     losses = [float(ln.rsplit(" ", 1)[1]) for ln in out.splitlines() if ln.startswith("step ")]
     assert len(losses) == 8 and losses[-1] < 0.5 * losses[0], out

@@ -117,19 +117,18 @@ def test_golden_outputs_on_the_fused_path_with_and_without_the_denormal_guard(go
     scale; the message says how large it is."""
     model = golden_pretraining[0]
     before = bool(cpu.mxcsr() & (cpu.FTZ | cpu.DAZ))
-    functional.set_enabled(True, 2)
+    library.set_threads(2)
     runs = {}
     try:
         for flush in (True, False):
             cpu.flush_denormals(flush)
             library.set_flush_denormals(flush)
-            with counting_fused_ops() as ran:
+            with functional.precision(fast_ops=True), counting_fused_ops() as ran:
                 runs[flush], z = _pretraining_outputs(model)
             assert {"zoo_matmul", "zoo_softmax_dropout", "zoo_bias_act"} <= set(ran), sorted(set(ran))
     finally:
         cpu.flush_denormals(before)
         library.set_flush_denormals(before)
-        functional.set_enabled(False)
     for i, key in enumerate(GOLDEN_KEYS):
         on, off = runs[True][i], runs[False][i]
         effect = float(np.abs(on - off).max())

@@ -103,7 +103,7 @@ def test_matmul_computes_on_bf16_operands(xs, ys, tx, ty):
     layouts), r the bf16 rounding; results and gradients fp32."""
     xn, yn = RNG.standard_normal(xs).astype(np.float32), RNG.standard_normal(ys).astype(np.float32)
     x, y = _t(xn), _t(yn)
-    with ops.autocast(), counting_fused_ops() as ran:
+    with ops.precision(bf16=True), counting_fused_ops() as ran:
         out = functional.matmul(x, y, tx, ty)
     # a 2-D y (a weight) is rounded again in the backward; batched operands keep both rounded copies
     assert ran == ["zoo_linear_bf16" if len(ys) == 2 else "zoo_matmul_bf16"] and out.dtype == paddle.float32
@@ -134,13 +134,13 @@ def test_convolution_computes_on_bf16_operands(stride, padding, dilation, monkey
     conv = nn.Conv2D(19, 21, 3, stride=stride, padding=padding, dilation=dilation, bias_attr=False)
     xn = RNG.standard_normal((2, 19, 13, 11)).astype(np.float32)
     x = _t(xn)
-    with ops.autocast(), counting_fused_ops() as ran:
+    with ops.precision(bf16=True), counting_fused_ops() as ran:
         out = functional.conv2d(x, conv)
     assert ran == ["zoo_conv2d_bf16"] and out.dtype == paddle.float32
     g = RNG.standard_normal(out.shape).astype(np.float32)
     (out * _t(g, grad=False)).sum().backward()
     rx, rw = _t(bf16(xn)), _t(bf16(conv.weight.numpy()))
-    with functional.enabled_as(False):
+    with functional.precision(fast_ops=False):
         ref = F.conv2d(rx, rw, stride=stride, padding=padding, dilation=dilation)
     (ref * _t(bf16(g), grad=False)).sum().backward()
     _close(out.numpy(), ref.numpy())
@@ -211,7 +211,7 @@ def test_lstm_computes_on_bf16_operands():
         assert rel < 1e-2, rel
     # and through the layer package: autocast picks it, both directions, per-sample lengths
     rnn = nn.LSTM(C, H, direction="bidirectional")
-    with ops.autocast(), counting_fused_ops() as ran:
+    with ops.precision(bf16=True), counting_fused_ops() as ran:
         functional.lstm(_t(x.transpose(1, 0, 2)), rnn, paddle.to_tensor([9, 3, 1, 7, 0], dtype="int32"))
     assert ran == ["zoo_lstm_bf16", "zoo_lstm_bf16"], ran
 
@@ -221,12 +221,12 @@ def test_outside_autocast_and_off_the_fused_path_nothing_is_bf16():
     x, y = _t(RNG.standard_normal((4, 8))), _t(RNG.standard_normal((8, 3)))
     with counting_fused_ops() as ran:
         functional.matmul(x, y)
-        with ops.autocast(False):
+        with ops.precision(bf16=False):
             functional.matmul(x, y)
-        with ops.autocast(), functional.enabled_as(False):
+        with ops.precision(bf16=True), functional.precision(fast_ops=False):
             functional.matmul(x, y)
     assert ran == ["zoo_matmul", "zoo_matmul"]
-    assert not ops.bf16_active()
+    assert not ops.current_precision().bf16
 
 
 @needs_native_bf16
@@ -237,7 +237,7 @@ def test_layers_keep_norms_softmax_and_losses_in_fp32():
     lin, out_proj, norm = nn.Linear(d, 3 * d), nn.Linear(d, d), nn.LayerNorm(d)
     x = _t(RNG.standard_normal((2, 5, d)))
     mask = paddle.zeros([2, 1, 1, 5])
-    with ops.autocast(), counting_fused_ops() as ran:
+    with ops.precision(bf16=True), counting_fused_ops() as ran:
         q, k, v = ops.linear(x, lin).reshape([2, 5, 3, heads, d // heads]).transpose([2, 0, 3, 1, 4]).unbind(0)
         ctx = ops.attention(q, k, v, mask).transpose([0, 2, 1, 3]).reshape([2, 5, d])
         h = ops.linear_add_norm(ctx, out_proj, x, norm)
@@ -259,7 +259,7 @@ sys.path.insert(0, "tools"); import _bootstrap
 import ops
 from engine import config, runtime
 from engine.cpu import has_bf16
-ops.set_enabled(True, 2)
+ops.set_precision(fast_ops=True)
 runtime.setup_logging()
 amp = config.AmpSection(enable=True, dtype="bfloat16")
 runs = [runtime.resolve_amp(amp), runtime.resolve_amp(amp)]

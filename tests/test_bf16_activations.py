@@ -117,7 +117,7 @@ def test_batch_norm_act_bf16_reference_path():
         bn = paddle.nn.BatchNorm2D(4)
         bn.train()
         xs = bf16_tensor(x, grad=True)
-        with functional.enabled_as(on):
+        with functional.precision(fast_ops=on):
             y = functional.batch_norm_act(xs, bn, True)
         y.astype("float32").sum().backward()
         outs.append((f32(y), f32(xs.grad), bn.weight.grad.numpy()))
@@ -204,7 +204,7 @@ def _one_rounding():
     conv = paddle.nn.Conv2D(1, 1, 1, bias_attr=False)
     conv.weight.set_value(np.ones((1, 1, 1, 1), np.float32))
     x = paddle.to_tensor(values.reshape(1, 1, 1, -1))
-    with counting_fused_ops() as ran, functional.bf16_activations():
+    with counting_fused_ops() as ran, functional.precision(bf16_act=True):
         by_dnnl = f32(functional.conv2d(x, conv))
     # the values rounded but kept subnormal, as bf16 bits (paddle's cast flushes them under our guard)
     kept = (round_bf16(values).view(np.uint32) >> 16).astype(np.uint16)
@@ -238,7 +238,7 @@ def test_conv2d_bf16_activations(case):
                             bias_attr=None if bias else False)
     x = RNG.standard_normal(shape).astype(np.float32)
     xs = bf16_tensor(x, grad=True) if x_bf16 else paddle.to_tensor(x, stop_gradient=False)
-    with counting_fused_ops() as ran, functional.bf16_activations():
+    with counting_fused_ops() as ran, functional.precision(bf16_act=True):
         y = functional.conv2d(xs, conv)
     assert ran == ["zoo_conv2d_bf16act"] + ["zoo_channel_bias"] * bias and y.dtype == paddle.bfloat16
     dy = round_bf16(RNG.standard_normal(y.shape).astype(np.float32))
@@ -269,7 +269,7 @@ def fp32_and_bf16_steps(make, step):
     results = []
     for net, bf16 in zip(nets, (False, True)):
         net.train()
-        with counting_fused_ops() as ran, functional.bf16_activations(bf16):
+        with counting_fused_ops() as ran, functional.precision(bf16_act=bf16):
             results.append(step(net))
     for name, p in nets[1].named_parameters():
         if not p.stop_gradient:

@@ -52,15 +52,15 @@ def _tiny_normal(shape, low=2e-38, high=1e-36):
 def guard_off():
     """The kernels alone: FTZ/DAZ cleared on this thread and for the operators; restored after."""
     paddle.base.core.set_num_threads(2)
-    functional.set_enabled(True, 2)
+    library.set_threads(2)
     assert library.load(), library.state["error"]
     before = cpu.mxcsr() & (cpu.FTZ | cpu.DAZ)
     library.set_flush_denormals(False)
     cpu.flush_denormals(False)
-    yield
+    with functional.precision(fast_ops=True):
+        yield
     library.set_flush_denormals(bool(before))
     cpu.flush_denormals(bool(before))
-    functional.set_enabled(False)
 
 
 def _run_both(fn, inputs, upstream):
@@ -68,7 +68,7 @@ def _run_both(fn, inputs, upstream):
     results = []
     for on in (True, False):
         xs = [_t(a.numpy(), grad=not a.stop_gradient) for a in inputs]
-        with functional.enabled_as(on):
+        with functional.precision(fast_ops=on):
             out = fn(*xs)
             (out * paddle.to_tensor(upstream)).sum().backward()
         results.append([out.numpy()] + [x.grad.numpy() for x in xs if not x.stop_gradient])
@@ -199,7 +199,7 @@ def test_batch_norm_writes_no_subnormals(residual):
         bn._mean.set_value(paddle.to_tensor(_tiny_normal(C)))
         bn.train()
         xs, rs = _t(x.numpy()), _t(r.numpy())
-        with functional.enabled_as(on):
+        with functional.precision(fast_ops=on):
             out = functional.batch_norm_act(xs, bn, True, rs if residual else None)
             (out * paddle.to_tensor(_tiny_normal(out.shape))).sum().backward()
         results.append([out.numpy(), xs.grad.numpy(), bn.weight.grad.numpy(), bn.bias.grad.numpy(),
@@ -220,7 +220,7 @@ def _subnormal_products():
     ones = paddle.to_tensor(np.full((256, 256), 1.0 / 256, np.float32))
     zero = paddle.zeros([256])
     ran = []
-    with functional.enabled_as(True):
+    with functional.precision(fast_ops=True):
         ran.append(library.state["dnnl"] and functional.active(x, ones))
         dnnl = functional.matmul(x, ones).numpy()
         fused = functional.bias_dropout_residual(x, zero, paddle.zeros_like(x)).numpy()
@@ -268,16 +268,16 @@ def test_the_switch_is_a_runtime_key_on_by_default():
 
 @needs_native_bf16
 def test_bf16_products_write_no_subnormals_even_with_the_guard_off():
-    """Under bf16 (ops.autocast) the matmul's operands are rounded with subnormals to zero and its
+    """Under bf16 (ops.precision(bf16=True)) the matmul's operands are rounded with subnormals to zero and its
     products of normal bf16 values below 2^-126 come out as zeros (the bf16 dot-product instructions
     flush regardless of MXCSR); the fp32 operator on the same values, guard off, writes subnormals."""
     _set_by_config(False)
     try:
         x = paddle.to_tensor(np.full((256, 256), 1e-20, np.float32))
         y = paddle.to_tensor(np.full((256, 256), 1e-19 / 256, np.float32))   # x @ y = 1e-39 exactly-ish
-        with functional.enabled_as(True):
+        with functional.precision(fast_ops=True):
             fp32 = functional.matmul(x, y).numpy()
-            with ops.autocast():
+            with ops.precision(bf16=True):
                 bf16 = functional.matmul(x, y).numpy()
                 rounded = functional.matmul(paddle.full([4, 4], SUB), paddle.ones([4, 4])).numpy()
         assert subnormals(fp32) == fp32.size

@@ -252,7 +252,7 @@ def test_smooth_cross_entropy(eps):
             return functional.smooth_cross_entropy(z, labels, eps)[0]
 
         for fn in (both, loss_only):
-            with functional.enabled_as(False):
+            with functional.precision(fast_ops=False):
                 ref = _grads(fn, [z], 1.0)
             with _counting() as ran:
                 fast = _grads(fn, [z], 1.0)
@@ -276,7 +276,7 @@ def test_transformer_loss_and_gradients_fast_equal_reference():
     results = []
     for on in (True, False):
         model.clear_gradients()
-        with functional.enabled_as(on), _counting() as ran:
+        with functional.precision(fast_ops=on), _counting() as ran:
             out = model(batch)
         assert ("zoo_matmul" in ran and "zoo_smooth_cross_entropy" in ran) == on
         out["loss"].backward()
@@ -335,7 +335,7 @@ def test_batch_norm_act(relu, residual):
 
     def grads(bn, on):
         xs = [_t(x.numpy()), _t(r.numpy(), grad=residual)]
-        with functional.enabled_as(on):
+        with functional.precision(fast_ops=on):
             y = functional.batch_norm_act(xs[0], bn, relu, xs[1] if residual else None)
         (y * weight).sum().backward()
         out = [y.numpy(), xs[0].grad.numpy(), bn.weight.grad.numpy(), bn.bias.grad.numpy()]
@@ -383,7 +383,7 @@ def test_batch_norm_act_with_global_statistics(mode, relu, residual):
 
     def grads(bn, on):
         xs = [_t(x.numpy()), _t(r.numpy(), grad=residual)]
-        with functional.enabled_as(on), _counting() as ran:
+        with functional.precision(fast_ops=on), _counting() as ran:
             y = functional.batch_norm_act(xs[0], bn, relu, xs[1] if residual else None)
         (y * weight).sum().backward()
         assert ran == ([("zoo_bn_global_add_act" if residual else "zoo_bn_global_act")] if on else []), ran
@@ -478,11 +478,11 @@ def test_grad_norms_in_one_pass():
               for s in [(3, 4), (100003,), (), (0, 5), (512, 64, 3, 3)]]
     expected = [np.sqrt((a.astype(np.float64) ** 2).sum()) for a in arrays]
     tensors = [_t(a, grad=False) for a in arrays]
-    with functional.enabled_as(True), _counting() as ran:
+    with functional.precision(fast_ops=True), _counting() as ran:
         norms = functional.grad_norms(tensors)
     assert ran == ["zoo_l2_norms"] and norms.dtype == paddle.float32 and list(norms.shape) == [5]
     np.testing.assert_allclose(norms.numpy(), expected, rtol=1e-6)
-    with functional.enabled_as(True), _counting() as ran:
+    with functional.precision(fast_ops=True), _counting() as ran:
         mixed = functional.grad_norms(tensors[:2] + [tensors[4].astype("bfloat16")])
     assert not ran
     np.testing.assert_allclose(mixed.numpy()[:2], expected[:2], rtol=1e-5)
@@ -496,7 +496,7 @@ def test_channel_bias(shape, frozen):
     sum of dy over n, h and w; a frozen bias gets no gradient, the input still does."""
     xn, bn, gn = (RNG.standard_normal(s).astype(np.float32) for s in (shape, shape[1:2], shape))
     x, b = _t(xn), _t(bn, grad=not frozen)
-    with functional.enabled_as(True), _counting() as ran:
+    with functional.precision(fast_ops=True), _counting() as ran:
         y = functional._run("zoo_channel_bias", x, b)[0]
     (y * _t(gn, grad=False)).sum().backward()
     assert ran == ["zoo_channel_bias"] and list(y.shape) == list(shape)
@@ -522,7 +522,7 @@ def test_conv_transpose_whose_kernel_is_its_stride(kernel, bias):
     with _counting() as ran:
         fast = functional.conv_transpose(x, d)
     grads = paddle.grad(fast, [x, *d.parameters()], dy)
-    with functional.enabled_as(False):
+    with functional.precision(fast_ops=False):
         ref = d(x)
     for a, b in zip([fast, *grads], [ref, *paddle.grad(ref, [x, *d.parameters()], dy)]):
         _close(a.numpy(), b.numpy())
@@ -565,7 +565,7 @@ def test_roi_align(sampling_ratio, aligned):
         y = functional.roi_align(x, paddle.to_tensor(boxes), paddle.to_tensor(counts), *args)
     dx = paddle.grad(y, x, paddle.to_tensor(dyn.astype(np.float32)))[0].numpy()
     assert ran == ["zoo_roi_align"]
-    with functional.enabled_as(False):
+    with functional.precision(fast_ops=False):
         _close(y.numpy(), reference.roi_align(_t(xn, False), paddle.to_tensor(boxes), paddle.to_tensor(counts),
                                               *args).numpy())
         want = np.zeros([N, C, H, W])
@@ -595,10 +595,10 @@ def test_convolutions_oneDNN_would_run_on_per_thread_columns_take_paddle(monkeyp
         monkeypatch.setattr(functional, "WORK_SPACE_FLOOR", floor)
         monkeypatch.setattr(library, "conv_work_space", lambda *a, ws=work_space: asked.append(a) or ws)
         functional._columns_per_thread.cache_clear()
-        with functional.enabled_as(True), _counting() as ran:
+        with functional.precision(fast_ops=True), _counting() as ran:
             y = functional.conv2d(x, conv)
         assert bool(ran) is runs_ours, (work_space, ran)
-        with functional.enabled_as(False):
+        with functional.precision(fast_ops=False):
             _close(y.numpy(), conv(x).numpy())
     assert asked[0] == ((2, 6, 17, 14), (4, 6, 3, 3), (1, 1), (2, 2), (2, 2), 0, 1)
     monkeypatch.undo()
@@ -618,7 +618,7 @@ def test_a_1x1_convolution_stays_on_onednn_whatever_its_work_space(monkeypatch):
     x = _t(RNG.standard_normal((2, 6, 17, 14)))
     for k, runs_ours in ((1, True), (3, False)):
         functional._columns_per_thread.cache_clear()
-        with functional.enabled_as(True), _counting() as ran:
+        with functional.precision(fast_ops=True), _counting() as ran:
             functional.conv2d(x, nn.Conv2D(6, 4, k, padding=k // 2, bias_attr=False))
         assert bool(ran) is runs_ours, (k, ran)
     monkeypatch.undo()
@@ -636,7 +636,7 @@ def rss():
 channels = [1024 + 16 * i for i in range(6)]
 layers = [paddle.nn.Conv2D(c, 256, 1, bias_attr=False) for c in channels]
 inputs = [paddle.to_tensor(np.ones((2, c, 64, 64), np.float32)).astype("bfloat16") for c in channels]
-with functional.enabled_as(True), functional.autocast(), functional.bf16_activations():
+with functional.precision(fast_ops=True), functional.precision(bf16=True), functional.precision(bf16_act=True):
     functional.conv2d(paddle.ones([1, 4, 8, 8]), paddle.nn.Conv2D(4, 4, 1))   # the library's own pages
     before = rss()
     asked = [library.conv_work_space((2, c, 64, 64), (256, c, 1, 1), (1, 1), (0, 0), (1, 1), 3, prepare=True)
@@ -709,7 +709,7 @@ def test_lstm(direction, lengths):
     if lengths:
         assert not fast[0][4].any() and not fast[0][1, 3:].any() and fast[0][0].all()
     # without gradients (evaluation): oneDNN's inference LSTM, which keeps no work space
-    with paddle.no_grad(), functional.enabled_as(True), _counting() as ran:
+    with paddle.no_grad(), functional.precision(fast_ops=True), _counting() as ran:
         y = functional.lstm(x, rnn, lens)
     assert ran == ["zoo_lstm_infer"] * (1 + (direction == "bidirectional")), ran
     _close(y.numpy(), ref[0])
@@ -722,7 +722,7 @@ def test_lstm_without_a_bias():
     rnn, zero = nn.LSTM(6, 8, bias_hh_attr=False), nn.LSTM(6, 8)
     zero.set_state_dict(dict(rnn.state_dict(), bias_hh_l0=paddle.zeros([32])))
     x = _t(RNG.standard_normal((3, 4, 6)))
-    with functional.enabled_as(True), _counting() as ran:
+    with functional.precision(fast_ops=True), _counting() as ran:
         y = functional.lstm(x, rnn)
     assert ran == ["zoo_lstm"]
     _close(y.numpy(), zero(x)[0].numpy())
@@ -734,7 +734,7 @@ def test_lstms_it_does_not_cover_take_paddle():
     x = _t(RNG.standard_normal((4, 5, 6)))
     for rnn in (nn.LSTM(6, 8, num_layers=2), nn.LSTM(6, 8, time_major=True), nn.LSTM(6, 8, proj_size=3),
                 nn.GRU(6, 8)):
-        with functional.enabled_as(True), _counting() as ran:
+        with functional.precision(fast_ops=True), _counting() as ran:
             y = functional.lstm(x, rnn)
         assert not ran
         np.testing.assert_array_equal(y.numpy(), rnn(x)[0].numpy())
@@ -745,7 +745,7 @@ def test_conv2d_layers_it_does_not_cover_take_paddle():
     x = _t(RNG.standard_normal((2, 4, 9, 8)))
     for conv in (nn.Conv2D(4, 4, 3, padding="SAME"),
                  nn.Conv2D(8, 4, 3, padding=1, data_format="NHWC")):
-        with functional.enabled_as(True), _counting() as ran:
+        with functional.precision(fast_ops=True), _counting() as ran:
             y = functional.conv2d(x, conv)
         assert not ran
         np.testing.assert_array_equal(y.numpy(), conv(x).numpy())
@@ -771,7 +771,7 @@ def _layer_grads(layer, inputs, on, params=None):
     params = params or layer
     xs = [_t(a.numpy(), grad=not a.stop_gradient) for a in inputs]
     params.clear_gradients()
-    with functional.enabled_as(on), _counting() as ran:
+    with functional.precision(fast_ops=on), _counting() as ran:
         y = layer(*xs)
     assert bool(ran) == on, ran
     y = y[-1] if isinstance(y, list) else y
@@ -859,7 +859,7 @@ def test_deeplabv3_fast_equals_reference_and_recomputes():
     x, label = _t(rng.standard_normal((2, 3, 45, 53)), grad=False), paddle.to_tensor(rng.integers(0, 3, (2, 45, 53)))
     for m, on in zip(models, (True, True, False)):
         m.train()
-        with functional.enabled_as(on), _counting() as ran:
+        with functional.precision(fast_ops=on), _counting() as ran:
             m({"image": x, "label": label})["loss"].backward()
         assert ("zoo_bn_act" in ran and "zoo_bn_add_act" in ran and "zoo_conv2d" in ran) == on
     fast, remat, ref = models
@@ -879,18 +879,18 @@ def test_fallback_when_disabled_or_unbuildable(monkeypatch, caplog):
     calls = []
     real = functional._run
     monkeypatch.setattr(functional, "_run", lambda *a: calls.append(a[0]) or real(*a))
-    with functional.enabled_as(False):
+    with functional.precision(fast_ops=False):
         ref = functional.bias_act(x, b, "gelu").numpy()
     assert not calls
     _close(ref, F.gelu(x + b).numpy())
-    with functional.enabled_as(True):
+    with functional.precision(fast_ops=True):
         _close(functional.bias_act(x, b, "gelu").numpy(), ref)
     assert calls == ["zoo_bias_act"]
     # a machine where the library cannot be built: one warning, then the reference path
     monkeypatch.setitem(library.state, "loaded", None)
     monkeypatch.setattr(library, "build", lambda: (_ for _ in ()).throw(RuntimeError("g++ failed (test)")))
     calls.clear()
-    with caplog.at_level(logging.WARNING, logger="zoo"), functional.enabled_as(True):
+    with caplog.at_level(logging.WARNING, logger="zoo"), functional.precision(fast_ops=True):
         out = functional.bias_act(x, b, "gelu").numpy()
         functional.bias_act(x, b, "gelu")
     assert not calls and "g++ failed (test)" in caplog.text and caplog.text.count("not available") == 1
@@ -937,7 +937,7 @@ def test_without_onednn_headers_matmul_and_conv_take_paddle(monkeypatch, caplog)
     monkeypatch.setitem(library.state, "dnnl", False)
     conv = nn.Conv2D(3, 4, 3, padding=1)
     x, w = _t(RNG.standard_normal((2, 3, 6, 5))), _t(RNG.standard_normal((5, 4)))
-    with functional.enabled_as(True), _counting() as ran:
+    with functional.precision(fast_ops=True), _counting() as ran:
         y = functional.conv2d(x, conv)
         z = functional.matmul(x, w)
         functional.layer_norm(z, _t(np.ones(4)), _t(np.zeros(4)))
@@ -983,10 +983,10 @@ def test_reference_path_traces_under_to_static():
     model = BertModel(size="tiny", vocab_size=50, max_position_embeddings=16)
     model.eval()
     ids = paddle.to_tensor(RNG.integers(1, 50, (2, 8)).astype(np.int64))
-    with functional.enabled_as(True), _counting() as ran:
+    with functional.precision(fast_ops=True), _counting() as ran:
         eager = model(ids)[0].numpy()
     assert "zoo_bias_dropout_residual_ln" in ran
-    with functional.enabled_as(True):
+    with functional.precision(fast_ops=True):
         static = paddle.jit.to_static(model, full_graph=True)
         traced = static(ids)[0].numpy()
         prog = str(static.forward.concrete_program.main_program)
@@ -995,10 +995,10 @@ def test_reference_path_traces_under_to_static():
     for pre in (True, False):
         layer = EncoderLayer(32, 4, 64, 0.0, 0.0, 0.0, pre)
         x, mask = _t(RNG.standard_normal((2, 7, 32)), grad=False), _padding_mask(2, 7, [7, 3])
-        with functional.enabled_as(True), _counting() as ran:
+        with functional.precision(fast_ops=True), _counting() as ran:
             eager = layer(x, mask).numpy()
         assert "zoo_softmax_dropout" in ran
-        with functional.enabled_as(True):
+        with functional.precision(fast_ops=True):
             static = paddle.jit.to_static(layer, full_graph=True)
             traced = static(x, mask).numpy()
             prog = str(static.forward.concrete_program.main_program)
@@ -1009,10 +1009,10 @@ def test_reference_path_traces_under_to_static():
 def test_config_switch(tmp_path):
     cfg = config.load("configs/nlp/bert/bert_glue_demo.yaml", ["runtime.fast_ops=false"], validate_config=False)
     runtime.setup(cfg.runtime)
-    assert not functional.is_enabled()
+    assert not functional.current_precision().fast_ops
     cfg = config.load("configs/nlp/bert/bert_glue_demo.yaml", validate_config=False)
     runtime.setup(cfg.runtime)
-    assert functional.is_enabled()   # on by default
+    assert functional.current_precision().fast_ops   # on by default
 
 
 # --------------------------------------------------------------------------------- a demo recipe
@@ -1061,7 +1061,7 @@ paddle.seed(0)
 conv, bn, fc, norm = nn.Conv2D(3, 4, 3, padding=1), nn.BatchNorm2D(4), nn.Linear(4, 4), nn.LayerNorm(4)
 x = paddle.to_tensor(np.random.default_rng(0).standard_normal((2, 3, 5, 5)).astype("float32"))
 def step(on):
-    with functional.enabled_as(on), counting_fused_ops() as ran:
+    with functional.precision(fast_ops=on), counting_fused_ops() as ran:
         h = ops.conv_bn_act(x, conv, bn).transpose([0, 2, 3, 1])
         y = ops.linear_add_norm(ops.linear(h, fc, act="gelu"), fc, h, norm)
         y.sum().backward()

@@ -17,7 +17,7 @@ def gpu_place(monkeypatch):
     """Every dynamic-graph tensor reports a GPU place, with the fused CPU path off (the GPU's path)."""
     monkeypatch.setattr(Place, "is_cpu_place", lambda self: False)
     monkeypatch.setattr(Place, "is_gpu_place", lambda self: True)
-    with fn.enabled_as(False):
+    with fn.precision(fast_ops=False):
         yield
 
 
@@ -78,7 +78,7 @@ def test_a_gpu_tensor_takes_sdpa_and_f_linear_without_the_concat(gpu_place, monk
     out.sum().backward()
     assert concat.calls == 0 and f_linear.calls == 1 and lin.bias.grad is not None
     monkeypatch.undo()   # the CPU again (patched functions restored): the same numbers
-    with fn.enabled_as(False):
+    with fn.precision(fast_ops=False):
         np.testing.assert_allclose(layers.attention(q, k, v, _masks()[1]).numpy(), y.numpy(), atol=1e-6)
         np.testing.assert_allclose(layers.linear(x, lin, act="relu").numpy(), out.numpy(), atol=1e-6)
 
@@ -92,7 +92,7 @@ def test_cpu_tensors_keep_the_bias_in_the_matmul(monkeypatch):
     lin = paddle.nn.Linear(8, 6)
     x = paddle.rand([3, 8])
     x.stop_gradient = False
-    with fn.enabled_as(False):
+    with fn.precision(fast_ops=False):
         layers.linear(x, lin).sum().backward()
         layers.attention(*_qkv(), _masks()[1])
     assert concat.calls == 2 and not sdpa_calls   # the ones column and the [W; b] weight

@@ -285,7 +285,7 @@ def golden_features(golden_models):
 
     def run(fast, bf16=False, bf16_act=False):
         if (fast, bf16, bf16_act) not in cache:
-            with functional.enabled_as(fast), paddle.no_grad():
+            with functional.precision(fast_ops=fast), paddle.no_grad():
                 assert not fast or library.load(), library.state["error"]
                 with counting_fused_ops() as in_backbone:
                     body = model.backbone(image)

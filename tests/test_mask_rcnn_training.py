@@ -268,7 +268,7 @@ def test_losses(model, ref, sidecar, monkeypatch, fused):
     allowed. The path is set here: the state earlier tests leave must not choose it."""
     replay = Replay(ref)
     monkeypatch.setattr(box_ops, "random_permutation", replay)
-    with functional.enabled_as(fused), paddle.no_grad():
+    with functional.precision(fast_ops=fused), paddle.no_grad():
         losses = model(_batch(ref, sidecar))
     assert replay.next == len(replay.draws), f"ours drew {replay.next} permutations, the official {len(replay.draws)}"
     for name in ("loss_rpn_cls", "loss_rpn_reg", "loss_bbox_cls", "loss_bbox_reg", "loss_mask", "loss"):

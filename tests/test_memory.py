@@ -147,7 +147,7 @@ def test_the_profile_command_accounts_for_one_training_step():
 
 @pytest.mark.isa
 def test_bf16_activations_halve_what_a_resnet_keeps_for_its_backward():
-    """--bf16-activations (issue 43's measurement): TSN-R50's step inside ops.bf16_activations keeps its
+    """--bf16-activations (issue 43's measurement): TSN-R50's step inside ops.precision(bf16_act=True) keeps its
     convolutions' and BNs' activations in bf16, 2 bytes a value against fp32's 4, so the tensors saved
     for the backward are about half (0.52 at batch 4 on amd-zen3: the network's input and the pooled
     features stay fp32)."""

@@ -72,8 +72,8 @@ class TemporalXception(nn.Layer):
 
     def forward(self, x):
         # the layer package: paddle's CPU depthwise convolution took 8-12 ms a call on these [N, C, T, 1]
-        # maps (9% of the demo's step); fp32 activations, as the rest of the head (ops.bf16_activations)
-        with ops.bf16_activations(False):
+        # maps (9% of the demo's step); fp32 activations, as the rest of the head (ops.Precision.bf16_act)
+        with ops.precision(bf16_act=False):
             x = self.bn_in(x)
             y = ops.conv_bn_act(ops.conv2d(x, self.dw1), self.pw1, self.bn_mid)
             y = ops.conv2d(ops.conv2d(y, self.dw2), self.pw2)
@@ -133,7 +133,7 @@ class StNet(ZooModel):
         remat = self.backbone.recompute and self.training and paddle.is_grad_enabled()
         for i, stage in enumerate(self.backbone.stages):
             x = recompute_stage(stage, x) if remat else stage(x)
-            if i == 1:   # the temporal blocks (3-D conv) and the head compute in fp32 (ops.bf16_activations)
+            if i == 1:   # the temporal blocks (3-D conv) and the head compute in fp32 (ops.Precision.bf16_act)
                 x = self.temporal1(ops.float32(x), t)
             elif i == 2:
                 x = self.temporal2(ops.float32(x), t)

@@ -205,7 +205,7 @@ class DeepLabV3(ZooModel):
     # ------------------------------------------------------------------------------ pieces
     def head_logits(self, feats):
         """Classifier logits at the feature resolution (PaddleSeg's `head(feats)[0]`)."""
-        return self.cls(ops.float32(self.aspp(feats[3])))   # fp32 logits (ops.bf16_activations)
+        return self.cls(ops.float32(self.aspp(feats[3])))   # fp32 logits (ops.Precision.bf16_act)
 
     def _up(self, logits, size):
         return F.interpolate(logits, size, mode="bilinear", align_corners=self.align_corners)

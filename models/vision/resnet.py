@@ -202,7 +202,7 @@ class ResNet(ZooModel):
         for stage in self.stages:
             x = recompute_stage(stage, x) if remat else stage(x)
             feats.append(x)
-        if self.fc is not None:   # the trunk's outputs are fp32 whatever its activations (ops.bf16_activations)
+        if self.fc is not None:   # the trunk's outputs are fp32 whatever its activations (ops.Precision.bf16_act)
             return self.fc(F.adaptive_avg_pool2d(ops.float32(x), 1).flatten(1))
         return [ops.float32(feats[i]) for i in self.out_indices]
 

@@ -26,9 +26,9 @@ class FPN(nn.Layer):
 
     def forward(self, feats):
         """[C2..C5] -> [P2..P6] (strides 4..64)."""
-        # fp32 activations whatever ops.bf16_activations says (the trunk's end there): the top-down adds,
+        # fp32 activations whatever ops.Precision.bf16_act says (the trunk's end there): the top-down adds,
         # the upsampling and P6's pooling are paddle's, which has no CPU bf16 kernel for them
-        with ops.bf16_activations(False):
+        with ops.precision(bf16_act=False):
             laterals = [ops.conv2d(f, conv) for conv, f in zip(self.lateral_convs, feats)]
             for i in range(len(laterals) - 1, 0, -1):
                 laterals[i - 1] = laterals[i - 1] + F.interpolate(

@@ -106,9 +106,9 @@ class MaskHead(nn.Layer):
 
     def forward(self, roi_feats):
         x = roi_feats
-        # fp32 activations whatever ops.bf16_activations says: paddle's ReLU and pixel shuffle have no
+        # fp32 activations whatever ops.Precision.bf16_act says: paddle's ReLU and pixel shuffle have no
         # CPU bf16 kernel
-        with ops.bf16_activations(False):
+        with ops.precision(bf16_act=False):
             for conv in self.convs:
                 x = F.relu(ops.conv2d(x, conv))
             return ops.conv2d(F.relu(ops.conv_transpose(x, self.deconv)), self.logits)

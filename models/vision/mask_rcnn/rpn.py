@@ -143,7 +143,7 @@ class RPNHead(nn.Layer):
 
     def forward(self, feats):
         scores, deltas = [], []
-        with ops.bf16_activations(False):   # fp32 activations: paddle's ReLU and losses have no CPU bf16 kernel
+        with ops.precision(bf16_act=False):   # fp32 activations: paddle's ReLU and losses have no CPU bf16 kernel
             for f in feats:
                 x = F.relu(ops.conv2d(f, self.conv))
                 scores.append(ops.conv2d(x, self.objectness))
