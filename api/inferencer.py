@@ -85,10 +85,10 @@ class Inferencer:
         self.writer = session.infer_writer()   # checked before the model is built
         if setup:
             session.setup()
-        import ops
+        import ops  # after the session's setup (paddle loads with it), never at import
         # what this thread computes with now (runtime.fast_ops): every call enters it, so a call from
         # another thread (a web framework's pool) runs the same kernels (ops/functional.py: threads)
-        self.precision = ops.current_precision()
+        self.ops_precision = ops.current_precision()
         self.split = split or session.cfg.eval_split()
         self.batch_size, self.workers = batch_size, workers
         args = types.SimpleNamespace(backend=backend, no_mkldnn=not mkldnn, trt=tensorrt, precision=precision,
@@ -160,7 +160,7 @@ class Inferencer:
         writer.open(out, dataset, self.label_names)
         by_index = {}
         # eval.amp; an exported program is fp32 (no effect)
-        with paddle.no_grad(), runtime.autocast(s.eval_amp, base=self.precision):
+        with paddle.no_grad(), runtime.autocast(s.eval_amp, base=self.ops_precision):
             for batch in loader:
                 for index, reason in zip(batch["skipped"], batch.get("skip_reasons", [])):
                     by_index[int(index)] = {"id": _named(dataset.describe(index), names), "error": _named(reason, names)}
