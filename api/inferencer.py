@@ -225,7 +225,7 @@ def _is_upload(item):
 
 
 def _write_image(array, path, n):
-    import cv2  # import cost (~0.1 s): only a caller with image arrays pays it
+    import cv2  # import cost (docs/performance.md#import-costs): only a caller with image arrays pays it
     if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
         raise ConfigError(f"Inferencer: input {n}: an image array must be uint8 [H, W, 3] (RGB), got "
                           f"{array.dtype} {list(array.shape)}")

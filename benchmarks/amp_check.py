@@ -3,7 +3,7 @@ TrainStep from the same initial weights on the same batches, so that a loss drif
 the precision's doing, not the harness's.
 
 engine is imported inside the functions: tools/amp_check.py builds its parser from MODES, and its --help
-or a wrong flag answers in 0.1 s, without paddle (2.5 s).
+or a wrong flag answers at once, without paddle (docs/performance.md#import-costs).
 """
 import glob
 import math

@@ -2,16 +2,16 @@
 
 python benchmarks/denormals.py [--threads 2] [--no-flush] [--json PATH]
 
-Intel cores compute on subnormal operands 70-100x slower; an exp that clamped its argument used to
-fill every masked attention position with ~1e-38, which made BERT-base's step ~35x slower there
-(issue 18). Each row times one piece of a BERT-base training step (batch 8, 12 heads, seq 128,
+Intel cores compute on subnormal operands far slower; an exp that clamped its argument used to
+fill every masked attention position with ~1e-38, which made BERT-base's step many times slower
+there (docs/performance.md#cpu-environment). Each row times one piece of a BERT-base training step (batch 8, 12 heads, seq 128,
 hidden 768) on two inputs of the same shape, random and masked, and prints the ratio
 (masked / random: 1.0 means no penalty; the target on Intel is <= 1.2):
 - attention: scores = q k^T, softmax with the additive padding mask (-1e4 on half the positions
   of every row in the masked case, none in the random one) and dropout, then probs @ v: forward and
   backward, all through ops.functional (oneDNN matmuls, the fused softmax);
 - probs @ v alone: the batched GEMM 96 x 128x128 @ 128x64 on the probabilities of those two
-  softmaxes (the product issue 18 saw at 65-85 ms against 1.6 ms);
+  softmaxes (the product the subnormals slowed most);
 - FFN GEMM 1024x768 @ 768x3072 on oneDNN, its input random or with a quarter of its values tiny
   (1e-37: normal floats whose products with the weights, ~0.02, fall below 2^-126);
 - the same GEMM on an input that is itself half subnormal (1e-39): only the FTZ/DAZ guard

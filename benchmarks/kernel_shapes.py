@@ -11,9 +11,9 @@ Convolutions of the ResNet-50 recipes, forward + both gradients as in a training
 (4 videos x 3 segments = 12 frames at 224) and DeepLabV3-R50 OS8's dilated ones (2 images at 512),
 paddle's conv2d vs functional.conv2d.
 
-Prints milliseconds per call (the mean over >= 0.5 s; outputs allocated per call, as in training) and
-the paddle / oneDNN ratio: where it is above 1 the operator is worth using (on our AMD EPYC: every
-GEMM 1.6-2.0x, the small batched attention products 1.0-1.5x; re-run it on a new CPU).
+Prints milliseconds per call (the mean over `_per_call`'s budget of seconds; outputs allocated per
+call, as in training) and the paddle / oneDNN ratio: where it is above 1 the operator is worth using
+(docs/performance.md#fused-operators has our AMD EPYC's; re-run it on a new CPU).
 
 The bf16 columns (issue 22) time the same calls under ops.precision(bf16=True), both routes: "bf16"
 rounds the fp32 operands to bf16 at the operator (what train.amp.dtype bfloat16 runs), "fpmath" gives

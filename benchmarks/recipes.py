@@ -189,8 +189,8 @@ def _backends(tmp, onnx_dir, int8_dir, int8_ov_dir, threads):
 
 def _quantized_for_timing(onnx_dir, int8_dir, feeds, threads):
     """ONNX Runtime's INT8 of the random-weight export. Its simulation check compares relative errors,
-    which near-zero outputs make unstable: a random BERT-base's logits on amd-zen4 failed it once (0.259
-    against 0.084) and passed it on other batches (0.111 against 0.077); a trained model's are not near
+    which near-zero outputs make unstable: a random BERT-base's logits failed it once and passed it on
+    other batches (docs/performance.md#deployment-figures); a trained model's are not near
     zero (tests/test_quantize.py checks every demo). Timed anyway, the check's report kept in the JSON."""
     try:
         return quantize.quantize(onnx_dir, int8_dir, feeds, threads=threads)

@@ -1,10 +1,10 @@
 """Benchmark results per CPU kind: where their JSON lives and the block each kind owns in docs/performance.md.
 
 Our machines are AMD EPYC on some days and Intel Xeon on others, and a speed figure holds for the
-kind it was measured on (the Intel cores pay 70-100x for subnormal floats, MKL takes another path on
+kind it was measured on (the Intel cores pay far more for subnormal floats, MKL takes another path on
 AMD, ...), and within a vendor for its microarchitecture: the same 2-core "AMD EPYC" is a Zen 4 on
-some days (two 256-bit FMA pipes: a 1024x512 @ 512x33712 GEMM in 165 ms on 2 threads) and was
-faster than any Zen 4 can be on others (78 ms, 453 GFLOP/s: Zen 5's full-width AVX-512). So every
+some days (two 256-bit FMA pipes) and was faster than any Zen 4 can be on others (Zen 5's full-width
+AVX-512: docs/performance.md#how-speed-is-measured has the GEMM that told them apart). So every
 result goes under benchmarks/results/<kind>/, kind = vendor-microarchitecture from /proc/cpuinfo's
 family and model (`amd-zen4`, `amd-zen5`, `intel-sapphirerapids`, ...; an unknown one
 `<vendor>-f<family>m<model>`), and docs/performance.md holds one block per (table, kind) between the markers

@@ -21,7 +21,7 @@ Per mode: requests/s (answers completed inside the timed window / the window), l
 p99 / max of those as the client sees it (sent to answer read), failed requests (of all sent, warm-up
 included: anything but a 200 holding one answer without an error; a row with failures is a bug, not
 a figure), the server's peak memory (the resident sets of its process and all its children summed,
-sampled from /proc every 50 ms from start to stop, and the server's own VmHWM), and the sizes of the
+sampled from /proc every `interval` of the sampler from start to stop, and the server's own VmHWM), and the sizes of the
 batches it ran in the timed window (the zoo_batch_size histogram of /metrics, read at its start and
 end). The clients share the machine's cores with the server, so the benchmark's own CPU time in the
 window is recorded beside (what the server did not get).

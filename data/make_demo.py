@@ -13,32 +13,32 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 
 def _youtube8m(root):
-    from data import demo_youtube8m  # import cost: the six generators ~0.4 s together; --help loads none
+    from data import demo_youtube8m  # import cost (docs/performance.md#import-costs): the six generators together; --help loads none
     return demo_youtube8m.make(os.path.join(root, "youtube8m_demo"))
 
 
 def _kinetics(root):
-    from data import demo_kinetics  # import cost: the six generators ~0.4 s together; --help loads none
+    from data import demo_kinetics  # import cost (docs/performance.md#import-costs): the six generators together; --help loads none
     return demo_kinetics.make(os.path.join(root, "kinetics_demo"))
 
 
 def _translation(root):
-    from data import demo_translation  # import cost: the six generators ~0.4 s together; --help loads none
+    from data import demo_translation  # import cost (docs/performance.md#import-costs): the six generators together; --help loads none
     return demo_translation.make(os.path.join(root, "translation_demo"))
 
 
 def _bert(root):
-    from data import demo_bert  # import cost: the six generators ~0.4 s together; --help loads none
+    from data import demo_bert  # import cost (docs/performance.md#import-costs): the six generators together; --help loads none
     return demo_bert.make(os.path.join(root, "bert_demo"))
 
 
 def _coco(root):
-    from data import demo_coco  # import cost: the six generators ~0.4 s together; --help loads none
+    from data import demo_coco  # import cost (docs/performance.md#import-costs): the six generators together; --help loads none
     return demo_coco.make(root)
 
 
 def _segmentation(root):
-    from data import demo_segmentation  # import cost: the six generators ~0.4 s together; --help loads none
+    from data import demo_segmentation  # import cost (docs/performance.md#import-costs): the six generators together; --help loads none
     return demo_segmentation.make(os.path.join(root, "voc_demo"))
 
 

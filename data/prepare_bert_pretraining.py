@@ -33,7 +33,7 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     def job():
-        # after parsing: --help answers without loading paddle (~2.5 s)
+        # after parsing: --help answers without loading paddle (docs/performance.md#import-costs)
         from readers.bert_pretrain import BertPretrainText, write_hdf5
         ds = BertPretrainText(files=args.corpus, vocab_file=args.vocab, lowercase=not args.cased,
                               max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions,

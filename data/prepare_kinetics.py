@@ -18,11 +18,10 @@ With `--reencode DIR` it re-encodes every video to H.264 with a keyframe every `
 `val_reencoded.list` (same `relpath label` lines and label numbers as train.list, for
 `format: video`). Downloaded Kinetics clips are H.264 with x264's default keyframe interval of 250,
 i.e. often one keyframe per clip: reaching TSN's 3 frames decodes most of the clip. A seek has a
-fixed cost, so a short interval alone gains little (keyframe every 16: ~2.6x the clips/s per worker
-of the long-GOP clip, 340x256, 250 frames); what pays is the interval together with x264's
-fastdecode tuning: every 4 frames with `--fast-decode` (the default) measured 6.3x with decord and
-8.8x with the reader's `backend: pyav`, at ~4x the long-GOP clip's disk and a seventh of JPEG
-frames' (benchmarks/video_formats.py; docs/tsn-stnet.md, Data, has the table). Every frame is kept (same count, same
+fixed cost, so a short interval alone gains little; what pays is the interval together with x264's
+fastdecode tuning: every 4 frames with `--fast-decode` (the default), for several times the long-GOP
+clip's disk and a fraction of JPEG frames' (benchmarks/video_formats.py; docs/tsn-stnet.md, Data, has
+the table, docs/performance.md#reader-figures the ratios). Every frame is kept (same count, same
 order); `--reencode-scale` resizes (`256`: short side 256, `340x256`: width x height; sizes are
 rounded to even numbers, as yuv420p needs), `--crf` and `--preset` are x264's; `--fast-decode`
 (default; `--no-fast-decode` turns it off) drops B-frames and sets x264's fastdecode tuning (no

@@ -203,8 +203,8 @@ def quantize(src_dir, dst_dir, feeds, observer="minmax", per_channel=True, threa
     os.makedirs(dst_dir, exist_ok=True)
     programs, gaps = {}, {}
     top = {s["name"] for s in record["inputs"]}
-    # without VNNI the INT8 kernels' u8 x s8 pair sums saturate (measured on an AMD Zen 3: BERT's logits
-    # 0.086 away from the simulation); 7-bit weights keep them in range, as ONNX Runtime advises (its
+    # without VNNI the INT8 kernels' u8 x s8 pair sums saturate (BERT's logits off the simulation:
+    # docs/performance.md#deployment-figures); 7-bit weights keep them in range, as ONNX Runtime advises (its
     # kernels read the CPU itself, not ONEDNN_MAX_CPU_ISA)
     reduce_range = not cpu.has_vnni()
     for name, spec in programs_of(record).items():

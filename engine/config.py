@@ -115,8 +115,8 @@ RUNTIME_KEYS = {
     "device": (str, "auto", one_of("auto", "cpu", "gpu")),  # auto: a GPU when paddle sees one, else the CPU
     "sync_bn": (bool, False),                 # BatchNorm statistics across the cards of a multi-card run
     "fast_ops": (bool, True),                 # fused C++ CPU operators (ops/), else pure Paddle
-    # CPU: glibc keeps freed blocks (steps 5-15% faster, peak +35-834 MB); false also gives the heap's free pages
-    # back after each forward (engine.cpu.trim_heap)
+    # CPU: glibc keeps freed blocks (faster steps, a higher peak: docs/performance.md#cpu-environment); false
+    # also gives the heap's free pages back after each forward (engine.cpu.trim_heap)
     "keep_freed_memory": (bool, False),
     "flush_denormals": (bool, True),          # CPU: FTZ + DAZ, subnormal floats computed as 0 (engine/cpu.py)
     "world_size": (int, 1),                   # recorded by the trainer; not an input

@@ -1,8 +1,8 @@
 """The CPU we run on, and the environment Paddle's bundled MKL needs on it (set before paddle loads).
 
-MKL_DEBUG_CPU_TYPE=5 makes MKL take its AVX2 path on AMD CPUs, which it otherwise treats as generic
-(2048^2 fp32 matmul, 2 threads: 74 -> 176 GFLOP/s on our EPYC machines). On Intel it is harmful: it
-forces that same path instead of AVX-512/AMX (~200 -> ~126 GFLOP/s). So it is set on AMD only.
+MKL_DEBUG_CPU_TYPE=5 makes MKL take its AVX2 path on AMD CPUs, which it otherwise treats as generic,
+more than twice as fast there; on Intel it would force that same path instead of AVX-512/AMX, so it is
+set on AMD only (docs/performance.md#cpu-environment).
 This module imports nothing heavy: the tools and the tests call it before importing paddle.
 """
 import contextlib
@@ -117,8 +117,7 @@ def mkl_environment(env=None):
 
     Also FLAGS_use_stride_kernel=0 where paddle is a CPU build: with paddle 3's stride kernels a
     transpose or slice is a view, and the copy a later op makes of it takes a slow strided path on CPU
-    (measured: BERT step -13..-19%, the Transformer's attention block 4x faster, its training step
-    2x). A GPU build (paddlepaddle-gpu) keeps paddle's default, which its GPU kernels are made for;
+    (docs/performance.md#cpu-environment: the Transformer's step twice as fast without). A GPU build (paddlepaddle-gpu) keeps paddle's default, which its GPU kernels are made for;
     runtime.setup turns the flag off there when the run's device is the CPU.
     """
     env = mkl_cpu_type(env)
@@ -174,14 +173,12 @@ def _libc():
 def keep_freed_memory(limit=1 << 30):
     """Let glibc keep freed blocks (up to `limit` bytes each) in the process heap instead of unmapping
     them. Paddle's CPU allocator returns every tensor to malloc; a block above glibc's mmap threshold
-    (32 MB at most) is unmapped on free and faulted in again page by page when the next step asks for
-    it (paddle.zeros of 138 MB, the Transformer's [tokens, vocabulary] logits: 60 ms, 2.3 GB/s).
-    The price is the heap's fragmentation: blocks of many sizes in one heap leave holes a larger
-    request cannot use, so the heap (and the peak) grows past what is alive. `runtime.keep_freed_memory`
-    (default false; the BERT and Transformer recipes set it) decides; on amd-zen2, a training step with it
-    true against false (docs/performance.md, "Memory of a training step"): BERT-base ~5% faster for
-    +69 MB of peak, Transformer-base ~6% for +35 MB, TSN-R50 ~10% for +304 MB, AttentionLSTM ~13% for
-    +211 MB, DeepLabV3-R50 ~15% for +834 MB.
+    is unmapped on free and faulted in again page by page when the next step asks for it (the
+    Transformer's [tokens, vocabulary] logits among them). The price is the heap's fragmentation:
+    blocks of many sizes in one heap leave holes a larger request cannot use, so the heap (and the
+    peak) grows past what is alive. `runtime.keep_freed_memory` (default false; the BERT and
+    Transformer recipes set it) decides: each step a little faster for more peak memory, the trade
+    measured per model in docs/performance.md#cpu-environment.
     False off glibc."""
     libc = _libc()
     m_trim_threshold, m_mmap_threshold = -1, -3
@@ -195,8 +192,8 @@ def trim_heap():
     """Give the free pages inside glibc's heaps back to the system (malloc_trim(0)). With
     `runtime.keep_freed_memory` false the trainer calls it after each forward: the blocks the forward
     freed below glibc's mmap threshold stay in the heap as holes, resident through the backward where
-    the peak is (docs/performance.md, "Memory of a training step": DeepLabV3-R50 on amd-zen3 3663 ->
-    3310 MB above the baseline, 1% of its step). False off glibc."""
+    the peak is; trimming them costs little of a step (docs/performance.md#cpu-environment). False off
+    glibc."""
     libc = _libc()
     try:
         return bool(libc and libc.malloc_trim(0))
@@ -249,7 +246,8 @@ def ieee_denormals():
 def flush_denormals(on=True):
     """Set (or clear) FTZ and DAZ in the calling thread's MXCSR; True when done.
 
-    Why: the Intel cores compute on subnormal floats 70-100x slower (AMD far less), and one subnormal
+    Why: the Intel cores compute on subnormal floats far slower (AMD much less:
+    docs/performance.md#cpu-environment), and one subnormal
     in an activation reaches every GEMM after it. `runtime.flush_denormals` (default true) decides;
     runtime.setup calls this before any math runs, so the threads started later (paddle's and
     OpenMP's workers, DataLoader processes) inherit it and ops/ (the fused kernels) applies it to the threads

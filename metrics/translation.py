@@ -26,7 +26,7 @@ from metrics.base import IndexedMetric, to_numpy
 log = logging.getLogger("zoo")
 
 # sacrebleu 2.x's tokenisers (sacrebleu.metrics.bleu.BLEU.TOKENIZERS, which BLEU checks against when
-# built): written out so that loading the metric module does not import sacrebleu (~0.1 s)
+# built): written out so that loading the metric module does not import sacrebleu (docs/performance.md#import-costs)
 Tokenize = typing.Literal["none", "zh", "13a", "intl", "char", "ja-mecab", "ko-mecab", "spm", "flores101",
                           "flores200", "spBLEU-1K"]
 
@@ -53,7 +53,7 @@ class BLEU(IndexedMetric):
 
     def __init__(self, tokenize: Tokenize = "13a", lowercase: bool = False):
         super().__init__()
-        import sacrebleu  # import cost ~0.1 s, which every tool run would pay: load_all imports this module
+        import sacrebleu  # import cost (docs/performance.md#import-costs), which every tool run would pay: load_all imports this module
         from sacrebleu.metrics.bleu import BLEU as _SacreBLEU
         if tokenize not in _SacreBLEU.TOKENIZERS:
             raise ConfigError(f"metric BLEU: tokenize must be one of {', '.join(_SacreBLEU.TOKENIZERS)}, "

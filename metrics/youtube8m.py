@@ -20,8 +20,8 @@ with their expected AP over all orders of the tie (McSherry & Najork 2008), whic
 on batch order or world size and equals the starter code's number whenever no scores tie.
 
 Memory: per video only the top-k scores, classes and hits, the label count, the labels outside the
-top k (mostly none: an empty tuple), and two scalars are kept (~0.15 GB for YouTube-8M val, 1.1M
-videos), never the [N, classes] score matrix.
+top k (mostly none: an empty tuple), and two scalars are kept (docs/performance.md#reader-figures
+for YouTube-8M val), never the [N, classes] score matrix.
 
 `report()` (tools/eval.py --report; multi-label, so no confusion matrix): per class its support
 (videos labelled with it), AP over the top-k pool of the class (the pairs (score, is-label) of the
@@ -66,8 +66,8 @@ def global_average_precision(scores, hits, num_positives):
     Tied scores count with their expected AP over every order of the tie: in a tie group of n
     items holding p labels after c earlier labels, the item at rank j (1-based, group starting
     after rank s) is a label with probability p/n and then has c + 1 + (j-s-1)(p-1)/(n-1) labels
-    at or before it in expectation. Memory stays O(pool) with a handful of arrays (1.1M videos x
-    top 20 = 22M pairs take ~0.6 GB for a few seconds).
+    at or before it in expectation. Memory stays O(pool) with a handful of arrays, for a few seconds
+    (docs/performance.md#reader-figures for YouTube-8M val).
     """
     scores = np.asarray(scores).reshape(-1)
     hits = np.asarray(hits).reshape(-1) > 0

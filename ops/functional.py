@@ -16,8 +16,8 @@ computes, and a thread starts from the default, the fused path off (a thread tha
 the value it needs, as api/inferencer.py does).
 
 `matmul` (and so `linear`) and `conv2d` run on oneDNN (csrc/dnnl.cc) instead of paddle's MKL 2019
-GEMMs and im2col convolutions: 1.6-2.0x faster GEMMs and ~2x faster 3x3 convolutions (forward +
-backward) on our AMD EPYC (benchmarks/kernel_shapes.py). The rest (csrc/ops.cc) are fused
+GEMMs and im2col convolutions, the faster on our AMD EPYC (benchmarks/kernel_shapes.py;
+docs/performance.md#fused-operators). The rest (csrc/ops.cc) are fused
 element-wise and row kernels with their own backward.
 
 bf16 (`Precision.bf16`, entered by engine/runtime.autocast for `amp: {enable: true, dtype: bfloat16}`
@@ -184,7 +184,7 @@ def bias_act(x, bias, act=None, p=0.0, training=True, keep=None):
 
 def _bias_act(x, bias, act, seed, p):
     # without an activation, the operator whose backward keeps neither x nor the bias (nor, at p = 0,
-    # a mask): BERT-base's q/k/v projections save 113 MB less (batch 8 x 128)
+    # a mask): less saved for BERT-base's q/k/v projections (docs/performance.md#fused-operators)
     if act == 0:
         return _run("zoo_bias_dropout", x, bias, seed, p)[0]
     return _run("zoo_bias_act", x, bias, act, seed, p)[0]
@@ -200,7 +200,7 @@ def matmul(x, y, transpose_x=False, transpose_y=False):
         p = _PRECISION.get()
         if p.bf16_operands:
             # a 2-D y is a weight: alive anyway, it is rounded again in the backward rather than kept
-            # as a bf16 copy (BERT-base: 2.20 against 2.53 s/step, 3567 against 3737 MB, amd-zen4)
+            # as a bf16 copy, faster and smaller (docs/performance.md#fused-operators)
             op = "zoo_linear_bf16" if y.ndim == 2 else "zoo_matmul_bf16"
             return _run(op, x, y, bool(transpose_x), bool(transpose_y))[0]
         return _run("zoo_matmul", x, y, bool(transpose_x), bool(transpose_y), p.bf16)[0]
@@ -266,8 +266,8 @@ def smooth_cross_entropy(logits, labels, eps=0.0):
 
 def conv2d(x, conv):
     """conv(x) for a paddle Conv2D layer, through oneDNN's direct convolution (csrc/dnnl.cc; grouped and
-    depthwise ones too: paddle's CPU depthwise kernel took 7.5 ms forward and 12.5 ms backward on StNet
-    demo's [8, 512, 3, 1]), or one GEMM over the batch for a small output map (_one_gemm), when the
+    depthwise ones too: paddle's CPU depthwise kernel is slow, docs/performance.md#fused-operators),
+    or one GEMM over the batch for a small output map (_one_gemm), when the
     layer is NCHW with zero padding given as numbers; other layers, and those oneDNN would run with a
     column buffer per thread (_columns_per_thread), take the layer itself."""
     s = conv2d_settings(conv)
@@ -289,8 +289,8 @@ def conv_transpose(x, deconv):
     """deconv(x) for a paddle Conv2DTranspose whose square kernel equals its stride, without padding
     (Mask R-CNN's 2x2 stride-2 upsampling): the output windows do not overlap, so it is a 1x1
     convolution to C_out x k x k channels on oneDNN, a pixel shuffle, and the bias in one pass. paddle's
-    CPU transposed convolution and its broadcast bias add took 3.4% and 10% of the Mask R-CNN demo's
-    step. Other layers take the layer; fp32 activations (as the layer: no CPU bf16 pixel shuffle)."""
+    CPU transposed convolution and its broadcast bias add are slow (docs/performance.md#fused-operators).
+    Other layers take the layer; fp32 activations (as the layer: no CPU bf16 pixel shuffle)."""
     t = conv_transpose_settings(deconv)
     s, k = t.conv, t.kernel
     simple = (s.data_format == "NCHW" and s.groups == 1 and s.padding == [0, 0] and s.dilation == [1, 1]
@@ -318,9 +318,8 @@ def _onednn_conv(x, w, stride, padding, dilation, to_bf16, groups, gemm):
 
 
 WORK_SPACE_FLOOR = 32 << 20   # bytes (_columns_per_thread)
-# output pixels (_one_gemm), by oneDNN's kernels (benchmarks/kernel_shapes.py --conv-routes, direct / GEMM
-# over its six layers): AVX2 (amd-zen3) 1x1 maps 1.25-4.18, 2x2 0.91-2.03; AVX-512 (amd-zen4) 1x1 0.55-1.86
-# (1.23 summed), 2x2 0.45-1.06 (0.82 summed)
+# output pixels (_one_gemm), by oneDNN's kernels: where one GEMM beat the direct kernels in
+# benchmarks/kernel_shapes.py --conv-routes (docs/performance.md#small-maps-as-one-gemm-depthwise-convolutions-gradient-norms-and-l2-decay)
 GEMM_MAP = {"avx2": 4, "avx512": 1}
 
 
@@ -331,10 +330,9 @@ def _gemm_map():
 def _one_gemm(x, w_shape, stride, padding, dilation, groups):
     """Whether a float32 convolution runs as im2col over the batch and one GEMM per pass
     (zoo_conv2d_gemm): an output map of at most GEMM_MAP pixels, columns within WORK_SPACE_FLOOR. There
-    the weights outweigh the activations, and oneDNN's direct kernels reorder them in every pass. On
-    amd-zen3 (2 threads, forward + backward; benchmarks/kernel_shapes.py --conv-routes) the GEMM took
-    1x1 maps in 0.24-0.80x the direct kernels' time, 2x2 in 0.49-1.10x, 3x3 to 7x7 in 0.88-1.59x; on
-    amd-zen4, whose AVX-512 direct kernels are faster, only 1x1 maps gain (GEMM_MAP). Grouped
+    the weights outweigh the activations, and oneDNN's direct kernels reorder them in every pass. Under
+    AVX2 the GEMM wins up to 2x2 maps, under AVX-512, whose direct kernels are faster, 1x1 maps only
+    (GEMM_MAP; docs/performance.md#fused-operators). Grouped
     convolutions, bf16 operands and activations keep the direct kernels."""
     p = _PRECISION.get()
     if groups != 1 or p.bf16_act or x.dtype != paddle.float32 or p.bf16_operands:
@@ -364,18 +362,16 @@ def _paddle_computes(x, conv, s):
 def _columns_per_thread(x_shape, w_shape, strides, pads, dilations, groups, math, threads):
     """Whether oneDNN needs more work space for this convolution than one sample's im2col columns, and
     over WORK_SPACE_FLOOR (below it the work space is small beside a step's activations and oneDNN's
-    kernel is the faster: a ResNet stem, 16 MB at 2 x 512 x 512). Where it has no direct kernel for a
-    pass (on AVX2: the dilated 3x3 convolutions of DeepLabV3's ASPP and last stages) it runs im2col +
-    GEMM with a column buffer per thread: 288 MB each at 2048 channels x 64 x 64 (DeepLabV3-R50's peak
-    +264 MB from 1 to 2 threads; 16 threads would hold 4.6 GB). paddle's own convolution is im2col +
-    GEMM with one buffer, so it takes those: DeepLabV3-R50 at 2 x 512 on amd-zen2, peak above baseline
-    4035 -> 3718 MB, step 15.7 -> 15.9 s. `threads`: the operators' thread setting, part of the cache
+    kernel is the faster, as for a ResNet stem). Where it has no direct kernel for a pass (on AVX2: the
+    dilated 3x3 convolutions of DeepLabV3's ASPP and last stages) it runs im2col + GEMM with a column
+    buffer per thread, which grows the peak with every thread. paddle's own convolution is im2col +
+    GEMM with one buffer, so it takes those, for less memory at about the same step
+    (docs/performance.md#fused-operators). `threads`: the operators' thread setting, part of the cache
     key (the work space grows with it).
     A 1x1 convolution has no columns on either route, so it stays oneDNN's: its work space there is
-    the bf16 kernels' transposition buffer, at most 16-32 MB per thread (amd-zen4), in the scratchpad
-    oneDNN shares among its primitives. Counted as columns, it sent DeepLabV3-R50's bf16 1x1
-    convolutions at 64 x 64 and 128 x 128 to paddle's fp32 kernel: 32 of its 62, 8 s of its 13.9 s
-    step."""
+    the bf16 kernels' transposition buffer, in the scratchpad oneDNN shares among its primitives.
+    Counted as columns, it sent half of DeepLabV3-R50's bf16 1x1 convolutions to paddle's fp32 kernel,
+    most of its step."""
     if w_shape[2] == w_shape[3] == 1:
         return False
     oh, ow = _output_size(x_shape, w_shape, strides, pads, dilations)
@@ -422,7 +418,7 @@ def pool2d(x, pool):
 def grad_norms(tensors):
     """The L2 norm of each tensor, a float32 tensor [len(tensors)], each taken in float32 or better:
     float32 CPU tensors in one parallel pass over all of them (double sums; paddle's p_norm, one call
-    per gradient, took 21% of the TSN demo's step), others through paddle's norm in float32."""
+    per gradient, was a fifth of the TSN demo's step: docs/performance.md#fused-operators), others through paddle's norm in float32."""
     if active(*tensors):
         return _run("zoo_l2_norms", list(tensors))[0]
     fp32 = paddle.float32
@@ -454,7 +450,7 @@ def roi_align(x, boxes, boxes_num, output_size, spatial_scale=1.0, sampling_rati
 def rasterize_polygons(xy, counts, height, width):
     """reference.rasterize_polygons (pycocotools' polygon masks); on a CPU our kernel walks the edges as
     rleFrPoly does, one set per thread (csrc/ops.cc), where the tensor version's ~60 operators per call
-    took 22% of the Mask R-CNN demo's step."""
+    were a fifth of the Mask R-CNN demo's step (docs/performance.md#fused-operators)."""
     if active() and xy.dtype == paddle.float64 and xy.place.is_cpu_place():
         return _run("zoo_rasterize_polygons", xy, counts.astype("int32"), int(height), int(width))[0]
     return reference.rasterize_polygons(xy, counts, height, width)

@@ -111,8 +111,8 @@ def sources():
 def compile_commands(out):
     """Compile with -fopenmp, then link against paddle's own OpenMP runtime (libiomp5, which also
     serves the GOMP entry points): one thread pool for MKL, paddle's kernels and ours. Linking
-    libgomp instead gives a second pool whose threads fight MKL's spinning ones for the cores
-    (measured: the fused kernels 3-10x slower with 2 threads than with 1). oneDNN's own OpenMP calls
+    libgomp instead gives a second pool whose threads fight MKL's spinning ones for the cores (the
+    fused kernels slower with 2 threads than with 1: docs/performance.md#fused-operators). oneDNN's own OpenMP calls
     resolve to the same libiomp5 (paddle loads it first; checked: no extra threads, oneDNN nthr 2)."""
     root = _paddle_root()
     inc, libs, base = os.path.join(root, "include"), os.path.join(root, "libs"), os.path.join(root, "base")

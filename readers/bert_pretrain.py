@@ -306,7 +306,7 @@ class BertPretrainHDF5(SampleDataset):
         if isinstance(files, str):
             files = [files]
         self.files, counts = [os.fspath(f) for f in files], []
-        import h5py  # import cost ~0.1 s, which every tool run would pay: load_all imports this reader
+        import h5py  # import cost (docs/performance.md#import-costs), which every tool run would pay: load_all imports this reader
         for path in self.files:
             if not os.path.isfile(path):
                 raise ConfigError(f"HDF5 file not found: {path}")
@@ -350,7 +350,7 @@ class BertPretrainHDF5(SampleDataset):
             handles = {}
             self._handles = (os.getpid(), handles)
         if fi not in handles:
-            import h5py  # import cost ~0.1 s, which every tool run would pay: load_all imports this reader
+            import h5py  # import cost (docs/performance.md#import-costs), which every tool run would pay: load_all imports this reader
             handles[fi] = h5py.File(self.files[fi], "r")
         f = handles[fi]
         try:
@@ -383,7 +383,7 @@ def write_hdf5(path, samples, max_seq_length, max_predictions_per_seq):
         arrays["masked_lm_ids"][i, :p] = s["masked_lm_ids"]
         arrays["next_sentence_labels"][i] = s["next_sentence_label"]
     tmp = path + ".partial"
-    import h5py  # import cost ~0.1 s, which every tool run would pay: load_all imports this reader
+    import h5py  # import cost (docs/performance.md#import-costs), which every tool run would pay: load_all imports this reader
     with h5py.File(tmp, "w") as f:
         for k, v in arrays.items():
             f.create_dataset(k, data=v, compression="gzip")

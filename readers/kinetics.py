@@ -73,7 +73,7 @@ class _DecordVideo:
     a seek per frame (`seek_accurate(i)` + `next()`, what `vr[i]` does). get_batch seeks to the
     keyframe before an index when that is ahead of where it stands, and decodes forward otherwise,
     so it does what a seek per frame would where seeking pays. benchmarks/video_formats.py found
-    the two within ~12% of each other in CPU time per clip on long-GOP H.264 (keyint 250),
+    the two close in CPU time per clip (docs/performance.md#reader-figures) on long-GOP H.264 (keyint 250),
     short-GOP H.264 (keyint 8, 16) and mp4v clips, neither ahead on every format or in every run,
     so get_batch stays, with no rule on the keyframe interval."""
 

@@ -221,9 +221,8 @@ def find_next_record(f, start, size, check_crc=False, chunk=1 << 21):
 
     A byte-by-byte search for a 12-byte header with a matching length CRC whose record fits in the
     file (and, with `check_crc`, whose data CRC matches). It runs in numpy over `chunk`-byte blocks
-    and is not bounded, so a damaged region costs only the records inside it: searching 300 MB of
-    random or zero bytes to no avail took 0.8 s of CPU here, 3.4 s for the worst fill we tried
-    (small integers, where every 8th position needs a CRC). A false match in random bytes needs a
+    and is not bounded, so a damaged region costs only the records inside it, seconds of CPU for
+    hundreds of megabytes (docs/performance.md#reader-figures). A false match in random bytes needs a
     32-bit CRC and a length below the file size to agree by chance.
     """
     last = size - _HEADER.size - 4            # the last offset where an empty record fits

@@ -132,7 +132,7 @@ class Normalize:
     `<key>_normalize` = [shift, scale] per RGB channel; the model applies them to the collated batch
     on its device (`models.pixels.as_float`), and the exported-model predictor on the host before
     the program (deploy/predictor.py). DataLoader workers then hand over a quarter of the
-    bytes: a TSN batch of 8 x 3 x 3 x 224 x 224 is 14.5 MB in float32, 3.6 MB in uint8. Where PadImages padded a
+    bytes (one byte a value instead of four). Where PadImages padded a
     batch (`<key>_size`), the padding is 0.0 after normalising, as when padding float32 pixels
     with 0. `in_main_process: false` normalises here, to float32 (for a model of your own that
     reads float pixels and does not call `as_float`).

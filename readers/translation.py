@@ -92,7 +92,7 @@ class MosesBPETokenizer:
     """PaddleNLP's WMT pipeline: Moses tokenisation, subword-nmt BPE, a vocabulary file."""
 
     def __init__(self, vocab_file, bpe_codes, lang, input_format, bos_token, eos_token, unk_token):
-        import sacremoses  # import cost ~0.4 s; load_all imports this reader in every tool run
+        import sacremoses  # import cost (docs/performance.md#import-costs): load_all imports this reader in every tool run
         self.path = vocab_file
         self.tokens = [line.split()[0] if line.split() else "" for line in _read_lines(vocab_file, "vocab")]
         if not self.tokens:
@@ -329,7 +329,7 @@ class Translation(SampleDataset):
     def moses_tokenize(self, text):
         """Moses tokenisation of the target language (escaped, as tokenizer.perl), for bleu_tok."""
         if getattr(self, "_moses", None) is None:
-            import sacremoses  # import cost ~0.4 s; load_all imports this reader in every tool run
+            import sacremoses  # import cost (docs/performance.md#import-costs): load_all imports this reader in every tool run
             self._moses = sacremoses.MosesTokenizer(lang=self.tgt_lang)
         return self._moses.tokenize(text, return_str=True, escape=True)
 

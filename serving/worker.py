@@ -1,7 +1,7 @@
 """The model's own process: the server's batcher thread hands it each batch and waits for the answers.
 
-Paddle Inference holds the GIL while a program runs (measured: a thread beside a 0.23 s TSN call got
-no time for 0.24 s), so a model run in the server's process would stall its event loop, health
+Paddle Inference holds the GIL while a program runs (a thread beside a TSN call got no time until
+it ended: docs/performance.md#deployment-figures), so a model run in the server's process would stall its event loop, health
 checks and refusals included, for every call. The model therefore runs in one child process (spawned:
 no copy of the server's threads or sockets), fed through a pipe; the server's one batcher thread waits
 on that pipe with the GIL released. Predictors are not thread-safe: one process, one call at a time.

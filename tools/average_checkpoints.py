@@ -39,7 +39,7 @@ def checkpoints_to_average(paths, last):
 
 def average(paths):
     """{key: array} averaged over the weights files or checkpoint directories `paths`."""
-    import numpy as np  # after the flags are parsed: --help loads no numpy (~0.1 s)
+    import numpy as np  # after the flags are parsed: --help loads no numpy (docs/performance.md#import-costs)
 
     from engine.training.checkpoint import read_weights   # loads paddle: after the flags are parsed
     if len(paths) < 2:

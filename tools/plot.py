@@ -86,7 +86,7 @@ def plot(run_dirs, keys=None, output=None):
         names = [k for k in available if "/" not in k] + [k for k in available if k.startswith("eval/")
                                                           and plain(k[len("eval/"):], available) == k]
         raise PlotError(f"unknown key {', '.join(unknown) or '(none)'}; the runs have: {', '.join(names)}")
-    # import cost: matplotlib (~0.5 s) after the runs and keys are checked: a wrong one fails at once
+    # import cost (docs/performance.md#import-costs): matplotlib after the runs and keys are checked: a wrong one fails at once
     import matplotlib
     matplotlib.use("Agg")   # no display: files only
     import matplotlib.pyplot as plt  # after use("Agg"), which must come first

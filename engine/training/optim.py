@@ -487,9 +487,8 @@ class RMSProp(_Optimizer):
 class _L2IntoGradient:
     """L2 decay added into the gradient in place, one parameter at a time, for the optimizers whose
     kernel does not take it (paddle's Momentum does). paddle's makes two new tensors per parameter
-    (coeff * w and g + coeff * w) and keeps them all until every update is made: 870 MB at
-    AttentionLSTM's optimizer step, which was its peak (paddle's memory profiler), and 9% of the StNet
-    demo's step. The gradient is dead after the update (the trainer clears it). A parameter kept in
+    (coeff * w and g + coeff * w) and keeps them all until every update is made: AttentionLSTM's
+    peak was there (docs/performance.md#cpu-environment). The gradient is dead after the update (the trainer clears it). A parameter kept in
     fp16/bf16 with an fp32 master copy, or a sparse gradient, takes paddle's way."""
 
     def _own_path(self, param, grad=None):
@@ -517,8 +516,8 @@ class _RMSPropWithoutMomentum(_L2IntoGradient, paddle.optimizer.RMSProp):
 
     paddle keeps that accumulator for every parameter even at momentum 0, where its kernel only uses
     it to carry the step's update (v = 0 * v + lr * g / sqrt(ms - mg^2 + eps); p -= v): a full copy of
-    the parameters kept for nothing (415 MB of AttentionLSTM's 1244 MB of optimizer state; PyTorch's
-    RMSProp has no such buffer at momentum 0). Here the gradient, dead once the update is made, is
+    the parameters kept for nothing (a third of AttentionLSTM's optimizer state:
+    docs/performance.md#cpu-environment; PyTorch's RMSProp has no such buffer at momentum 0). Here the gradient, dead once the update is made, is
     passed as that buffer: the kernel reads g[i] and writes v[i] element by element, so sharing the
     storage is safe (tests/test_optim.py checks the updates against the formulas). A parameter kept
     in fp16/bf16 with an fp32 master copy keeps paddle's own path (its update is fp32, its gradient not).

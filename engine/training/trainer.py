@@ -39,7 +39,7 @@ class TrainStep:
     tools/amp_check.py: forward under autocast, backward of the scaled loss / accum_steps, and when
     `update` (the last micro-batch of an accumulation) unscale, clip, step, scaler update, free the
     gradients and advance the LR schedule. Freed, not zeroed (PyTorch's set_to_none): zeroed buffers
-    would be alive through the next forward, at the step's peak (BERT-base: -321 MB, no slower).
+    would be alive through the next forward, at the step's peak (docs/performance.md#cpu-environment).
     Under data parallel the gradients of an accumulation are all-reduced once, at its last
     micro-batch. Returns the detached losses: no host synchronisation.
     """

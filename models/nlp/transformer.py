@@ -824,8 +824,8 @@ class _FullSteps:
 
 
 def log_softmax(logits):
-    """x - logsumexp(x) in float32: paddle 3.3's CPU log_softmax kernel takes ~2.7 s on [40, 33712]
-    (one decoding step of base with beam 5 x 8 sentences), this ~9 ms."""
+    """x - logsumexp(x) in float32: paddle 3.3's CPU log_softmax kernel is hundreds of times slower on
+    a decoding step's [beam x sentences, vocabulary] logits (docs/performance.md#fused-operators)."""
     logits = logits.astype("float32")
     return logits - paddle.logsumexp(logits, axis=-1, keepdim=True)
 

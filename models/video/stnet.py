@@ -71,8 +71,8 @@ class TemporalXception(nn.Layer):
         self.bn_out = nn.BatchNorm2D(cout)
 
     def forward(self, x):
-        # the layer package: paddle's CPU depthwise convolution took 8-12 ms a call on these [N, C, T, 1]
-        # maps (9% of the demo's step); fp32 activations, as the rest of the head (ops.Precision.bf16_act)
+        # the layer package: paddle's CPU depthwise convolution is slow on these [N, C, T, 1] maps
+        # (docs/performance.md#fused-operators); fp32 activations, as the rest of the head (ops.Precision.bf16_act)
         with ops.precision(bf16_act=False):
             x = self.bn_in(x)
             y = ops.conv_bn_act(ops.conv2d(x, self.dw1), self.pw1, self.bn_mid)
