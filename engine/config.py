@@ -521,8 +521,9 @@ class _Checker:
             if allowed is not None and value is not None:
                 for item in (value if per_item else [value]):
                     if not _chosen(item, allowed):
-                        self.fail(dotted, f"must be one of {', '.join(map(str, allowed))}, got {item!r}"
-                                          f"{did_you_mean(item, allowed)}")
+                        words = isinstance(item, str) and all(isinstance(a, str) for a in allowed)
+                        near = did_you_mean(item, allowed) if words else ""   # no '50' for 51, nor for "50"
+                        self.fail(dotted, f"must be one of {', '.join(map(str, allowed))}, got {item!r}{near}")
             if key in NESTED and value is not None:
                 items = value if isinstance(value, list) else [value]
                 for i, item in enumerate(items):

@@ -254,7 +254,7 @@ class PascalVOC(SegmentationDataset):
     Args:
         root: the VOCdevkit folder (holding VOC2012/).
         mode: the image list read: an ImageSets/Segmentation list, or `trainaug` (train plus the SBD
-            images of aug.txt).
+            images of ImageSets/Segmentation/aug.txt).
         label_names: class names replacing the 21 VOC classes (background first) for data in the same
             layout (the demo).
     """

@@ -131,7 +131,7 @@ class YouTube8M(SampleDataset):
     The video id is available through `describe(index)`.
 
     Args:
-        files: the feature files: paths, globs, or list files (.list/.txt) of paths.
+        files: the feature files: paths, globs, or list files (`.list` or `.txt`) of paths.
         format: `tfrecord` (Google's frame-level TFRecords) or `pkl` (Paddle's pickled features);
             `auto` tells each file by its extension.
         feature_names: the per-frame features read, one array each (rgb 1024-d, audio 128-d).

@@ -35,6 +35,8 @@ def _cases(tmp_path):
         (["-c", str(base5)], [str(base5), "_base_ must be a path or a list of paths", "5"]),
         (["-c", TSN_DEMO, "-o", "reader.train.transforms.1.size=0"], ["MultiScaleCrop", "size", "0"]),
         (["-c", TSN_DEMO, "-o", "reader.val.transforms.1.size=0"], ["CenterCrop", "size", "0"]),
+        # a closed set (a typing.Literal annotation): the key, the allowed values, the value, the near one
+        (al + ["-o", "lr.by=epochs"], ["lr.by", "must be one of epoch, step", "'epochs'", "did you mean 'epoch'"]),
     ]
 
 

@@ -1,11 +1,13 @@
 """docs/config-reference.md is what tools/config_reference.py writes from the code; it lists every key
 the validator accepts (the key set taken from the validator as it runs), and what it lists the
 validator takes, while a key it does not list is refused."""
+import ast
 import importlib.util
 import inspect
 import os
 import re
 import sys
+import textwrap
 
 import pytest
 import yaml
@@ -78,8 +80,9 @@ def test_every_key_the_validator_accepts_is_on_the_page(page, monkeypatch):
         rows = found[anchor[prefix]]
         assert set(rows) == set(schema), prefix
         for key, spec in schema.items():
-            assert rows[key][:2] == [f"`{spec[0].__name__}`", f"`{config_reference.yaml_value(spec[1])}`"]
-            assert rows[key][3], f"{prefix}.{key} has no meaning on the page"
+            assert rows[key][0].split(":")[0] == f"`{spec[0].__name__}`", (prefix, key)
+            assert rows[key][1] == f"`{config_reference.yaml_value(spec[1])}`", (prefix, key)
+            assert rows[key][2], f"{prefix}.{key} has no meaning on the page"
     loader = [(prefix, extra) for prefix, (reg, extra) in comps.items() if extra]
     assert {p for p, _ in loader} == {"reader.train", "reader.val", "reader.test"}
     for _, extra in loader:
@@ -103,12 +106,13 @@ def test_every_key_the_validator_accepts_is_on_the_page(page, monkeypatch):
 
 
 def sample(cells):
-    """A value for a key from its page row (type, default, allowed, ...): the default, else one the
-    `allowed` column admits, else one of the type."""
-    kind, default, allowed = (c.strip("`") for c in cells[:3])
+    """A value for a key from its page row (type / allowed, default, meaning): the default, else one
+    the allowed part admits, else one of the type."""
+    kind, _, allowed = cells[0].partition(": ")
+    kind, default = kind.strip("`"), cells[1].strip("`")
     if default not in ("null", "required"):
         return default
-    m = re.match(r"`(>=?) (\d+)`|`([^`]+)`", cells[2])
+    m = re.match(r"`(>=?) (\d+)`|`([^`]+)`", allowed)
     if m and m.group(2):
         return str(int(m.group(2)) + (m.group(1) == ">"))
     if m:
@@ -160,6 +164,155 @@ def test_a_key_table_entry_without_a_meaning_stops_the_generator(tmp_path):
     spec.loader.exec_module(module)
     with pytest.raises(SystemExit, match=r"tables.py:3: KEYS\['b'\] has no comment"):
         config_reference.table_entries(module, "KEYS")
+
+
+# ---------------------------------------------------------------- component arguments: meaning, allowed values
+def _component_arguments():
+    """[(registry, name, class, [parameters a recipe can set])] of every registered component."""
+    components.load_all()
+    return [(reg, name, reg.get(name), [p for p in inspect.signature(reg.get(name)).parameters.values()
+                                        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)])
+            for reg in config_reference.KINDS for name in reg.names()]
+
+
+def test_every_component_argument_has_a_meaning(page):
+    """In the code (the Args: of the class's docstrings, which the generator reads) and on the page:
+    each argument's row has a meaning, and a missing one is named with its component."""
+    found = tables(page)
+    in_code, on_page = [], []
+    for reg, name, cls, params in _component_arguments():
+        docs = config_reference.arg_docs(cls)
+        rows = found[config_reference.slug(f"{name} ({reg.kind})")]
+        for p in params:
+            if not docs.get(p.name, "").strip():
+                in_code.append(f"{reg.kind} {name}: {p.name}")
+            if not rows[p.name][2].strip():
+                on_page.append(f"{reg.kind} {name}: {p.name}")
+    assert not in_code, "no `name: meaning.` in the Args: of their docstrings: " + ", ".join(in_code)
+    assert not on_page, "no meaning on docs/config-reference.md: " + ", ".join(on_page)
+
+
+def test_an_argument_without_a_meaning_stops_the_generator(monkeypatch):
+    """An undocumented argument is named by the generator; one a base class documents (the readers'
+    transforms / seed / skip_bad in SampleDataset) counts as documented."""
+    reg = registry.Registry("model")
+
+    class Base:
+        """Args:
+            seed: documented once, here.
+        """
+
+        def __init__(self, seed=0):
+            pass
+
+    @reg.register("Fake")
+    class Fake(Base):
+        """A model.
+
+        Args:
+            depth: the layers.
+        """
+
+        def __init__(self, depth: int = 1, width: int = 2, seed: int = 0):
+            super().__init__(seed)
+
+    monkeypatch.setattr(config_reference, "KINDS", (reg,))
+    assert config_reference.undocumented() == [("model", "Fake", "width")]
+    with pytest.raises(SystemExit, match=r"without a meaning .*: model Fake: width$"):
+        config_reference.render()
+
+
+def _allowed(cell):
+    """The values a `type / allowed` cell lists after its type, as text (None: no closed set)."""
+    kind, sep, allowed = cell.partition(": ")
+    return re.findall(r"`([^`]*)`", allowed.removeprefix("items from ")) if sep else None
+
+
+def test_closed_sets_are_shown_with_their_values(page):
+    """A Literal annotation's values are on the page, and these closed sets are what their sources
+    say (the source named in each line, not the annotation)."""
+    import sacrebleu.metrics.bleu
+    expected = {
+        ("lr schedule", "Piecewise", "by"): ["epoch", "step"],               # optim.py module docstring
+        ("lr schedule", "StepDecay", "by"): ["epoch", "step"],
+        ("reader", "Kinetics", "format"): ["video", "frames"],                # videos or frame folders
+        ("reader", "Kinetics", "backend"): ["decord", "cv2", "pyav"],         # the three decoders it opens
+        ("reader", "GLUE", "split"): ["train", "dev", "test"],                # GLUE's TSV files
+        ("reader", "Cityscapes", "mode"): ["train", "val", "test"],           # leftImg8bit/<mode>/ folders
+        ("model", "ResNet", "depth"): ["18", "34", "50", "101", "152"],       # He et al., Table 1
+        ("model", "TSN", "view_average"): ["prob", "feature"],
+        ("metric", "COCO", "iou_types"): ["bbox", "segm"],                    # pycocotools' iouType (no keypoints)
+        ("metric", "BLEU", "tokenize"): list(sacrebleu.metrics.bleu.BLEU.TOKENIZERS),
+    }
+    found = tables(page)
+    literal = {}
+    for reg, name, cls, params in _component_arguments():
+        rows = found[config_reference.slug(f"{name} ({reg.kind})")]
+        for p in params:
+            values, _ = config.choices(p.annotation)
+            shown = _allowed(rows[p.name][0])
+            if values is not None:
+                literal[(reg.kind, name, p.name)] = shown
+                assert shown == [config_reference.yaml_value(v) for v in values], (reg.kind, name, p.name)
+            else:
+                assert shown is None, (reg.kind, name, p.name)
+    for key, values in expected.items():
+        assert literal.get(key) == values, key
+    assert len(literal) >= 25
+
+
+def test_a_component_check_against_a_fixed_set_has_a_literal_annotation():
+    """An argument a component checks with `x not in <a fixed set>` is annotated with the Literal of
+    that set, so the page shows it and the validator checks it; a new check without one fails here."""
+    def fixed(node, cls):
+        """Whether `node` is a set fixed in the source: a tuple of constants, a module-level or class-level
+        tuple, dict or set (`MODES`, `self.MODES`)."""
+        if isinstance(node, ast.Tuple):
+            return all(isinstance(e, ast.Constant) for e in node.elts)
+        if isinstance(node, ast.Name):
+            value = vars(sys.modules[cls.__module__]).get(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            value = getattr(cls, node.attr, None)
+        else:
+            return False
+        return isinstance(value, (tuple, dict, set, frozenset))
+
+    bare = []
+    for reg, name, cls, params in _component_arguments():
+        names = {p.name: p for p in params}
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id in names
+                    and isinstance(node.ops[0], ast.NotIn) and fixed(node.comparators[0], cls)
+                    and config.choices(names[node.left.id].annotation)[0] is None):
+                bare.append(f"{reg.kind} {name}: {node.left.id}")
+    assert not bare, "closed sets without a typing.Literal annotation: " + ", ".join(sorted(set(bare)))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.view_average=mean", r"model\.view_average: must be one of prob, feature, got 'mean'"),
+    ("model.backbone.depth=51", r"model\.backbone\.depth: must be one of 18, 34, 50, 101, 152, got 51"),
+    ("lr.by=Epoch", r"lr\.by: must be one of epoch, step, got 'Epoch' \(did you mean 'epoch'\?\)"),
+    ("model.backbone.depth='50'", r"model\.backbone\.depth: must be one of 18, 34, 50, 101, 152, got '50'"),
+    ("metric={name: COCO, iou_types: [bbox, keypoints]}", r"metric\.iou_types: must be one of bbox, segm, got "
+                                                         r"'keypoints'"),
+])
+def test_a_value_outside_a_literal_is_one_line_naming_key_and_values(override, message):
+    with pytest.raises(ConfigError) as e:
+        config.load(TSN_DEMO, [override])
+    assert re.fullmatch(rf"-o: {message}", str(e.value)), str(e.value)   # -o: where the value came from
+
+
+def test_the_configs_page_quotes_the_literal_message():
+    with pytest.raises(ConfigError) as e:
+        config.load(TSN_DEMO, ["lr.by=epochs"])
+    assert f"`error: {e.value}`" in _configs_page()
+
+
+def test_a_value_inside_a_literal_loads():
+    cfg = config.load(TSN_DEMO, ["model.view_average=feature", "model.backbone.depth=18", "lr.by=step",
+                                 "metric={name: COCO, iou_types: [segm]}"])
+    assert (cfg["model"]["view_average"], cfg["lr"]["by"], cfg["metric"]["iou_types"]) == ("feature", "step", ["segm"])
 
 
 # ---------------------------------------------------------------- docs/configs.md says what the code does

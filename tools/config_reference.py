@@ -1,6 +1,8 @@
 """Write docs/config-reference.md from the code: the key tables of engine/config.py (their comments
 are the meanings), custom_imports' keys (engine/components.py) and every registered component's
-constructor arguments and docstring.
+constructor arguments: their meanings from the `Args:` lists of the class docstrings (a base class's
+for an argument passed on to it; an argument without one stops the generator, naming it), their
+allowed values from `typing.Literal` annotations (what engine/config.py's validator checks).
 
 python tools/config_reference.py            # write the page
 python tools/config_reference.py --check    # exit 1 if the committed page differs from the code
@@ -15,6 +17,8 @@ import os
 import re
 import sys
 import tokenize
+import types
+import typing
 
 import yaml
 
@@ -97,8 +101,9 @@ def table_entries(module, name):
 
 
 def rule_text(rule, module):
-    """What a table's range rule allows, read from its source: at_least(n), one_of(...), or the
-    message of a lambda or a named check."""
+    """What a table's range rule allows, read from its source: at_least(n), one_of(...), a named check
+    of the items against a module-level tuple (`x not in LOGGERS`), or the message of a lambda or a
+    named check."""
     if rule is None:
         return ""
     if isinstance(rule, ast.Call) and getattr(rule.func, "id", None) == "at_least":
@@ -108,6 +113,11 @@ def rule_text(rule, module):
     if isinstance(rule, ast.Name):
         source = inspect.getsource(getattr(module, rule.id))
         rule = ast.parse(source).body[0]
+        for n in ast.walk(rule):
+            if (isinstance(n, ast.Compare) and isinstance(n.ops[0], (ast.In, ast.NotIn))
+                    and isinstance(n.comparators[0], ast.Name)
+                    and isinstance(getattr(module, n.comparators[0].id, None), tuple)):
+                return "items from " + ", ".join(code(v) for v in getattr(module, n.comparators[0].id))
     messages = [n.value for n in ast.walk(rule) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
     if not messages:
         raise SystemExit(f"cannot tell what the rule {ast.unparse(rule)} allows")
@@ -166,11 +176,24 @@ def summary(obj):
     return first_sentence(paragraphs[0]) if paragraphs else ""
 
 
+def _docstrings(obj):
+    """The docstrings an argument's meaning is looked up in: a class's own and its own __init__'s, then
+    those of its bases in method-resolution order (an argument a subclass passes on to its base, as the
+    readers' `transforms`, `seed` and `skip_bad`, is documented once, in the base); a function's own."""
+    if not isinstance(obj, type):
+        return [obj.__doc__]
+    out = []
+    for cls in obj.__mro__[:-1]:   # not `object`
+        init = cls.__dict__.get("__init__")
+        out += [cls.__dict__.get("__doc__"), getattr(init, "__doc__", None)]
+    return out
+
+
 def arg_docs(obj):
-    """{argument: its text} from the `Args:` list of the class's or its __init__'s docstring."""
+    """{argument: its text} from the `Args:` lists of the docstrings `_docstrings` names (the nearest
+    class's text wins)."""
     out = {}
-    for doc in (obj.__dict__.get("__doc__") if isinstance(obj, type) else obj.__doc__,
-                getattr(obj, "__init__", None).__doc__ if isinstance(obj, type) else None):
+    for doc in _docstrings(obj):
         lines = inspect.cleandoc(doc or "").splitlines()
         for i, line in enumerate(lines):
             if line.strip() != "Args:":
@@ -196,21 +219,64 @@ def arg_docs(obj):
     return out
 
 
+def type_name(annotation):
+    """An annotation as the page names it: `str`, `str | list`, `list[int]`; a Literal by the type of
+    its values (the values themselves are the `allowed` part)."""
+    if annotation is inspect.Parameter.empty:
+        return ""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " | ".join(dict.fromkeys(type(a).__name__ for a in args))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(a) for a in args if a is not type(None))
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(type_name(a) for a in args)}]" if args else origin.__name__
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def allowed_text(annotation):
+    """The closed set a Literal annotation declares (what engine/config.py checks), '' when open."""
+    values, per_item = config.choices(annotation)
+    if values is None:
+        return ""
+    return ("items from " if per_item else "") + ", ".join(code(yaml_value(v)) for v in values)
+
+
+def type_cell(kind, allowed):
+    """The `type / allowed` cell: the type in code (a union's members each, joined by `or`: a `|` would
+    split the table's cell), then what it is restricted to."""
+    kinds = " or ".join(code(k) for k in kind.split(" | "))
+    return kinds + (f": {allowed}" if allowed else "")
+
+
+def annotation_of(p):
+    """A parameter's annotation, else the type of its default (what engine/config.py checks too)."""
+    if p.annotation is inspect.Parameter.empty and p.default not in (inspect.Parameter.empty, None):
+        return type(p.default)
+    return p.annotation
+
+
+def arguments(obj):
+    """The keyword arguments a recipe can set (what engine/config.py checks against)."""
+    return [p for p in inspect.signature(obj).parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def signature_rows(obj):
     """(rows of the argument table, takes **kwargs)."""
-    params = inspect.signature(obj).parameters.values()
     docs = arg_docs(obj)
     rows = []
-    for p in params:
-        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-            continue
-        annotation = p.annotation
-        if annotation is inspect.Parameter.empty and p.default not in (inspect.Parameter.empty, None):
-            annotation = type(p.default)
-        kind = "" if annotation is inspect.Parameter.empty else getattr(annotation, "__name__", str(annotation))
+    for p in arguments(obj):
+        annotation = annotation_of(p)
         default = "required" if p.default is inspect.Parameter.empty else code(yaml_value(p.default))
-        rows.append([code(p.name), code(kind), default, prose(docs.get(p.name, ""))])
-    return rows, any(p.kind == p.VAR_KEYWORD for p in params)
+        rows.append([code(p.name), type_cell(type_name(annotation), allowed_text(annotation)), default,
+                     prose(docs.get(p.name, ""))])
+    return rows, any(p.kind == p.VAR_KEYWORD for p in inspect.signature(obj).parameters.values())
+
+
+def undocumented():
+    """[(registry kind, component name, argument)] of the component arguments without a meaning."""
+    return [(reg.kind, name, p.name) for reg in KINDS for name in reg.names()
+            for p in arguments(reg.get(name)) if not arg_docs(reg.get(name)).get(p.name)]
 
 
 def _rel(obj):
@@ -223,9 +289,9 @@ def engine_section(heading, covers, module, name):
     rows = []
     for key, meaning, rule in table_entries(module, name):
         spec = getattr(module, name)[key]
-        rows.append([code(key), code(spec[0].__name__), code(yaml_value(spec[1])), rule_text(rule, module),
+        rows.append([code(key), type_cell(spec[0].__name__, rule_text(rule, module)), code(yaml_value(spec[1])),
                      prose(meaning)])
-    return lines + table(["key", "type", "default", "allowed", "meaning"], rows) + [""]
+    return lines + table(["key", "type / allowed", "default", "meaning"], rows) + [""]
 
 
 def top_section():
@@ -250,8 +316,8 @@ def component_sections():
                        for key, reg in sorted(config.NESTED.items()))
     lines = ["## Components", "",
              "A component section selects a registered class with `name:`; its other keys are that class's "
-             "keyword arguments, checked against the signature below (an unknown key or a value of the wrong "
-             "type is an error naming the key). The sections: "
+             "keyword arguments, checked against the signature below (an unknown key, a value of the wrong "
+             "type or one outside the allowed values is an error naming the key). The sections: "
              + ", ".join(f"`{k}` ([{kind_heading(r)}](#{slug(kind_heading(r))}))" for k, r in COMPONENT_KEYS.items())
              + f". Keys holding components inside a component: {nested}. "
              "A reader split takes its reader's arguments and the DataLoader keys of [reader](#reader); "
@@ -266,7 +332,7 @@ def component_sections():
             lines += [(prose(text) + " " if text else "") + f"Defined in [{_rel(obj)}](../{_rel(obj)}).", ""]
             rows, kwargs = signature_rows(obj)
             if rows:
-                lines += table(["argument", "type", "default", "meaning"], rows) + [""]
+                lines += table(["argument", "type / allowed", "default", "meaning"], rows) + [""]
             else:
                 lines += ["No arguments besides `name`.", ""]
             if kwargs:
@@ -277,13 +343,20 @@ def component_sections():
 def render():
     """The page's text."""
     components.load_all()
+    bare = undocumented()
+    if bare:
+        raise SystemExit("tools/config_reference.py: component arguments without a meaning (add `name: meaning.` "
+                         "to the Args: of the class docstring): "
+                         + ", ".join(f"{kind} {name}: {arg}" for kind, name, arg in bare))
     missing = [r.kind for r in vars(registry).values() if isinstance(r, registry.Registry) and r not in KINDS]
     if missing:
         raise SystemExit(f"tools/config_reference.py: add the registries of kind {', '.join(missing)} to KINDS")
     lines = ["# Config reference", "",
              "Generated by [tools/config_reference.py](../tools/config_reference.py) from the code: the key "
              "tables of [engine/config.py](../engine/config.py) (a key's meaning is its comment there) and the "
-             "registered components' signatures and docstrings. Do not edit it by hand: change the code, then "
+             "registered components' signatures and docstrings (an argument's meaning is its line in the `Args:` "
+             "of its class docstring, or of a base class's; a closed set of values is its `typing.Literal` "
+             "annotation). Do not edit it by hand: change the code, then "
              "run `python tools/config_reference.py` (`--check` tells whether the page is current). "
              "How recipes are written, merged and overridden: [Configs](configs.md).", ""]
     lines += top_section()

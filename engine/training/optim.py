@@ -72,7 +72,8 @@ class _Schedule:
     """Common keys of every schedule except Noam; subclasses define `after_warmup(t)`.
 
     Args:
-        learning_rate: the base lr, reached at the end of the warm-up (tools/train.py --lr replaces it).
+        learning_rate: the base lr, reached at the end of the warm-up; required, except by Piecewise
+            with `values`.
         warmup_steps: optimizer steps of linear warm-up from `warmup_start_lr` to the base lr (0: none);
             give it or `warmup_epochs`, not both.
         warmup_epochs: the warm-up in epochs, converted with the steps per epoch (fractions allowed).

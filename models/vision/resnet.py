@@ -98,11 +98,12 @@ class ResNet(ZooModel):
     """ResNet trunk returning the features of the stages in `out_indices` (0 = res2 ... 3 = res5).
 
     Args:
-        depth: 18, 34, 50, 101 or 152.
-        variant: "b" (7x7 stem, stride in the 3x3 conv) or "d" (vd: deep stem, avg-pool shortcut).
+        depth: the number of layers: basic blocks for 18 and 34, bottlenecks from 50 on.
+        variant: `b` (7x7 stem, stride in the 3x3 conv) or `d` (vd: deep stem, avg-pool shortcut).
         in_channels: input channels (StNet stacks 5 RGB frames: 15).
-        output_stride: 32, 16 or 8; 16/8 replace the last strides by dilation (PaddleSeg rule: the
-            first block of a dilated stage already uses the stage's dilation).
+        output_stride: the input size over the last feature map's; 16 and 8 replace the last strides
+            by dilation (PaddleSeg rule: the first block of a dilated stage already uses the stage's
+            dilation), for dense prediction.
         multi_grid: per-block multipliers of the last stage's dilation (PaddleSeg uses [1, 2, 4]).
         out_indices: which stages to return, e.g. [3] (TSN) or [0, 1, 2, 3] (DeepLabV3, FPN).
         frozen_stages: -1 trains everything; 0 freezes the stem; k also freezes stages 1..k (their
@@ -123,9 +124,10 @@ class ResNet(ZooModel):
         return Weights(head_keys=[r"fc\.(weight|bias)"])
 
     def __init__(self, depth: typing.Literal[tuple(DEPTHS)] = 50, variant: typing.Literal["b", "d"] = "b",
-                 in_channels: int = 3, output_stride: typing.Literal[tuple(STAGE_DILATIONS)] = 32, multi_grid: list = None, out_indices: list = None,
-                 frozen_stages: int = -1, norm_eval: bool = False, freeze_norm: bool = False,
-                 num_classes: int = 0, base_channels: int = 64, recompute: bool = False):
+                 in_channels: int = 3, output_stride: typing.Literal[tuple(STAGE_DILATIONS)] = 32,
+                 multi_grid: list = None, out_indices: list[typing.Literal[0, 1, 2, 3]] = None,
+                 frozen_stages: typing.Literal[-1, 0, 1, 2, 3, 4] = -1, norm_eval: bool = False,
+                 freeze_norm: bool = False, num_classes: int = 0, base_channels: int = 64, recompute: bool = False):
         super().__init__()
         if depth not in DEPTHS:
             raise ConfigError(f"ResNet: depth {depth} is not supported; choose one of {sorted(DEPTHS)}")
