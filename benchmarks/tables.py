@@ -261,19 +261,24 @@ def inference_table(args):
                 cells = [f"{by[c[0]]['p50_ms']:.1f} / {by[c[0]]['p90_ms']:.1f}" if c[0] in by else "-" for c in part]
                 lines.append(f"| {name} | {bs} | {' | '.join(cells)} |")
         lines.append("")
-    lines += [f"| model | batch | p50 speed-up over oneDNN fp32 ({' / '.join(c[1] for c in faster)}) | size on disk MB "
-              "(Paddle / ONNX / ORT INT8 / OpenVINO INT8) | load (1 min) |", "|---|---|---|---|---|"]
+    # the speed-ups, sizes and load: a column only where some row has it (older rows have neither)
+    sized = any(r.get("size_on_disk_mb") for _, _, r in rows)
+    head = (([f"p50 speed-up over oneDNN fp32 ({' / '.join(c[1] for c in faster)})"] if faster else [])
+            + (["size on disk MB (Paddle / ONNX / ORT INT8 / OpenVINO INT8)"] if sized else []) + ["load (1 min)"])
+    lines += ["| model | batch | " + " | ".join(head) + " |", "|" + "---|" * (len(head) + 2)]
     for name, note, r in rows:
         for bs in sorted({row["batch"] for row in r["rows"]}):
             by = {row["backend"]: row for row in r["rows"] if row["batch"] == bs}
             base = by.get("exported, oneDNN")
-            gain = " / ".join(f"**{base['p50_ms'] / by[c[0]]['p50_ms']:.2f}x**" if c[0] in by and base else "-"
-                              for c in faster)
+            cells = [" / ".join(f"**{base['p50_ms'] / by[c[0]]['p50_ms']:.2f}x**" if c[0] in by and base else "-"
+                                for c in faster)] if faster else []
             size = r.get("size_on_disk_mb") or {}
-            size = " / ".join(f"{size[k]:.1f}" if k in size else "-" for k in ("paddle", "onnx", "int8", "openvino_int8"))
+            if sized:
+                cells.append(" / ".join(f"{size[k]:.1f}" if k in size else "-"
+                                        for k in ("paddle", "onnx", "int8", "openvino_int8")))
             load = r.get("load_avg_1m_before_after")
-            load = "-" if load is None else " / ".join(map(str, load))
-            lines.append(f"| {name} | {bs} | {gain} | {size} | {load} |")
+            cells.append("-" if load is None else " / ".join(map(str, load)))
+            lines.append(f"| {name} | {bs} | {' | '.join(cells)} |")
     lines += _inputs(rows)
     if rows:
         lines += ["", f"Fastest route measured per model and precision on {rows[0][-1].get('cpu_kind', '?')} "
