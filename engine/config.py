@@ -448,7 +448,11 @@ def _type_ok(value, expected):
 
 
 def _type_name(t):
-    return getattr(t, "__name__", str(t))
+    """A type as messages name it: `list` for list[...], `list or dict` for a union."""
+    origin = typing.get_origin(t)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(t) if a is not type(None))
+    return getattr(origin or t, "__name__", str(t))
 
 
 class _Checker:

@@ -303,6 +303,16 @@ def test_a_value_outside_a_literal_is_one_line_naming_key_and_values(override, m
     assert re.fullmatch(rf"-o: {message}", str(e.value)), str(e.value)   # -o: where the value came from
 
 
+def test_a_union_annotation_takes_its_members_only():
+    """PadSequences' keys (list | dict, once `object`): a mapping loads, a number is one line naming both."""
+    cfg = config.load(TSN_DEMO, ["reader.train.collate={name: PadSequences, keys: {imgs: 0}}"])
+    assert cfg["reader"]["train"]["collate"]["keys"] == {"imgs": 0}
+    with pytest.raises(ConfigError, match=r"^-o: reader\.train\.collate\.keys: expected list or dict, got int 3$"):
+        config.load(TSN_DEMO, ["reader.train.collate={name: PadSequences, keys: 3}"])
+    with pytest.raises(ConfigError, match=r"^-o: metric\.iou_types: expected list, got str 'bbox'$"):
+        config.load(TSN_DEMO, ["metric={name: COCO, iou_types: bbox}"])
+
+
 def test_the_configs_page_quotes_the_literal_message():
     with pytest.raises(ConfigError) as e:
         config.load(TSN_DEMO, ["lr.by=epochs"])
