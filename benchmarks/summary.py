@@ -12,8 +12,9 @@ fails until the charts and the block match the JSON again.
 import argparse
 import json
 import os
+import re
 import sys
-from xml.sax.saxutils import escape
+from xml.sax.saxutils import escape, unescape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -163,7 +164,7 @@ def charts(kind):
 
 def _kind_lines(kind):
     """The tab of one kind: the CPU, the figures in one line, its charts, where the rest is."""
-    head, figures = None, []
+    head, figures, note = None, [], None
     models, series = speed(kind)
     for label, values in series.items():
         models_ = f"{len(values)} model{'s' if len(values) > 1 else ''}"
@@ -173,21 +174,23 @@ def _kind_lines(kind):
         if result and head is None:
             head = (f"{result['cpu']}, {result['threads']} threads, paddle {result['paddle']}"
                     + (f", torch {result['torch']}" if result.get("torch") else ""))
+            note = result.get("cpu_kind_note") and "the kind inferred from a GEMM's speed (the JSON's cpu_kind_note)"
     models, mem = memory(kind)
     if "ours fp32" in mem and "PyTorch fp32" in mem:
         ratio = [mem["ours fp32"][m] / mem["PyTorch fp32"][m] for m in models]
-        figures.append(f"peak memory ours / PyTorch fp32 **{_span(ratio)}**")
+        figures.append(f"process peak memory ours / PyTorch fp32 **{_span(ratio)}**")
     elif "ours bf16" in mem and "PyTorch bf16" in mem:
         ratio = [mem["ours bf16"][m] / mem["PyTorch bf16"][m] for m in models if m in mem["PyTorch bf16"]]
-        figures.append(f"peak memory ours / PyTorch bf16 **{_span(ratio)}**")
+        figures.append(f"process peak memory ours / PyTorch bf16 **{_span(ratio)}**")
     folder = report.results_dir(kind)
     present = [text for name, text in SECTIONS.items() if os.path.exists(os.path.join(folder, name))]
     if any(os.path.isfile(os.path.join(folder, f"{row[0].lower()}.json")) for row in tables.BENCH_TABLE):
         present.insert(0, ("training throughput", "training-and-evaluation-throughput"))
     lines = [f'=== "{kind}"', ""]
-    body = [f"{head or kind}." if head else f"No peer run on {kind}.",
+    body = [(f"{head}; {note}." if note else f"{head}.") if head else f"No peer run on {kind}.",
             ("; ".join(figures) + "." if figures else "No run against PyTorch on this kind yet."), ""]
-    images = [f'![{name[:-4]}](images/{name}){{ loading="lazy" }}' for name in charts(kind)]
+    images = [f'![{unescape(re.search(r"<title>(.*)</title>", svg).group(1))}](images/{name}){{ loading="lazy" }}'
+              for name, svg in charts(kind).items()]
     if images:
         body += ['<div class="perf-charts" markdown>', "", *images, "", "</div>", ""]
     if present:
