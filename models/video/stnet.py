@@ -83,7 +83,8 @@ class TemporalXception(nn.Layer):
 @MODELS.register("StNet")
 class StNet(ZooModel):
     """Args:
-        num_classes: classes of the fc.
+        num_classes: the outputs of the fc: the dataset's classes (400 for Kinetics-400); checked against
+            the reader's.
         seglen: frames stacked per segment (conv1 takes 3*seglen channels). The number of segments
             comes from the input: `imgs` [B, T, 3*seglen, H, W] (train 7, test 25 in the recipe).
         backbone: ResNet config, default {name: ResNet, depth: 50}; in_channels is set to 3*seglen.

@@ -30,7 +30,8 @@ DEFAULT_BACKBONE = {"name": "ResNet", "depth": 50}
 @MODELS.register("TSN")
 class TSN(ZooModel):
     """Args:
-        num_classes: classes of the fc.
+        num_classes: the outputs of the fc: the dataset's classes (400 for Kinetics-400); checked against
+            the reader's.
         backbone: backbone config, default {name: ResNet, depth: 50} (its last `out_indices` is used).
         drop_rate: dropout before the fc (PaddleVideo 2.x TSNHead 0.4; 0 = Fluid 1.x).
         fc_std: std of the normal fc weight init (TSNHead 0.01); bias starts at 0.

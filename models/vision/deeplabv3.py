@@ -132,15 +132,19 @@ class DeepLabV3(ZooModel):
         align_corners: of every bilinear resize (PaddleSeg recipes: False).
         aux_weight: > 0 adds the auxiliary FCN head on stage 3, its loss weighted by this.
         aux_channels: width of the auxiliary head.
-        ignore_index: label value that counts nowhere.
+        ignore_index: the label value the losses skip (void, borders, padding): the reader's.
         loss: `ce`: pixel cross entropy; `ohem`: only the hard pixels count (PaddleSeg's
             OhemCrossEntropyLoss).
         ohem_thresh: with `loss: ohem`, pixels whose true-class probability is below this count
             (PaddleSeg's default 0.7).
         ohem_min_kept: with `loss: ohem`, the threshold is raised so that at least about this many
             pixels per batch count (PaddleSeg's default 10000).
-        slide_crop_size, slide_stride: [w, h]; sliding-window evaluation when set.
-        test_scales, test_flip: multi-scale and horizontal-flip evaluation (logits averaged).
+        slide_crop_size: the window [w, h] of sliding-window evaluation (with `slide_stride`; unset:
+            the whole image at once), for images too large to infer in one piece.
+        slide_stride: the step [w, h] between windows, at most the window (overlaps are averaged).
+        test_scales: evaluation runs the image resized by each scale and averages the logits (resized
+            back); [1.0]: one pass.
+        test_flip: evaluation also runs the horizontally flipped image and averages its logits in.
     """
 
     head_keys = [r"cls\.(weight|bias)", r"aux\..*"]   # replaced when fine-tuning to other classes

@@ -81,7 +81,8 @@ class MaskRCNN(ZooModel):
             released weights were trained (see roi_heads.py); False for checkpoints trained with
             our earlier default.
         box_fc: width of the box head's two FC layers (1024).
-        mask_convs, mask_channels: the mask head's 3x3 convolutions (4 x 256).
+        mask_convs: the 3x3 convolutions of the mask head before its upsampling (4).
+        mask_channels: the width of those convolutions and of the 2x upsampling deconvolution (256).
         test: score_thresh, nms_thresh, max_per_image, mask_thresh (0.05, 0.5, 100, 0.5).
         crowd_ignore_iou: > 0 ignores anchors and RoIs overlapping a crowd region more than this
             (PaddleDetection's ignore_thresh; -1: crowd regions are only kept out of the matching).
