@@ -125,7 +125,7 @@ class COCODataset(SampleDataset):
     """COCO JSON + image folder (see the module docstring).
 
     Args:
-        ann_file: instances_*.json.
+        ann_file: the COCO annotation file (instances_*.json: images, categories, instances); required.
         image_dir: folder of the images (file_name is relative to it; default: the JSON's folder).
         skip_empty: drop images with no usable non-crowd instance (PaddleDetection's training
             default); otherwise they are kept as negatives (and always kept for evaluation).
