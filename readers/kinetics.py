@@ -507,6 +507,19 @@ class KineticsDataset(SampleDataset):
         return (f"label '{word}' is not a class of {self.label_names_file} ({len(self.label_names)} classes)"
                 f"{did_you_mean(word, self.label_names)}")
 
+    def __getstate__(self):
+        """A copy pickled outside a process start (copy.deepcopy, a user's pickle.dumps) takes the flag's
+        value into a flag of its own: shared memory passes only to a process being started."""
+        state = dict(self.__dict__)
+        if multiprocessing.context.get_spawning_popen() is None:
+            state["_short_said"] = int(self._short_said.value)
+        return state
+
+    def __setstate__(self, state):
+        if isinstance(state.get("_short_said"), int):
+            state["_short_said"] = multiprocessing.RawValue("b", state["_short_said"])
+        self.__dict__.update(state)
+
     def _say_short(self, path, num_frames):
         """Once per reader: a list of many short clips would otherwise fill the log, and one named
         example is enough to look for the others."""

@@ -1,9 +1,11 @@
 """Kinetics reader, video transforms, demo data and list preparation, on real files made here."""
+import copy
 import importlib.util
 import inspect
 import json
 import logging
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -336,6 +338,17 @@ def test_the_short_clip_warning_is_once_across_worker_processes(tmp_path, short_
     KineticsDataset(make_list(tmp_path, [("frames 3", 0)], "other.txt"), format="frames", num_seg=4,
                     mode="test")[0]
     assert len(short_warnings) == 1     # the flag is the reader's, not the process's
+    # a copy (deepcopy, pickle) keeps what was said and says nothing more
+    copied = copy.deepcopy(ds)
+    copied[0]
+    assert len(short_warnings) == 1 and pickle.loads(pickle.dumps(ds))._short_said.value == 1
+    # a process started by spawn (the dataset pickled for it) shares the flag too
+    fresh = KineticsDataset(make_list(tmp_path, [("frames 3", 0)], "spawned.txt"), format="frames", num_seg=4,
+                            mode="test")
+    worker = multiprocessing.get_context("spawn").Process(target=fresh.__getitem__, args=(0,))
+    worker.start()
+    worker.join()
+    assert worker.exitcode == 0 and fresh._short_said.value == 1
 
 
 # ---------------------------------------------------------------- transforms
