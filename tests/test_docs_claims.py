@@ -55,10 +55,10 @@ def make_test_installs():
 
 
 def _paragraph_on(text, start):
-    """The text from `start` up to the next heading or code block, whitespace folded."""
+    """The paragraph from `start` to the next blank line, whitespace folded."""
     i = text.index(start)
-    end = min(j for j in (text.find("\n#", i), text.find("\n```", i + len(start)), len(text)) if j >= 0)
-    return " ".join(text[i:end].split())
+    end = text.find("\n\n", i)
+    return " ".join(text[i:end if end >= 0 else len(text)].split())
 
 
 def test_the_make_test_installs_are_what_the_makefile_installs():
