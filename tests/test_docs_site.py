@@ -190,6 +190,8 @@ OVERFLOW_JS = """() => {
     const over = Math.max(c.scrollWidth - c.clientWidth, c.getBoundingClientRect().right - right);
     if (over > 1) out.push(`code block ${i + 1} (${c.innerText.slice(0, 40).replace(/\\s+/g, ' ')}): ${Math.round(over)} px`);
   });
+  const doc = document.scrollingElement;
+  if (doc.scrollWidth - doc.clientWidth > 1) out.push(`the page itself: ${doc.scrollWidth - doc.clientWidth} px`);
   return out;
 }"""
 
