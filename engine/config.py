@@ -99,7 +99,7 @@ AMP_KEYS = {
     "dtype": (str, "float16", one_of("float16", "bfloat16")),   # float16 needs a GPU; bfloat16 on a CPU too
     "level": (str, "O1", one_of("O1", "O2")),  # O1: autocast per op; O2 (GPU): low-precision weights, fp32 master copy
     "init_loss_scaling": (float, 32768.0, lambda v: None if v > 0 else "must be > 0"),  # float16's first loss scale
-    # CPU bf16: the dtype of the tensors between operators; bfloat16 is ops.bf16_activations (convolutional
+    # CPU bf16: the dtype of the tensors between operators; bfloat16 is ops.Precision.bf16_act (convolutional
     # networks: half the bytes saved for the backward, docs/performance.md); ignored on a GPU (paddle.amp)
     "activations": (str, "bfloat16", one_of("float32", "bfloat16")),
     # paddle.amp op lists, e.g. PaddleSeg's (a GPU's autocast; the CPU's bf16 runs our fused operators, reads neither)
