@@ -238,11 +238,13 @@ def chains_to(parents, prefix):
 
 
 def test_training_imports_no_deployment_module():
-    """tools/train.py (as `train`, with what it imports), engine/training/trainer.py and the component
-    modules the Session's load_all() imports at run time reach no module of deploy/: training loads
-    no inference backend. Imports inside functions count (the walk cannot tell which ones run)."""
+    """tools/train.py and tools/launch.py (as `train` and `launch`, with what they import),
+    engine/training/trainer.py and the component modules the Session's load_all() imports at run time
+    reach no module of deploy/: training loads no inference backend. Imports inside functions count
+    (the walk cannot tell which ones run)."""
     graph = import_graph(ROOT)
-    roots = ["train", "engine.training.trainer", "engine.session"] + list(ENGINE_MODULES) + component_modules()
+    roots = ["train", "launch", "engine.training.trainer", "engine.session"] + list(ENGINE_MODULES) \
+        + component_modules()
     parents = reached(graph, roots)
     assert {"_bootstrap", "engine.session", "engine.training.evaluator", "models.vision.deeplabv3"} <= set(parents)
     assert chains_to(parents, "deploy") == []
