@@ -15,7 +15,8 @@ from tests.helpers import ROOT
 
 # every folder of ours with Python in it; tools/ and tests/ are folders of scripts, their modules
 # are imported by bare name (tools put themselves on sys.path, the tests import tools/*.py so too)
-PACKAGES = ("api", "benchmarks", "data", "deploy", "engine", "metrics", "models", "ops", "outputs", "readers", "serving")
+PACKAGES = ("api", "benchmarks", "data", "deploy", "engine", "metrics", "models", "ops", "outputs", "readers",
+            "serving")
 SCRIPTS = ("tools",)
 FOLDERS = PACKAGES + SCRIPTS + ("tests",)
 
