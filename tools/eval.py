@@ -37,7 +37,8 @@ def main():
     if args.report and not hasattr(metric, "report"):
         raise ConfigError(f"--report: metric {type(metric).__name__} has no per-class report (classification, "
                           f"YouTube-8M, GLUE classification and segmentation metrics have one)")
-    model = load.runnable(s, args.weights, args.weights_format, args=args)   # an export: by default its recorded backend
+    # an export runs on the backend its record names unless --backend says otherwise
+    model = load.runnable(s, args.weights, args.weights_format, args=args)
     metrics = evaluate(model, loader, metric, s.eval_amp)
     report = metric.report(s.label_names()) if args.report else None   # every rank: the metric gathers across ranks
     if rt["rank"] == 0:
