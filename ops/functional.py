@@ -20,7 +20,7 @@ GEMMs and im2col convolutions, the faster on our AMD EPYC (benchmarks/kernel_sha
 docs/performance.md#fused-operators). The rest (csrc/ops.cc) are fused
 element-wise and row kernels with their own backward.
 
-bf16 (`Precision.bf16`, entered by engine/runtime.autocast for `amp: {enable: true, dtype: bfloat16}`
+bf16 (`Precision.bf16`, entered by `autocast` in engine/runtime.py for `amp: {enable: true, dtype: bfloat16}`
 on a CPU): inside the block, matmul (so linear and attention's two products) and conv2d compute in
 bf16 with fp32 accumulation on oneDNN's native kernels, forward and both gradients; their results, the weights,
 gradients and everything else (norms, softmax, losses, the optimizer) stay fp32, as PyTorch's CPU
@@ -121,7 +121,7 @@ class precision:
 
 def set_precision(value=None, /, **changes):
     """Put `value` (or the precision in effect with `changes`) in effect on this thread from here on,
-    outside any block: what engine/runtime.setup_cpu does once for `runtime.fast_ops`, so that a
+    outside any block: what `setup_cpu` in engine/runtime.py does once for `runtime.fast_ops`, so that a
     user's own loop after api.setup_cpu runs the fused kernels. An enclosing `precision` block still
     restores its own value on exit. Returns the value."""
     value = _derived(value, changes)
@@ -195,9 +195,11 @@ def matmul(x, y, transpose_x=False, transpose_y=False):
     for the two forms our layers use: a 2-D `y` (x's leading axes fold into the rows of one GEMM,
     unless transpose_x) and batched operands with the same leading axes. Other shapes (broadcast
     batch axes, 1-D operands) take paddle.matmul."""
+    # read before the branch: paddle.jit.to_static rewrites this function for an export, and a name
+    # bound inside the branch is undefined where its rewritten `return` flags are set up
+    p = _PRECISION.get()
     if active(x, y) and library.state["dnnl"] and x.ndim >= 2 and (
             (y.ndim == 2 and not transpose_x) or (y.ndim == x.ndim and x.shape[:-2] == y.shape[:-2])):
-        p = _PRECISION.get()
         if p.bf16_operands:
             # a 2-D y is a weight: alive anyway, it is rounded again in the backward rather than kept
             # as a bf16 copy, faster and smaller (docs/performance.md#fused-operators)

@@ -7,6 +7,8 @@ import dataclasses
 import threading
 import types
 
+import numpy as np
+import paddle
 import pytest
 
 import ops
@@ -95,3 +97,32 @@ def test_a_thread_starts_from_the_default_and_a_block_stays_on_its_thread():
         done.set()
         thread.join(10)
     assert seen == {"start": DEFAULT, "based": ops.Precision(fast_ops=True)} and here == mine
+
+
+def test_the_blocks_trace_for_an_export_with_the_fused_path_on(tmp_path):
+    """paddle.jit.to_static rewrites ops' functions when a model is exported; a precision value read
+    inside a branch once left a name undefined there (every export of a model with ops.matmul failed).
+    The traced program computes what the eager layers do."""
+    class Net(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.norm = paddle.nn.Linear(8, 8), paddle.nn.LayerNorm(8)
+            self.conv, self.bn = paddle.nn.Conv2D(3, 4, 3, padding=1), paddle.nn.BatchNorm2D(4)
+
+        def forward(self, x, img):
+            h = ops.add_norm(ops.linear(x, self.fc, act="gelu"), x, self.norm)
+            att = ops.matmul(h, h, transpose_y=True)
+            return att, ops.conv_bn_act(img, self.conv, self.bn)
+
+    paddle.seed(0)
+    net = Net()
+    net.eval()
+    x, img = paddle.randn([2, 5, 8]), paddle.randn([2, 3, 6, 6])
+    with ops.precision(fast_ops=True):
+        eager = [t.numpy() for t in net(x, img)]
+        spec = [paddle.static.InputSpec([None, 5, 8], "float32"), paddle.static.InputSpec([None, 3, 6, 6], "float32")]
+        static = paddle.jit.to_static(net, input_spec=spec, full_graph=True)
+        paddle.jit.save(static, str(tmp_path / "net"))
+    loaded = paddle.jit.load(str(tmp_path / "net"))
+    for got, want in zip(loaded(x, img), eager):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
