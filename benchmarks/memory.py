@@ -50,13 +50,25 @@ RECOMPUTE = {"BERT-base": "model.recompute=true", "Transformer-base": "model.rec
              "TSN-R50": "model.backbone.recompute=true", "DeepLabV3-R50": "model.backbone.recompute=true"}
 
 
+def status_kb(pid, field):
+    """A /proc/PID/status field in kB (VmRSS, VmHWM); None when the process or the field is not there
+    (a server's child may end between listing and reading)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def status_mb(key):
     """VmRSS, VmHWM, ... of this process in MB (from /proc/self/status)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    raise KeyError(key)
+    kb = status_kb("self", key)
+    if kb is None:
+        raise KeyError(key)
+    return kb / 1024
 
 
 def reset_peak():

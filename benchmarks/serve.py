@@ -53,6 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from benchmarks import report  # noqa: E402
+from benchmarks.memory import status_kb  # noqa: E402
 
 SERVE = os.path.join(ROOT, "tools", "serve.py")
 READY = re.compile(r"serving (\S+) on http://([^\s:/]+):(\d+)")
@@ -196,17 +197,15 @@ def _children(pid):
         found += frontier
     return found
 
-
-def status_kb(pid, field):
-    """A /proc/PID/status field in kB (VmRSS, VmHWM), 0 once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+def terminate(proc, timeout=60):
+    """SIGTERM, which the server answers by finishing what it accepted; a kill only past `timeout` s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class MemorySampler(threading.Thread):
@@ -225,7 +224,7 @@ class MemorySampler(threading.Thread):
             if now - self._tree_at > 1.0:             # walking /proc costs: the tree once a second
                 self._tree, self._tree_at = _children(self.pid), now
                 self.children_seen = max(self.children_seen, len(self._tree))
-            self.peak_kb = max(self.peak_kb, sum(status_kb(p, "VmRSS") for p in [self.pid] + self._tree))
+            self.peak_kb = max(self.peak_kb, sum(status_kb(p, "VmRSS") or 0 for p in [self.pid] + self._tree))
             self.done.wait(self.interval)
 
 
@@ -271,14 +270,8 @@ class Server:
 
     def stop(self):
         """SIGTERM (the server drains and exits), then the peak memory; (exit code, VmHWM kB)."""
-        hwm = status_kb(self.proc.pid, "VmHWM")
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        hwm = status_kb(self.proc.pid, "VmHWM") or 0
+        terminate(self.proc)
         self.sampler.done.set()
         self.sampler.join()
         return self.proc.returncode, hwm

@@ -480,7 +480,9 @@ def create_app(model, name, max_batch=8, max_delay_ms=5.0, queue_size=64, limits
             metrics.in_flight -= 1
 
     async def server_metadata(request):
-        return JSONAnswer({"name": "paddle-zoo", "version": version, "extensions": ["task", "metrics"]})
+        # "models" is ours, not the protocol's (v2 has no call that lists models): the page reads its name here
+        return JSONAnswer({"name": "paddle-zoo", "version": version, "extensions": ["task", "metrics"],
+                           "models": [name]})
 
     async def live(request):
         return JSONAnswer({"live": True})

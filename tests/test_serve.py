@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import requests
 
+from benchmarks.serve import terminate
 from tests.helpers import ENV, ROOT, tools_in_one_process
 
 pytest.importorskip("uvicorn", reason="requirements-serve.txt (make test installs it)")
@@ -63,13 +64,7 @@ class Server:
         return requests.get(self.url + path, timeout=60)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +188,8 @@ def test_v2_metadata_and_infer_equal_the_exported_programs(servers, exports):
         s = servers[name]
         assert s.get("/v2/health/live").json() == {"live": True}
         assert s.get("/v2/health/ready").json() == {"ready": True}
-        assert s.get("/v2").json()["name"] == "paddle-zoo"
+        server = s.get("/v2").json()
+        assert server["name"] == "paddle-zoo" and server["models"] == [s.name]   # the one model it serves
         page = s.get("/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         meta = s.get(f"/v2/models/{s.name}").json()

@@ -51,9 +51,9 @@
 
   function setStatus(text) { $("status").textContent = text; }
 
-  // The model's name: ?model=NAME, else the first of GET /v2's "models". The v2 protocol has no call
-  // that lists models, so for a server that does not add "models" the last resort is the name its 404
-  // for an unknown model states ("... (this server serves 'NAME')").
+  // The model's name: ?model=NAME, else the first of GET /v2's "models" (tools/serve.py adds it; the v2
+  // protocol has no call that lists models). For a server without "models" (an older tools/serve.py) the
+  // last resort is the name its 404 for an unknown model states ("... (this server serves 'NAME')").
   async function modelName() {
     const asked = new URLSearchParams(location.search).get("model");
     if (asked) return asked;
