@@ -84,6 +84,7 @@ def read_infer_cfg(export_dir):
     if precision not in PRECISIONS[fmt]:
         raise ConfigError(f"{path}: precision {precision!r}, a --format {fmt} export is one of "
                           f"{', '.join(PRECISIONS[fmt])}")
+    _check_programs(path, record)
     if "tensorrt" in record:
         tensorrt.check(path, record, programs_of(record))
     for program in programs_of(record):
@@ -91,6 +92,27 @@ def read_infer_cfg(export_dir):
             if not os.path.isfile(os.path.join(export_dir, name)):
                 raise ConfigError(f"{export_dir}: {name} is missing (an incomplete export)")
     return record
+
+
+def _check_programs(path, record):
+    """Each program's `inputs` and `outputs` as tools/export.py writes them (specs with a name and a
+    shape; output names), so a damaged or hand-edited record is one line here rather than a KeyError
+    in a backend."""
+    programs = record.get("programs")
+    if programs is not None and (not isinstance(programs, dict) or not programs):
+        raise ConfigError(f"{path}: 'programs' is not a mapping of program names (a damaged record); "
+                          f"export the model again with tools/export.py")
+    # the top level's (the predictor's and the server's) and each program's
+    for name, spec in [(None, record)] + list((programs or {}).items()):
+        where = f"{path}: " + (f"programs.{name}." if name else "")
+        for key in ("inputs", "outputs"):
+            if not isinstance(spec, dict) or not isinstance(spec.get(key), list):
+                raise ConfigError(f"{where}{key} is missing or not a list (a damaged record); export the "
+                                  f"model again with tools/export.py")
+        for i, inp in enumerate(spec["inputs"]):
+            if not (isinstance(inp, dict) and isinstance(inp.get("name"), str) and isinstance(inp.get("shape"), list)):
+                raise ConfigError(f"{where}inputs[{i}] is not a spec with a name and a shape list (a damaged "
+                                  f"record); export the model again with tools/export.py")
 
 
 def as_numpy(value):

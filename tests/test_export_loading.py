@@ -6,9 +6,10 @@ import argparse
 import os
 
 import pytest
+import yaml
 
 from deploy import load
-from deploy.record import EXPORT_VERSION, INFER_CFG, PROGRAM, write_infer_cfg
+from deploy.record import EXPORT_VERSION, INFER_CFG, PROGRAM, read_infer_cfg, write_infer_cfg
 from engine import config
 from engine.components import load_all
 from engine.errors import ConfigError
@@ -69,3 +70,23 @@ def test_flags_that_name_no_recipe_are_one_line(tmp_path):
     flags = argparse.Namespace(backend=None, no_mkldnn=False, trt=None, precision="bf16", ov_hint="LATENCY")
     with pytest.raises(ConfigError, match=r"^--precision sets how an export runs; for weights use -o eval.amp=...$"):
         load.runnable(s, str(tmp_path / "model.pdparams"), args=flags)
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda r: r.pop("inputs"), "inputs is missing or not a list"),
+    (lambda r: r.update(outputs="logits"), "outputs is missing or not a list"),
+    (lambda r: r.update(inputs=[{"name": "x"}]), r"inputs\[0\] is not a spec with a name and a shape list"),
+    (lambda r: r.update(programs=[]), "'programs' is not a mapping of program names"),
+    (lambda r: r.update(programs={PROGRAM: {"inputs": [], "outputs": None}}), f"programs.{PROGRAM}.outputs is missing"),
+])
+def test_a_damaged_record_is_one_line_naming_the_key(tmp_path, damage, says):
+    """A record edited by hand or cut short names its file and the key, where a backend would stop on a
+    KeyError (the record's keys: deploy/export.py writes `inputs` specs with name and shape)."""
+    folder = _export(tmp_path / "export")
+    path = os.path.join(folder, INFER_CFG)
+    record = yaml.safe_load(open(path))
+    damage(record)
+    with open(path, "w") as f:
+        yaml.safe_dump(record, f)
+    with pytest.raises(ConfigError, match=rf"^{path}: {says}.*export the model again with tools/export.py$"):
+        read_infer_cfg(folder)
