@@ -36,9 +36,9 @@ _OV_TYPE = {"fp32": "f32", "bf16": "bf16"}
 _RECURRENT = ("LSTMSequence", "GRUSequence", "RNNSequence", "LSTMCell", "GRUCell", "RNNCell")
 # Operators whose input `port` holds coordinates (RoIs in pixels of the image). Under a bf16 hint OpenVINO's
 # CPU plugin runs every layer but the graph's tail in bf16, these and the box arithmetic feeding them too;
-# bf16 keeps 8 significant bits, so a coordinate past 512 px moves by up to 2 px, past 1024 by 4. Measured on
-# Mask R-CNN's demo: its mask probabilities 0.028 from f32 (relative L2), 0.014 with these in f32, as Paddle
-# Inference's bf16 (0.012). They keep f32 (_coordinates_in_f32); the convolutions after them stay bf16.
+# bf16 keeps 8 significant bits, so a coordinate past 512 px moves by up to 2 px, past 1024 by 4: Mask
+# R-CNN's masks drift twice as far from f32 as Paddle Inference's bf16 do (docs/performance.md#deployment-figures).
+# They keep f32 (_coordinates_in_f32); the convolutions after them stay bf16.
 _COORDINATE_INPUTS = {"ROIAlign": 1, "ROIPooling": 1, "PSROIPooling": 1}
 _KEPT = ".zoo_keep_f32"
 

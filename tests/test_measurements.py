@@ -25,7 +25,7 @@ FIGURES = [
 ]
 # where it was measured (a kind's name in quotes is a name, as in the naming of benchmarks/report.py):
 # fine beside a link to the page that holds the figures
-MEASURED = [r"\bmeasured(?: on an?\b| at\b| here\b|:)", r"(?<![`'])\b(?:amd-zen\d|intel-[a-z]+rapids)\b(?![`'])"]
+MEASURED = [r"\bmeasured(?: on an?\b| on$| at\b| here\b|:)", r"(?<![`'])\b(?:amd-zen\d|intel-[a-z]+rapids)\b(?![`'])"]
 LINK = "docs/performance.md"
 
 
