@@ -2,8 +2,9 @@
 TrainStep from the same initial weights on the same batches, so that a loss drifting away from fp32's is
 the precision's doing, not the harness's.
 
-engine is imported inside the functions: tools/amp_check.py builds its parser from MODES, and its --help
-or a wrong flag answers at once, without paddle (docs/performance.md#import-costs).
+The engine beyond engine.config (the table of modes, no paddle) is imported inside the functions:
+tools/amp_check.py builds its parser from MODES, and its --help or a wrong flag answers at once,
+without paddle (docs/performance.md#import-costs).
 """
 import glob
 import math
@@ -11,18 +12,18 @@ import os
 import time
 
 from benchmarks.report import ROOT
+from engine import config   # the table of modes: no paddle (the parser reads MODES)
 
-MODES = {"fp32": (False, "float16", "O1"), "fp16-O1": (True, "float16", "O1"),
-         "fp16-O2": (True, "float16", "O2"), "bf16-O1": (True, "bfloat16", "O1"),
-         "bf16-O2": (True, "bfloat16", "O2")}
-CPU_MODES = ["fp32", "bf16-O1"]
+# (enable, dtype, level) of each of engine.config.AMP_MODES, the one table of modes (fp32: AMP off)
+MODES = {name: (amp is not None, *(amp or ("float16", "O1"))) for name, (amp, _) in config.AMP_MODES.items()}
+CPU_MODES = list(config.CPU_AMP_MODES)
 
 
 def run_mode(cfg, batches, mode, seed):
     """The trainer's own TrainStep with the mode's AMP settings (resolved for this machine: None when it
     cannot run them), from the same initial weights. Returns (losses, s/step) or None."""
     # import cost: paddle loads once a check runs, not for tools/amp_check.py's parser (MODES)
-    from engine import builder, config, runtime
+    from engine import builder, runtime
     from engine.training import trainer
     enable, dtype, level = MODES[mode]
     amp = runtime.resolve_amp(config.AmpSection(enable=enable, dtype=dtype, level=level), f"mode {mode}")
@@ -42,7 +43,7 @@ def run_mode(cfg, batches, mode, seed):
 
 
 def check(config_path, steps, modes, rtol, overrides=(), tail=3, seed=0):
-    from engine import builder, config  # import cost: as in run_mode
+    from engine import builder  # import cost: as in run_mode
     cfg = config.load(config_path, list(overrides))
     loader, _, _ = builder.build_loader(cfg, "train", seed)
     batches = []
@@ -75,7 +76,7 @@ def check_all(configs, steps, modes, rtol, overrides, tail):
     per row printed as soon as the recipe is done (a long check shows its progress). Returns the rows."""
     # import cost: as in run_mode
     import paddle
-    from engine import config, runtime
+    from engine import runtime
     from engine.components import load_all
     load_all()
     configs = configs or sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*_demo.yaml"), recursive=True))

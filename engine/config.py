@@ -346,6 +346,17 @@ def _section_class(name, keys, doc, **nested):
 
 
 AmpSection = _section_class("AmpSection", AMP_KEYS, "train.amp; the AMP defaults live in AMP_KEYS alone.")
+# The precision modes a check runs, by name, in one table (tools/gpu_check.py and tools/amp_check.py read
+# it): (train.amp.dtype, train.amp.level), None for fp32, and what the mode is. A CPU runs the
+# CPU_AMP_MODES (runtime.resolve_amp: bf16 on the fused operators; O2 would run as O1, float16 not at all).
+AMP_MODES = {
+    "fp32": (None, "fp32 throughout"),
+    "bf16-O1": (("bfloat16", "O1"), "bf16 autocast (on a CPU: our fused oneDNN operators)"),
+    "bf16-O2": (("bfloat16", "O2"), "bf16 with bf16 parameters (paddle.amp O2)"),
+    "fp16-O1": (("float16", "O1"), "fp16 autocast, the loss scaler with gradient clipping"),
+    "fp16-O2": (("float16", "O2"), "fp16 parameters, the loss scaler with gradient clipping"),
+}
+CPU_AMP_MODES = ("fp32", "bf16-O1")
 EmaSection = _section_class("EmaSection", EMA_KEYS, "train.ema.")
 EarlyStopSection = _section_class("EarlyStopSection", EARLY_STOP_KEYS, "train.early_stop.")
 WandbSection = _section_class("WandbSection", WANDB_KEYS, "train.wandb.")

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from benchmarks import amp_check
 from engine.cpu import cpu_info, has_bf16
 from tests.conftest import ATTENTION_LSTM_DEMO
 from tests.helpers import ENV, ROOT
@@ -143,6 +144,10 @@ def test_one_table_of_modes_and_the_docs_show_it():
     assert set(gpu_check.MODES) == set(CPU_ROWS + GPU_ROWS + TRT_ROWS)
     assert gpu_check.parser().parse_args(["--modes", "fp16-O2"]).modes == ["fp16-O2"]
     assert gpu_check.amp_overrides("bf16-O2")[-2:] == ["-o", "train.amp.level=O2"]
+    # tools/amp_check.py runs the same training modes, from the same table
+    assert list(amp_check.MODES) == [m for m, r in gpu_check.MODES.items() if not r.trt]
+    assert tuple(amp_check.CPU_MODES) == gpu_check.CPU_MODES
+    assert amp_check.MODES["bf16-O2"] == (True, "bfloat16", "O2") and not amp_check.MODES["fp32"][0]
     with open(gpu_check.DOCS_PAGE, encoding="utf-8") as f:
         page = f.read()
     assert gpu_check.docs_page(page) == page, "docs/tools.md is stale: run python tools/gpu_check.py --docs"

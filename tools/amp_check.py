@@ -10,7 +10,7 @@ bf16-O1; O2 runs as O1 there, float16 is refused), on a GPU paddle.amp's fp16 an
 A mode this machine cannot run (a CPU without native bf16) is reported as not run and fails the check.
 Exit code 1 if a check fails.
 
-The issue-22 check of the full-size models (200 steps, the mean of steps 151-200 within 2%):
+The check of the full-size models (200 steps, the mean of steps 151-200 within 2%):
   python tools/amp_check.py -c configs/nlp/bert/bert_base_1000k_pretrain.yaml --steps 200 --tail 50 \
       --rtol 0.02 -o reader.train.files=[data/bert_demo/corpus/train.txt] \
       -o reader.train.vocab_file=data/bert_demo/vocab_30522.txt -o reader.train.collate.max_len=128

@@ -43,20 +43,16 @@ import subprocess
 import sys
 import time
 
-from engine import cli, cpu
+from engine import cli, config, cpu
 
 ROOT = _bootstrap.ROOT
-# The modes, one row each and nowhere else (--modes, the CPU rows, the TensorRT flags and docs/tools.md's
-# table are read from here): the training's (train.amp.dtype, train.amp.level), None: fp32; the export's
-# and inference's --trt-precision, None: no TensorRT; whether a CPU runs it (runtime.resolve_amp: O2
-# would run as O1, fp16 not at all); what the row checks.
+# The modes: engine.config.AMP_MODES (the training's train.amp.dtype and level, what a CPU runs), which
+# tools/amp_check.py reads too, and the TensorRT rows; --modes, the CPU rows, the TensorRT flags and
+# docs/tools.md's table are read from MODES. A row: (dtype, level) or None for fp32; the export's and
+# inference's --trt-precision, None: no TensorRT; whether a CPU runs it; what the row checks.
 Mode = collections.namedtuple("Mode", "amp trt cpu checks")
 MODES = {
-    "fp32": Mode(None, None, True, "fp32 throughout"),
-    "bf16-O1": Mode(("bfloat16", "O1"), None, True, "bf16 autocast (on a CPU: our fused oneDNN operators)"),
-    "bf16-O2": Mode(("bfloat16", "O2"), None, False, "bf16 with bf16 parameters (paddle.amp O2)"),
-    "fp16-O1": Mode(("float16", "O1"), None, False, "fp16 autocast, the loss scaler with gradient clipping"),
-    "fp16-O2": Mode(("float16", "O2"), None, False, "fp16 parameters, the loss scaler with gradient clipping"),
+    **{name: Mode(amp, None, name in config.CPU_AMP_MODES, checks) for name, (amp, checks) in config.AMP_MODES.items()},
     "trt-fp32": Mode(None, "fp32", False, "trained in fp32, exported with --trt, inferred by TensorRT in fp32"),
     "trt-fp16": Mode(None, "fp16", False, "trained in fp32, exported with --trt, inferred by TensorRT in fp16"),
 }
