@@ -56,9 +56,10 @@ class JSONAnswer(JSONResponse):
 
 
 class Limits:
-    def __init__(self, max_request_mb=32.0, max_video_s=60.0, decode_timeout_s=10.0):
+    def __init__(self, max_request_mb=32.0, max_video_s=60.0, decode_timeout_s=10.0, max_image_mp=40.0):
         self.max_bytes = int(max_request_mb * 1024 * 1024)
         self.max_video_s, self.decode_timeout_s = max_video_s, decode_timeout_s
+        self.max_image_mp = max_image_mp
 
 
 # ---- metrics (Prometheus' text exposition format, written here: no client library to pin)
@@ -347,6 +348,48 @@ async def _check_video(name, data, limits):
                            f"this server takes at most {limits.max_video_s:g} s (--max-video-s)")
 
 
+def _image_size(data):
+    """(width, height) from a PNG, JPEG, BMP or WebP header, without decoding; None for another format or
+    a header that does not say (the reader then decides). A small file can hold a huge flat image: its
+    decoded pixels, not its bytes, are what the model's process would have to hold."""
+    data = bytes(data[:1 << 16])   # a JPEG's frame header may follow its EXIF (which is at most 64 KB)
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if data[:2] == b"BM" and len(data) >= 26:
+        return abs(int.from_bytes(data[18:22], "little", signed=True)), abs(int.from_bytes(data[22:26], "little",
+                                                                                             signed=True))
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        chunk = data[12:16]
+        if chunk == b"VP8X" and len(data) >= 30:
+            return 1 + int.from_bytes(data[24:27], "little"), 1 + int.from_bytes(data[27:30], "little")
+        if chunk == b"VP8 " and len(data) >= 30:
+            return int.from_bytes(data[26:28], "little") & 0x3FFF, int.from_bytes(data[28:30], "little") & 0x3FFF
+        if chunk == b"VP8L" and len(data) >= 25:
+            bits = int.from_bytes(data[21:25], "little")
+            return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+        return None
+    if data[:2] == b"\xff\xd8":
+        i = 2
+        while i + 9 <= len(data):
+            if data[i] != 0xFF:
+                return None
+            marker = data[i + 1]
+            if marker == 0xFF:   # fill bytes before a marker
+                i += 1
+                continue
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):   # a start of frame
+                return int.from_bytes(data[i + 7:i + 9], "big"), int.from_bytes(data[i + 5:i + 7], "big")
+            i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+    return None
+
+
+def _check_image(name, data, limits):
+    size = _image_size(data)
+    if size and size[0] * size[1] > limits.max_image_mp * 1e6:
+        raise Refused(413, f"file: {name!r} is {size[0]}x{size[1]} pixels ({size[0] * size[1] / 1e6:.1f} MP), this "
+                           f"server takes at most {limits.max_image_mp:g} MP (--max-image-mp)")
+
+
 async def _task_items(request, served, limits):
     """(batcher kind, items) of a task request: uploads as (name, bytes), or texts."""
     ctype = request.headers.get("content-type", "")
@@ -388,6 +431,8 @@ async def _task_items(request, served, limits):
             suffix = _suffix_of(name, data)
             if suffix in VIDEO_SUFFIXES:
                 await _check_video(name, data, limits)
+            elif suffix in IMAGE_SUFFIXES:
+                _check_image(name, data, limits)
             if served.texts or suffix not in VIDEO_SUFFIXES + IMAGE_SUFFIXES:
                 kind = "many"   # a file of many samples (a TSV, a corpus, a TFRecord): a call of its own
         return kind, items

@@ -22,6 +22,7 @@ import pytest
 import requests
 
 from benchmarks.serve import terminate
+from serving import app
 from tests.helpers import ENV, ROOT, tools_in_one_process
 
 pytest.importorskip("uvicorn", reason="requirements-serve.txt (make test installs it)")
@@ -72,7 +73,7 @@ def servers(tsn_demo_export, deeplab_demo_export, bert_glue_export, transformer_
     """The four demo exports served at once (their model loads overlap), and a second TSN server for
     the queue and shutdown checks; each reused by every test of the module."""
     started = {"tsn": Server(tsn_demo_export, "--max-request-mb", 1, "--max-delay-ms", 50, "--max-video-s", 30),
-               "seg": Server(deeplab_demo_export), "glue": Server(bert_glue_export),
+               "seg": Server(deeplab_demo_export, "--max-image-mp", 1), "glue": Server(bert_glue_export),
                "mt": Server(transformer_demo_export),
                "tsn2": Server(tsn_demo_export, "--queue", 2, "--max-batch", 1, "--decode-timeout-s", 0.0001)}
     try:
@@ -301,6 +302,31 @@ def test_a_burst_is_batched_and_each_answer_is_its_own(servers, exports, kinetic
     assert "zoo_request_latency_seconds_bucket" in text
 
 
+def _png(width, height):
+    """A flat grey PNG: a few kB that decode to width x height x 3 bytes."""
+    import cv2
+    return cv2.imencode(".png", np.full((height, width, 3), 128, np.uint8))[1].tobytes()
+
+
+def test_an_image_upload_is_measured_by_its_header_without_decoding():
+    """The pixel limit reads the width and height each format's header holds (PNG IHDR, a JPEG's start
+    of frame, BMP's info header, WebP's VP8 / VP8L / VP8X chunk): here files OpenCV wrote of a known
+    size, each also cut to its first 64 bytes (the size is in the header)."""
+    import cv2
+    img = np.zeros((123, 457, 3), np.uint8)
+    img[5:50, 7:90] = 200
+    for ext, params in ((".png", []), (".jpg", []), (".bmp", []), (".webp", [cv2.IMWRITE_WEBP_QUALITY, 80]),
+                        (".webp", [cv2.IMWRITE_WEBP_QUALITY, 101])):   # lossy (VP8) and lossless (VP8L)
+        data = cv2.imencode(ext, img, params)[1].tobytes()
+        assert app._image_size(data) == (457, 123), ext
+        assert app._image_size(data[:64]) in ((457, 123), None), ext   # a JPEG's frame header may come later
+    assert app._image_size(b"not an image") is None and app._image_size(b"\xff\xd8" + b"\x00" * 20) is None
+    with pytest.raises(app.Refused, match=r"'big.png' is 1200x1000 pixels \(1.2 MP\), this server takes at most "
+                                          r"1 MP \(--max-image-mp\)"):
+        app._check_image("big.png", _png(1200, 1000), app.Limits(max_image_mp=1))
+    app._check_image("small.png", _png(1000, 1000), app.Limits(max_image_mp=1))
+
+
 def _long_video(path, seconds=40):
     import cv2
     out = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 1.0, (32, 32))
@@ -326,7 +352,7 @@ def _raw(url, data):
 
 
 def test_bad_requests_get_one_line_and_the_server_answers_the_next_good_one(servers, exports, tmp_path):
-    s, glue = servers["tsn"], servers["glue"]
+    s, glue, seg = servers["tsn"], servers["glue"], servers["seg"]
     good = _v2_body(_feeds(exports["tsn"]))
     tensor = good["inputs"][0]
     video = _long_video(tmp_path / "long.mp4")
@@ -373,6 +399,8 @@ def test_bad_requests_get_one_line_and_the_server_answers_the_next_good_one(serv
         ("text to a video model", lambda: s.post(task, json={"text": "/etc/passwd"}), 400, "text:"),
         ("an unknown content type", lambda: s.post(task, data=b"x", headers={"content-type": "text/plain"}), 415,
          "content-type"),
+        ("an image over --max-image-mp", lambda: seg.post(f"/v2/models/{seg.name}/task", files={"file": (
+            "flat.png", _png(1200, 1000))}), 413, "'flat.png' is 1200x1000 pixels (1.2 MP)"),
         ("texts of numbers", lambda: glue.post(f"/v2/models/{glue.name}/task", json={"texts": [1, 2]}), 400, "texts[0]"),
     ]
     assert len(cases) >= 20
@@ -392,7 +420,7 @@ def test_bad_requests_get_one_line_and_the_server_answers_the_next_good_one(serv
     assert status == 200 and json.loads(body) == {"live": True}
     assert s.post(infer, json=good).status_code == 200
     errors = _metric(s.get("/metrics").text, "zoo_request_errors_total")
-    assert errors >= len(cases) - 2   # all but the two sent to the GLUE server
+    assert errors >= len(cases) - 3   # all but the two sent to the GLUE server and the one to DeepLabV3's
 
 
 def _heavy(s, body):

@@ -32,6 +32,9 @@ def _parser():
     p.add_argument("--max-request-mb", type=float, default=32.0, help="largest request body (413 above)")
     p.add_argument("--max-video-s", type=float, default=60.0,
                    help="longest video upload, by its container's frame count and rate (413 above)")
+    p.add_argument("--max-image-mp", type=float, default=40.0,
+                   help="largest image upload in megapixels, by its header (413 above): a small file can "
+                        "decode to gigabytes")
     p.add_argument("--decode-timeout-s", type=float, default=10.0,
                    help="longest a video upload's metadata may take to read (408 above)")
     cli.backend_args(p)
@@ -73,7 +76,7 @@ def main():
                          batch_size=args.max_batch, trust_weights=args.trust_weights)
     name = args.name or str(model.record["model"]).lower()
     app = create_app(model, name, args.max_batch, args.max_delay_ms, args.queue,
-                     Limits(args.max_request_mb, args.max_video_s, args.decode_timeout_s), _version())
+                     Limits(args.max_request_mb, args.max_video_s, args.decode_timeout_s, args.max_image_mp), _version())
 
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
