@@ -105,7 +105,7 @@ class Metrics:
         with self.lock:
             self.batches.observe(size)
 
-    def text(self, queue_depth):
+    def text(self, queue_depth, restarts=0):
         with self.lock:
             out = ["# HELP zoo_requests_total Requests answered, by endpoint and status code.",
                    "# TYPE zoo_requests_total counter"]
@@ -121,7 +121,9 @@ class Metrics:
             out += ["# HELP zoo_queue_depth Requests accepted and waiting for a model call.",
                     "# TYPE zoo_queue_depth gauge", f"zoo_queue_depth {queue_depth}",
                     "# HELP zoo_requests_in_flight Inference requests accepted and not yet answered.",
-                    "# TYPE zoo_requests_in_flight gauge", f"zoo_requests_in_flight {self.in_flight}"]
+                    "# TYPE zoo_requests_in_flight gauge", f"zoo_requests_in_flight {self.in_flight}",
+                    "# HELP zoo_model_restarts_total Model processes that died and were replaced.",
+                    "# TYPE zoo_model_restarts_total counter", f"zoo_model_restarts_total {restarts}"]
         return "\n".join(out) + "\n"
 
 
@@ -352,7 +354,7 @@ def _image_size(data):
     """(width, height) from a PNG, JPEG, BMP or WebP header, without decoding; None for another format or
     a header that does not say (the reader then decides). A small file can hold a huge flat image: its
     decoded pixels, not its bytes, are what the model's process would have to hold."""
-    data = bytes(data[:1 << 16])   # a JPEG's frame header may follow its EXIF (which is at most 64 KB)
+    data = bytes(data[:1 << 16])   # a JPEG's frame header may follow its EXIF segment, whose length is a 16-bit field
     if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
         return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     if data[:2] == b"BM" and len(data) >= 26:
@@ -533,13 +535,16 @@ def create_app(model, name, max_batch=8, max_delay_ms=5.0, queue_size=64, limits
         return JSONAnswer({"live": True})
 
     async def ready(request):
-        return JSONAnswer({"ready": True})
+        # false while a replacement model process loads (serving/worker.py): a balancer sends elsewhere
+        up = bool(model.ready)
+        return JSONAnswer({"ready": up}, status_code=200 if up else 503)
 
     async def model_metadata(request):
         return JSONAnswer(model_of(request).metadata())
 
     async def model_ready(request):
-        return JSONAnswer({"name": model_of(request).name, "ready": True})
+        up = bool(model.ready)
+        return JSONAnswer({"name": model_of(request).name, "ready": up}, status_code=200 if up else 503)
 
     async def infer(request):
         model = model_of(request)
@@ -573,7 +578,7 @@ def create_app(model, name, max_batch=8, max_delay_ms=5.0, queue_size=64, limits
         return JSONAnswer({"model_name": name, "answers": [_answer_json(a) for a in answers]})
 
     async def metrics_text(request):
-        return PlainTextResponse(metrics.text(batcher.depth()), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(metrics.text(batcher.depth(), model.restarts), media_type="text/plain; version=0.0.4")
 
     async def page(request):
         path = os.path.join(PAGE, "index.html")

@@ -11,8 +11,12 @@ its model, decides when to stop (after answering what it accepted). It ends when
 the pipe, or when the server dies (the pipe's end of file).
 """
 import multiprocessing
+import multiprocessing.connection
 import re
 import signal
+import sys
+import threading
+import time
 
 import numpy as np
 
@@ -36,15 +40,28 @@ class Refused(Exception):
         return self.message
 
 
+class ModelDied(RuntimeError):
+    """The model's process ended under a batch (killed by the kernel's OOM killer, a crash in a
+    backend): that batch's requests are answered 500, and a new process serves the next ones."""
+
+
 class ModelProcess:
     """The served model, as the server's process sees it: the export's record and `execute`, which
-    runs one batch in the child and returns (one result per payload, the samples of each model call)."""
+    runs one batch in the child and returns (one result per payload, the samples of each model call).
+    A child that dies is replaced by a watching thread (`restarts` counts them; `ready` is false from its
+    death until the successor has loaded), so one request that kills the model does not end the service."""
 
     def __init__(self, export_dir, **inferencer_options):
+        self._args, self.restarts, self._loading, self._closed = (str(export_dir), inferencer_options), 0, True, False
+        self._lock = threading.Lock()   # one batch or one replacement at a time
+        self._start()
+        threading.Thread(target=self._watch, name="zoo-model-watch", daemon=True).start()
+
+    def _start(self):
+        self._loading = True
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, str(export_dir), inferencer_options),
-                                 name="zoo-model", daemon=True)
+        self._proc = ctx.Process(target=_serve, args=(child, *self._args), name="zoo-model", daemon=True)
         self._proc.start()
         child.close()
         kind, info = self._receive()
@@ -52,19 +69,69 @@ class ModelProcess:
             self._proc.join(10)
             raise ConfigError(info)
         self.record, self.texts, self.backend, self.output_types = info
+        self._loading = False
+
+    @property
+    def ready(self):
+        """False while a new process loads, and from the moment the process dies (before the next batch
+        would find out): a health check sees it at once."""
+        return not self._loading and self._proc.is_alive()
+
+    @property
+    def pid(self):
+        return self._proc.pid
 
     def execute(self, kind, batched, payloads):
-        self._conn.send((kind, batched, payloads))
-        return self._receive()
+        with self._lock:
+            if not self._proc.is_alive():   # died between batches, before the watcher replaced it
+                self._replace()
+            try:
+                self._conn.send((kind, batched, payloads))
+                return self._receive()
+            except (ModelDied, OSError) as e:   # answered now; the watcher starts the successor
+                died = e if isinstance(e, ModelDied) else self._died()
+                raise ModelDied(f"{died} while running this batch; a new model process serves the next "
+                                f"requests") from None
+
+    def _watch(self):
+        """Replace a process that died, under a batch (whose requests are answered first, not after a
+        model load) or between batches (so the server is ready again without waiting for a request,
+        which a balancer would not send to an unready server)."""
+        while True:
+            proc = self._proc
+            multiprocessing.connection.wait([proc.sentinel])
+            with self._lock:
+                if self._closed:
+                    return
+                if self._proc is not proc:   # a batch found it dead first and replaced it
+                    continue
+                try:
+                    self._replace()
+                    continue
+                except (ConfigError, ModelDied) as e:   # cannot load now (the export moved?): try again
+                    print(f"error: the model process could not be restarted: {e}", file=sys.stderr, flush=True)
+            time.sleep(1.0)
+
+    def _replace(self):
+        print(f"the model process {self._proc.pid} ended (exit code {self._proc.exitcode}); starting a new one",
+              file=sys.stderr, flush=True)
+        self._conn.close()
+        self.restarts += 1
+        self._start()
+
+    def _died(self):
+        self._proc.join(1)
+        return ModelDied(f"the model process ended (exit code {self._proc.exitcode})")
 
     def _receive(self):
         try:
             return self._conn.recv()
         except (EOFError, OSError):
-            self._proc.join(1)
-            raise RuntimeError(f"the model process ended (exit code {self._proc.exitcode})") from None
+            raise self._died() from None
 
     def close(self):
+        with self._lock:   # after the batch that runs; the watcher then starts no other process
+            self._closed = True
         try:
             self._conn.send(None)
         except OSError:

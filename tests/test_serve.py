@@ -480,3 +480,84 @@ def test_sigterm_during_a_burst_answers_every_accepted_request_and_exits_0(serve
     assert any(line.startswith("stopped tsn") for line in s.lines), s.lines[-5:]
     with pytest.raises(requests.ConnectionError):   # no longer listening
         requests.get(s.url + "/v2/health/live", timeout=5)
+
+
+def _model_process(server_pid):
+    """The pid of the server's model process (serving/worker.py: a spawned child), from /proc."""
+    found = []
+    for task in os.listdir(f"/proc/{server_pid}/task"):
+        with open(f"/proc/{server_pid}/task/{task}/children") as f:
+            for pid in map(int, f.read().split()):
+                with open(f"/proc/{pid}/cmdline", "rb") as c:
+                    cmd = c.read()
+                if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+                    found.append(pid)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _unready_then_ready(s, timeout=120):
+    """Poll /v2/health/ready until it has answered 503 (not ready) and then 200 again; a signal takes a
+    moment to end a process, so a first answer may still be the old ready one."""
+    seen, deadline = [], time.time() + timeout
+    while time.time() < deadline:
+        r = s.get("/v2/health/ready")
+        seen.append((r.status_code, r.json()["ready"]))
+        if seen[-1] == (200, True) and (503, False) in seen:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not unready and then ready again in {timeout} s: {seen[:3]} ... {seen[-3:]}")
+
+
+def test_a_killed_model_process_is_replaced_and_the_server_serves_on(servers, bert_glue_export):
+    """The kernel's OOM killer or a crash in a backend ends the model's process. Under a batch: that
+    batch is answered 500 naming it, and a new process serves the next requests. Between batches: the
+    server says not ready at once and is ready again without waiting for a request (a balancer would
+    send none to an unready server). The child is stopped (SIGSTOP) before the request so that the kill
+    lands while the batch is in its pipe, not before."""
+    s = servers["glue"]
+    task = f"/v2/models/{s.name}/task"
+    pair = {"text": "A man is playing a guitar.", "text_pair": "A man plays music."}
+    before = s.post(task, json=pair)
+    assert before.status_code == 200, before.text
+    old = _model_process(s.proc.pid)
+    os.kill(old, signal.SIGSTOP)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(s.post, task, json=pair)
+        deadline = time.time() + 30
+        while _metric(s.get("/metrics").text, "zoo_requests_in_flight") < 1 and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)   # past the batching delay: the batch is in the stopped child's pipe
+        os.kill(old, signal.SIGKILL)
+        r = first.result(timeout=120)
+    assert r.status_code == 500 and set(r.json()) == {"error"}, r.text
+    assert "the model process ended (exit code -9) while running this batch" in r.json()["error"], r.text
+    _unready_then_ready(s)   # answered first, then the successor loaded
+    after = s.post(task, json=pair)
+    assert after.status_code == 200 and after.json() == before.json(), after.text
+    second = _model_process(s.proc.pid)
+    assert second != old
+    os.kill(second, signal.SIGKILL)   # between batches: no request comes to find out
+    _unready_then_ready(s)
+    assert _model_process(s.proc.pid) not in (old, second)
+    again = s.post(task, json=pair)
+    assert again.status_code == 200 and again.json() == before.json(), again.text
+    assert _metric(s.get("/metrics").text, "zoo_model_restarts_total") == 2
+    assert sum(f"the model process {pid} ended (exit code -9); starting a new one" in line
+               for pid in (old, second) for line in s.lines) == 2, s.lines[-10:]
+    # a successor that cannot load (its export moved away) is tried again until one loads
+    moved = str(bert_glue_export) + ".moved"
+    os.rename(bert_glue_export, moved)
+    try:
+        os.kill(_model_process(s.proc.pid), signal.SIGKILL)
+        deadline = time.time() + 120
+        while not any("error: the model process could not be restarted" in l for l in s.lines) \
+                and time.time() < deadline:
+            time.sleep(0.1)
+        assert any("error: the model process could not be restarted" in l for l in s.lines), s.lines[-10:]
+        assert s.get("/v2/health/ready").status_code == 503
+    finally:
+        os.rename(moved, bert_glue_export)
+    _unready_then_ready(s)
+    last = s.post(task, json=pair)
+    assert last.status_code == 200 and last.json() == before.json(), last.text
