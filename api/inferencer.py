@@ -175,7 +175,8 @@ class Inferencer:
                     if log:
                         log(line)
                 for index, answer in zip(meta["index"].tolist(), writer.answers[first:]):
-                    by_index[int(index)] = dict(answer, id=_named(answer.get("id", index), names))
+                    by_index[int(index)] = dict(_renamed(answer, names), id=_named(answer.get("id", index), names),
+                                                **({"files": answer["files"]} if "files" in answer else {}))
         result.files = writer.close()
         for index in sorted(by_index):
             answer = by_index[index]
@@ -239,6 +240,20 @@ def _named(ident, names):
     for path, name in names.items():
         ident = ident.replace(path, name)
     return ident
+
+
+def _renamed(value, names):
+    """`value` with every temporary path in its strings replaced by its input's name: an answer names
+    its input beyond its id (a detection's `file`), and a caller must not see our scratch folder."""
+    if not names:
+        return value
+    if isinstance(value, str):
+        return _named(value, names)
+    if isinstance(value, dict):
+        return {k: _renamed(v, names) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (str, dict, list, tuple)):
+        return type(value)(_renamed(v, names) for v in value)
+    return value
 
 
 def _read(path):

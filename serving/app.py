@@ -36,7 +36,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from serving.batching import Batcher, Closed, QueueFull
-from serving.worker import DATATYPES, Refused, one_line
+from serving.worker import DATATYPES, ModelDied, Refused, one_line
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page")
 NUMPY_OF = {v: k for k, v in DATATYPES.items() if k != "bfloat16"}
@@ -598,6 +598,9 @@ def create_app(model, name, max_batch=8, max_delay_ms=5.0, queue_size=64, limits
             message = f"request: {one_line(exc.detail)}"
         return JSONAnswer({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
+    async def model_died(request, exc):   # an event the server recovers from (serving/worker.py): no traceback
+        return JSONAnswer({"error": f"model: {exc}"}, status_code=500)
+
     async def internal(request, exc):
         return JSONAnswer({"error": f"server: {type(exc).__name__}: {one_line(exc)}"}, status_code=500)
 
@@ -617,7 +620,8 @@ def create_app(model, name, max_batch=8, max_delay_ms=5.0, queue_size=64, limits
         Mount("/page", app=StaticFiles(directory=PAGE, check_dir=False), name="page"),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={Refused: refused, HTTPException: http_error, Exception: internal})
+                    exception_handlers={Refused: refused, HTTPException: http_error, ModelDied: model_died,
+                                        Exception: internal})
     app.state.served, app.state.batcher, app.state.metrics = served, batcher, metrics
     return _Measured(app, metrics)
 

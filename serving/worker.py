@@ -109,12 +109,11 @@ class ModelProcess:
                     self._replace()
                     continue
                 except (ConfigError, ModelDied) as e:   # cannot load now (the export moved?): try again
-                    print(f"error: the model process could not be restarted: {e}", file=sys.stderr, flush=True)
+                    _say(f"error: the model process could not be restarted: {e}")
             time.sleep(1.0)
 
     def _replace(self):
-        print(f"the model process {self._proc.pid} ended (exit code {self._proc.exitcode}); starting a new one",
-              file=sys.stderr, flush=True)
+        _say(f"the model process {self._proc.pid} ended (exit code {self._proc.exitcode}); starting a new one")
         self._conn.close()
         self.restarts += 1
         self._start()
@@ -139,6 +138,12 @@ class ModelProcess:
         self._proc.join(30)
         if self._proc.is_alive():
             self._proc.terminate()
+
+
+def _say(line):
+    """One line on stderr in one write: print's two (text, then newline) interleave with other threads'."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def _serve(conn, export_dir, options):
@@ -303,8 +308,15 @@ def _untokened_text(text):
     return _TOKEN.sub("", text)
 
 
-def _untokened(answer):
-    return {k: _untokened_text(v) if isinstance(v, str) else v for k, v in answer.items()}
+def _untokened(value):
+    """An answer without the request marks, in every string of it (a detection's `file` too)."""
+    if isinstance(value, str):
+        return _untokened_text(value)
+    if isinstance(value, dict):
+        return {k: _untokened(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (str, dict, list, tuple)):
+        return type(value)(_untokened(v) for v in value)
+    return value
 
 
 def one_line(error):

@@ -274,10 +274,11 @@ def op_path_fp32(request):
     yield from _op_path(request.param)
 
 
-def _exported(tmp_path_factory, name, config, run):
-    """tools/export.py (Paddle Inference) of a trained demo's final weights."""
+def _exported(tmp_path_factory, name, config, run, fmt="paddle"):
+    """tools/export.py of a trained demo's final weights (paddle: for Paddle Inference; onnx: for ONNX
+    Runtime and OpenVINO)."""
     out = tmp_path_factory.mktemp(name) / "export"
-    tool("export", "-c", config, "--weights", run / "final" / "model.pdparams", "--output", out)
+    tool("export", "-c", config, "--weights", run / "final" / "model.pdparams", "--format", fmt, "--output", out)
     return out
 
 
@@ -285,6 +286,12 @@ def _exported(tmp_path_factory, name, config, run):
 def tsn_demo_export(tsn_demo_run, tmp_path_factory):
     """The trained TSN demo exported once (the server's and the page's tests serve it)."""
     return _exported(tmp_path_factory, "tsn_demo_export", TSN_DEMO, tsn_demo_run)
+
+
+@pytest.fixture(scope="session")
+def tsn_demo_onnx_export(tsn_demo_run, tmp_path_factory):
+    """The trained TSN demo exported once as ONNX (served on ONNX Runtime and on OpenVINO)."""
+    return _exported(tmp_path_factory, "tsn_demo_onnx_export", TSN_DEMO, tsn_demo_run, fmt="onnx")
 
 
 @pytest.fixture(scope="session")
@@ -297,6 +304,12 @@ def deeplab_demo_export(deeplab_demo_run, tmp_path_factory):
 def bert_glue_export(bert_glue_run, tmp_path_factory):
     """The fine-tuned GLUE demo exported once."""
     return _exported(tmp_path_factory, "bert_glue_export", BERT_GLUE_DEMO, bert_glue_run)
+
+
+@pytest.fixture(scope="session")
+def mask_rcnn_demo_export(mask_rcnn_demo_run, tmp_path_factory):
+    """The trained Mask R-CNN demo exported once (its programs and the Python between them)."""
+    return _exported(tmp_path_factory, "mask_rcnn_demo_export", MASK_RCNN_DEMO, mask_rcnn_demo_run)
 
 
 @pytest.fixture(scope="session")

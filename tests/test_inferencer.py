@@ -108,8 +108,8 @@ def test_answers_are_what_tools_infer_writes_for_all_nine_models(cases):
 
 
 def test_values_a_user_holds_answer_as_their_files_do(cases):
-    """Bytes of a video, an image array, sentences and sentence pairs: the answers tools/infer.py wrote
-    for the same content as files (PNG bytes identical)."""
+    """Bytes of a video and of photos, an image array, sentences and sentence pairs: the answers
+    tools/infer.py wrote for the same content as files (PNG bytes identical)."""
     cfg, weights, inputs, written = cases["tsn"]
     video = sorted(os.listdir(inputs[0]))[0]
     upload = (video, _read(os.path.join(inputs[0], video)))
@@ -128,6 +128,13 @@ def test_values_a_user_holds_answer_as_their_files_do(cases):
     assert answer["id"] == "input 0"
     assert answer["files"]["label"] == _read(written / f"{stem}.png")
     assert answer["files"]["overlay"] == _read(written / f"{stem}_overlay.png")
+
+    _, _, photos, written = cases["mask_rcnn"]   # uploads: every path in an answer is the upload's name
+    names = {p: f"photo {i}.png" for i, p in enumerate(photos)}
+    got = _inferencer(cases, "mask_rcnn")([(names[p], _read(p)) for p in photos])
+    flat = [d for a in got for d in a["detections"]]
+    assert flat == [dict(d, file=names[d["file"]]) for d in json.load(open(written / "detections.json"))] and flat
+    assert "zoo_infer_" not in json.dumps([{k: v for k, v in a.items() if k != "files"} for a in got])   # no scratch path
 
     _, _, tsv, written = cases["bert_glue"]
     rows = [line.rstrip("\n").split("\t") for line in open(tsv[0], encoding="utf-8")][1:]
