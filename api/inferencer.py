@@ -175,8 +175,9 @@ class Inferencer:
                     if log:
                         log(line)
                 for index, answer in zip(meta["index"].tolist(), writer.answers[first:]):
-                    by_index[int(index)] = dict(_renamed(answer, names), id=_named(answer.get("id", index), names),
-                                                **({"files": answer["files"]} if "files" in answer else {}))
+                    # a detection's `file` names its input too; a caller must not see our scratch folder
+                    renamed = map_strings(answer, lambda text: _named(text, names)) if names else answer
+                    by_index[int(index)] = dict(renamed, id=_named(answer.get("id", index), names))
         result.files = writer.close()
         for index in sorted(by_index):
             answer = by_index[index]
@@ -242,17 +243,15 @@ def _named(ident, names):
     return ident
 
 
-def _renamed(value, names):
-    """`value` with every temporary path in its strings replaced by its input's name: an answer names
-    its input beyond its id (a detection's `file`), and a caller must not see our scratch folder."""
-    if not names:
-        return value
+def map_strings(value, fn):
+    """`value` (an answer: dicts, lists, strings, numbers) with `fn` applied to every string in it. A
+    list whose first item is a number is taken as numbers (an RLE's counts) and not walked."""
     if isinstance(value, str):
-        return _named(value, names)
+        return fn(value)
     if isinstance(value, dict):
-        return {k: _renamed(v, names) for k, v in value.items()}
+        return {k: map_strings(v, fn) for k, v in value.items()}
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], (str, dict, list, tuple)):
-        return type(value)(_renamed(v, names) for v in value)
+        return type(value)(map_strings(v, fn) for v in value)
     return value
 
 

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from api.inferencer import map_strings
 from engine.errors import ConfigError, SampleError
 
 # numpy dtype names (infer_cfg.yml's) <-> the Open Inference Protocol's datatypes
@@ -308,15 +309,9 @@ def _untokened_text(text):
     return _TOKEN.sub("", text)
 
 
-def _untokened(value):
+def _untokened(answer):
     """An answer without the request marks, in every string of it (a detection's `file` too)."""
-    if isinstance(value, str):
-        return _untokened_text(value)
-    if isinstance(value, dict):
-        return {k: _untokened(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (str, dict, list, tuple)):
-        return type(value)(_untokened(v) for v in value)
-    return value
+    return map_strings(answer, _untokened_text)
 
 
 def one_line(error):
