@@ -114,6 +114,7 @@ class ModelProcess:
             time.sleep(1.0)
 
     def _replace(self):
+        self._proc.join(1)   # its sentinel fires as its files close, a moment before its exit code exists
         _say(f"the model process {self._proc.pid} ended (exit code {self._proc.exitcode}); starting a new one")
         self._conn.close()
         self.restarts += 1
